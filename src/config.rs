@@ -1,0 +1,279 @@
+//! Settings: defaults < `config/*.toml` file < environment < command-line flags.
+//!
+//! Every setting is documented in `config/default.toml`. Unknown keys in a file are an error
+//! (a typo must not silently fall back to a default), and [`Settings::validate`] refuses values
+//! that would only fail later, with a message that says which setting to fix.
+
+use std::{fmt, net::SocketAddr, path::Path, time::Duration};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::fence::Rule;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub kv: KvSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on (`FENCEGATE_LISTEN`, `--listen`).
+    pub listen: String,
+    /// Largest accepted request body; larger bodies get 413.
+    pub body_limit_bytes: usize,
+    /// A request that takes longer is answered 503 (its write may still commit: retry with the
+    /// same token, which is safe because fenced writes are idempotent under one token).
+    pub request_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, in-flight requests get this long to finish before the process exits.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            listen: "127.0.0.1:8080".into(),
+            body_limit_bytes: 1024 * 1024,
+            request_timeout_ms: 10_000,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `postgres://user:pass@host:port/db` (`DATABASE_URL`, `--database-url`).
+    pub url: Option<String>,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    /// How long a request waits for a free connection before it is answered 503.
+    pub acquire_timeout_ms: u64,
+    /// Connections are recycled after this long, so a pool follows failovers and DNS changes.
+    pub max_lifetime_secs: u64,
+    /// Run pending migrations at start-up (`fencegate migrate` runs them on demand).
+    pub migrate_on_start: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        DatabaseSettings {
+            url: None,
+            max_connections: 16,
+            min_connections: 1,
+            acquire_timeout_ms: 2_000,
+            max_lifetime_secs: 1_800,
+            migrate_on_start: true,
+        }
+    }
+}
+
+/// The URL may carry a password: never print it.
+impl fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .field("max_lifetime_secs", &self.max_lifetime_secs)
+            .field("migrate_on_start", &self.migrate_on_start)
+            .finish()
+    }
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some(parts) => parts,
+        None => return url.to_owned(),
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvSettings {
+    /// `true`: a write needs a token strictly greater than the fence (one write per token).
+    pub strict: bool,
+    /// Longest key or scope name, in UTF-8 bytes (it is a btree index key: at most 2048).
+    pub max_key_bytes: usize,
+    /// Most operations in one `POST /v1/batch`.
+    pub max_batch_ops: usize,
+}
+
+impl Default for KvSettings {
+    fn default() -> Self {
+        KvSettings { strict: false, max_key_bytes: 512, max_batch_ops: 1000 }
+    }
+}
+
+impl KvSettings {
+    pub fn rule(&self) -> Rule {
+        Rule::from_strict(self.strict)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A `tracing` filter, e.g. `info` or `fencegate=debug,tower_http=info` (`RUST_LOG` wins).
+    pub filter: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings { filter: "info".into(), format: "text".into() }
+    }
+}
+
+/// What the command line may override (each flag also has its env variable).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+}
+
+impl Settings {
+    /// Builds settings in precedence order: defaults, then the file (if any), then environment
+    /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`), then command-line flags.
+    pub fn load(file: Option<&Path>, env: impl Fn(&str) -> Option<String>, cli: Overrides) -> anyhow::Result<Self> {
+        let mut settings = match file {
+            Some(path) => Self::from_file(path)?,
+            None => Settings::default(),
+        };
+        if let Some(url) = env("DATABASE_URL").filter(|v| !v.is_empty()) {
+            settings.database.url = Some(url);
+        }
+        if let Some(listen) = env("FENCEGATE_LISTEN").filter(|v| !v.is_empty()) {
+            settings.server.listen = listen;
+        }
+        if let Some(filter) = env("FENCEGATE_LOG").filter(|v| !v.is_empty()) {
+            settings.log.filter = filter;
+        }
+        if let Some(url) = cli.database_url {
+            settings.database.url = Some(url);
+        }
+        if let Some(listen) = cli.listen {
+            settings.server.listen = listen;
+        }
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Refuses settings that cannot work, naming the setting to fix.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.listen_addr()?;
+        if self.server.body_limit_bytes == 0 {
+            bail!("server.body_limit_bytes must be at least 1");
+        }
+        if self.server.request_timeout_ms == 0 {
+            bail!("server.request_timeout_ms must be at least 1");
+        }
+        if !(1..=2048).contains(&self.kv.max_key_bytes) {
+            bail!("kv.max_key_bytes must be between 1 and 2048 (it is a btree index key), got {}", self.kv.max_key_bytes);
+        }
+        if !(1..=100_000).contains(&self.kv.max_batch_ops) {
+            bail!("kv.max_batch_ops must be between 1 and 100000, got {}", self.kv.max_batch_ops);
+        }
+        if self.database.max_connections == 0 {
+            bail!("database.max_connections must be at least 1");
+        }
+        if self.database.min_connections > self.database.max_connections {
+            bail!("database.min_connections ({}) exceeds database.max_connections ({})",
+                self.database.min_connections, self.database.max_connections);
+        }
+        if let Some(url) = &self.database.url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                bail!("the database URL must start with postgres:// or postgresql:// (got {})", redact_url(url));
+            }
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            bail!("log.format must be \"text\" or \"json\", got {:?}", self.log.format);
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
+        self.server.listen.parse().with_context(|| {
+            format!("server.listen / FENCEGATE_LISTEN / --listen must be IP:PORT, e.g. 127.0.0.1:8080 (got {:?})", self.server.listen)
+        })
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.server.request_timeout_ms)
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.server.shutdown_grace_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn default_toml_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+        let file = Settings::from_file(&path).unwrap();
+        let defaults = Settings::default();
+        assert_eq!(format!("{file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn precedence_is_file_then_env_then_cli() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[server]\nlisten = \"127.0.0.1:1\"\n[database]\nurl = \"postgres://file/db\"\n").unwrap();
+        let env = |k: &str| (k == "FENCEGATE_LISTEN").then(|| "127.0.0.1:2".to_string());
+        let s = Settings::load(Some(&path), env, Overrides::default()).unwrap();
+        assert_eq!(s.server.listen, "127.0.0.1:2");
+        assert_eq!(s.database.url.as_deref(), Some("postgres://file/db"));
+        let cli = Overrides { listen: Some("127.0.0.1:3".into()), database_url: Some("postgres://cli/db".into()) };
+        let s = Settings::load(Some(&path), env, cli).unwrap();
+        assert_eq!(s.server.listen, "127.0.0.1:3");
+        assert_eq!(s.database.url.as_deref(), Some("postgres://cli/db"));
+    }
+
+    #[test]
+    fn bad_settings_say_what_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[kv]\nstirct = true\n").unwrap();
+        let err = format!("{:#}", Settings::load(Some(&path), no_env, Overrides::default()).unwrap_err());
+        assert!(err.contains("stirct"), "{err}");
+        let cli = Overrides { listen: Some("nonsense".into()), ..Default::default() };
+        let err = format!("{:#}", Settings::load(None, no_env, cli).unwrap_err());
+        assert!(err.contains("--listen"), "{err}");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        let mut s = Settings::default();
+        s.database.url = Some("postgres://u:secret@h/db".into());
+        assert!(!format!("{s:?}").contains("secret"));
+    }
+}

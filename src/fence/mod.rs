@@ -1,0 +1,14 @@
+//! The core of fencegate: what a fencing token is, what it guards, and the rule that decides.
+//!
+//! Nothing here knows about HTTP or SQL. The store enforces [`Rule`] inside the database (where
+//! the check must happen, atomically with the write) and reports back an [`Outcome`]; the HTTP
+//! layer turns that into a response. Keeping the rule here means every write path (kv, batch,
+//! claims, and later tables and locks) is decided by the same few lines.
+
+mod name;
+mod rule;
+mod token;
+
+pub use name::{Key, NameError, Scope};
+pub use rule::{Fenced, Guard, Outcome, Rule, Stale, Target};
+pub use token::{FencingToken, TokenError};

@@ -1,0 +1,121 @@
+//! The accept rule and the outcomes of a fenced write.
+
+use super::{FencingToken, Key, Scope};
+
+/// How a presented token is compared with a fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rule {
+    /// `token >= fence`: the holder may write many times under one token (the default).
+    #[default]
+    Inclusive,
+    /// `token > fence`: each token may write once (one-write-per-token resources).
+    Strict,
+}
+
+impl Rule {
+    pub fn from_strict(strict: bool) -> Self {
+        if strict { Rule::Strict } else { Rule::Inclusive }
+    }
+
+    /// THE fencing decision. The store evaluates exactly this comparison inside the database
+    /// (see `store::sql_accepts`), so it can be applied atomically with the write; this Rust
+    /// form is used by anything that decides outside SQL (a reject-only cache, tests) and to
+    /// double-check what the database reported.
+    pub fn accepts(self, presented: FencingToken, fence: FencingToken) -> bool {
+        match self {
+            Rule::Inclusive => presented >= fence,
+            Rule::Strict => presented > fence,
+        }
+    }
+}
+
+/// Which high-water mark guards a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The key's own fence (no `X-Fencing-Scope`).
+    Key,
+    /// A scope's fence, shared by every key written under it.
+    Scope(Scope),
+}
+
+/// Everything needed to decide a write: the token presented, the fence it must pass, and the
+/// rule. Write paths in the store take a `Guard`; there is no way to write without one.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    pub token: FencingToken,
+    pub target: Target,
+    pub rule: Rule,
+}
+
+impl Guard {
+    pub fn scope(&self) -> Option<&Scope> {
+        match &self.target {
+            Target::Key => None,
+            Target::Scope(scope) => Some(scope),
+        }
+    }
+}
+
+/// A refused write: the token presented and the fence that refused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stale {
+    pub presented: FencingToken,
+    pub current: FencingToken,
+    pub fenced: Fenced,
+}
+
+/// What a stale write ran into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fenced {
+    Key(Key),
+    Scope(Scope),
+}
+
+/// The result of a fenced write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    Accepted(T),
+    /// Nothing was applied. One entry per fence that refused (several for a batch of keys);
+    /// never empty.
+    Stale(Vec<Stale>),
+}
+
+impl Stale {
+    /// Builds the refusal the database reported, checking that it agrees with [`Rule::accepts`].
+    /// A disagreement would be a bug in the SQL, so it is logged loudly; the write was not
+    /// applied either way, so rejecting remains the safe answer.
+    pub fn reported(rule: Rule, presented: FencingToken, current: FencingToken, fenced: Fenced) -> Self {
+        if rule.accepts(presented, current) {
+            tracing::error!(
+                %presented, %current, ?fenced, ?rule,
+                "database refused a write the rule accepts; treating it as stale (please report)"
+            );
+        }
+        Stale { presented, current, fenced }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: i64) -> FencingToken {
+        FencingToken::from_db(v).unwrap()
+    }
+
+    #[test]
+    fn inclusive_accepts_equal_and_higher() {
+        assert!(Rule::Inclusive.accepts(t(5), t(5)));
+        assert!(Rule::Inclusive.accepts(t(6), t(5)));
+        assert!(!Rule::Inclusive.accepts(t(4), t(5)));
+    }
+
+    #[test]
+    fn strict_accepts_only_higher() {
+        assert!(!Rule::Strict.accepts(t(5), t(5)));
+        assert!(Rule::Strict.accepts(t(6), t(5)));
+        assert!(!Rule::Strict.accepts(t(4), t(5)));
+    }
+}

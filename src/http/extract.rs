@@ -1,0 +1,128 @@
+//! Request extractors: the only way request text becomes a token, key, scope or JSON value.
+//! Each refuses bad input with the problem a client should see.
+
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Path, Request},
+    http::{request::Parts, HeaderMap},
+};
+
+use super::{problem::ApiError, AppState};
+use crate::fence::{FencingToken, Key, Scope};
+
+pub const TOKEN_HEADER: &str = "x-fencing-token";
+pub const SCOPE_HEADER: &str = "x-fencing-scope";
+
+/// The single `X-Fencing-Token` header: missing -> 428, anything not canonical -> 400.
+pub struct Token(pub FencingToken);
+
+impl<S: Send + Sync> FromRequestParts<S> for Token {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match single_header(&parts.headers, TOKEN_HEADER) {
+            Header::Missing => Err(ApiError::MissingToken),
+            Header::Repeated => Err(ApiError::MalformedToken(
+                "the X-Fencing-Token header appears more than once; send exactly one".into(),
+            )),
+            Header::One(raw) => Ok(Token(FencingToken::parse(raw)?)),
+        }
+    }
+}
+
+/// The optional `X-Fencing-Scope` header.
+pub struct ScopeHeader(pub Option<Scope>);
+
+impl FromRequestParts<AppState> for ScopeHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match single_header(&parts.headers, SCOPE_HEADER) {
+            Header::Missing => Ok(ScopeHeader(None)),
+            Header::Repeated => Err(ApiError::InvalidScope(
+                "the X-Fencing-Scope header appears more than once; send exactly one".into(),
+            )),
+            Header::One(raw) => {
+                let text = std::str::from_utf8(raw)
+                    .map_err(|_| ApiError::InvalidScope("the scope header is not valid UTF-8".into()))?;
+                Scope::parse(text, state.kv.max_key_bytes).map(|s| ScopeHeader(Some(s))).map_err(ApiError::invalid_scope)
+            }
+        }
+    }
+}
+
+enum Header<'a> {
+    Missing,
+    Repeated,
+    One(&'a [u8]),
+}
+
+fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Header<'a> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (None, _) => Header::Missing,
+        (Some(_), Some(_)) => Header::Repeated,
+        (Some(value), None) => Header::One(value.as_bytes()),
+    }
+}
+
+/// The `{key}` path segment, percent-decoded and validated.
+pub struct KeyPath(pub Key);
+
+impl FromRequestParts<AppState> for KeyPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let raw = path_segment(parts, state).await.map_err(ApiError::InvalidKey)?;
+        Key::parse(&raw, state.kv.max_key_bytes).map(KeyPath).map_err(ApiError::invalid_key)
+    }
+}
+
+/// The `{scope}` path segment, percent-decoded and validated.
+pub struct ScopePath(pub Scope);
+
+impl FromRequestParts<AppState> for ScopePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let raw = path_segment(parts, state).await.map_err(ApiError::InvalidScope)?;
+        Scope::parse(&raw, state.kv.max_key_bytes).map(ScopePath).map_err(ApiError::invalid_scope)
+    }
+}
+
+async fn path_segment(parts: &mut Parts, state: &AppState) -> Result<String, String> {
+    Path::<String>::from_request_parts(parts, state)
+        .await
+        .map(|Path(raw)| raw)
+        .map_err(|rejection| format!("the path segment could not be decoded ({}); percent-encode UTF-8", rejection.body_text()))
+}
+
+/// A JSON body of any shape. Over the body limit -> 413; not JSON -> 400.
+pub struct JsonBody<T>(pub T);
+
+impl<T, S> FromRequest<S> for JsonBody<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0).unwrap_or_default();
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge { limit }
+            } else {
+                ApiError::InvalidJson(format!("the body could not be read: {}", rejection.body_text()))
+            }
+        })?;
+        if bytes.is_empty() {
+            return Err(ApiError::InvalidJson("the body is empty; send a JSON document".into()));
+        }
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::InvalidJson(e.to_string()))
+    }
+}
+
+/// The configured body limit, put in request extensions so 413 problems can state it.
+#[derive(Clone, Copy)]
+pub struct BodyLimit(pub usize);

@@ -1,0 +1,37 @@
+//! `/v1/fences/{scope}`: claim (raise) a scope's fence without writing data, and read it.
+
+use axum::{
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde_json::json;
+
+use super::{
+    extract::{ScopePath, Token},
+    problem::ApiError,
+    AppState,
+};
+use crate::fence::Outcome;
+
+pub async fn claim(
+    State(state): State<AppState>,
+    ScopePath(scope): ScopePath,
+    Token(token): Token,
+) -> Result<Response, ApiError> {
+    match state.store.claim(&scope, token).await? {
+        Outcome::Accepted(claimed) => {
+            let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())
+        }
+        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
+    }
+}
+
+pub async fn get(State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {
+    match state.store.fence(&scope).await? {
+        Some(token) => Ok(Json(json!({"scope": scope, "fence_token": token})).into_response()),
+        None => Err(ApiError::NotFound(format!("no fence for scope {:?}", scope.as_str()))),
+    }
+}

@@ -1,0 +1,90 @@
+//! `/v1/kv/{key}`: fenced single-key writes and reads. Thin: parse, call the store, answer.
+
+use axum::{
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde_json::json;
+
+use super::{
+    extract::{JsonBody, KeyPath, ScopeHeader, Token},
+    problem::ApiError,
+    AppState,
+};
+use crate::{
+    fence::{Guard, Outcome, Target},
+    store::Write,
+};
+
+/// Builds the guard for a kv write: the scope's fence if a scope was sent, else the key's own.
+pub(super) fn guard(state: &AppState, token: Token, scope: ScopeHeader) -> Guard {
+    Guard {
+        token: token.0,
+        target: scope.0.map_or(Target::Key, Target::Scope),
+        rule: state.kv.rule(),
+    }
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    token: Token,
+    scope: ScopeHeader,
+    JsonBody(value): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let guard = guard(&state, token, scope);
+    match state.store.write(&Write::Put { key, value }, &guard).await? {
+        Outcome::Accepted(written) => {
+            let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
+            let body = json!({
+                "key": written.key,
+                "fence_token": guard.token,
+                "scope": guard.scope(),
+                "version": written.version,
+            });
+            Ok((status, Json(body)).into_response())
+        }
+        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
+    }
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+    token: Token,
+    scope: ScopeHeader,
+) -> Result<Response, ApiError> {
+    let guard = guard(&state, token, scope);
+    match state.store.write(&Write::Delete { key }, &guard).await? {
+        Outcome::Accepted(written) => Ok(Json(json!({
+            "key": written.key,
+            "fence_token": guard.token,
+            "scope": guard.scope(),
+            "deleted": true,
+        }))
+        .into_response()),
+        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
+    }
+}
+
+pub async fn get(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {
+    let Some(entry) = state.store.get(&key).await? else {
+        return Err(ApiError::NotFound(format!("no value for key {:?} (never written, or deleted)", key.as_str())));
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        super::extract::TOKEN_HEADER,
+        HeaderValue::from_str(&entry.fence_token.to_string()).expect("digits are a valid header value"),
+    );
+    let body = json!({
+        "key": key,
+        "value": entry.value,
+        "fence_token": entry.fence_token,
+        "scope": entry.scope,
+        "version": entry.version,
+        "updated_at": entry.updated_at,
+    });
+    Ok((headers, Json(body)).into_response())
+}

@@ -1,0 +1,89 @@
+//! The HTTP surface: routes, the middleware stack, and the state handlers share.
+
+mod batch;
+mod extract;
+mod fences;
+mod kv;
+mod ops;
+pub mod problem;
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    error_handling::HandleErrorLayer,
+    extract::{DefaultBodyLimit, MatchedPath, Request},
+    http::HeaderName,
+    middleware,
+    response::{IntoResponse, Response},
+    routing::{get, post, put},
+    BoxError, Extension, Router,
+};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower::ServiceBuilder;
+use tower_http::{
+    catch_panic::CatchPanicLayer,
+    request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    trace::TraceLayer,
+};
+
+use crate::{config::KvSettings, store::Store};
+pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
+use problem::ApiError;
+
+/// What every handler can reach. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    pub kv: Arc<KvSettings>,
+    pub metrics: PrometheusHandle,
+}
+
+/// Limits of the middleware stack.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub body_bytes: usize,
+    pub request_timeout: Duration,
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The whole application as a `Router`; tests build exactly this.
+pub fn app(state: AppState, limits: Limits) -> Router {
+    let api = Router::new()
+        .route("/v1/kv/{key}", put(kv::put).get(kv::get).delete(kv::delete))
+        .route("/v1/batch", post(batch::batch))
+        .route("/v1/fences/{scope}", post(fences::claim).get(fences::get))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state);
+
+    // Outermost first: request id, trace span, metrics, panic guard, timeout, body limit.
+    api.layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+            .layer(TraceLayer::new_for_http().make_span_with(crate::telemetry::request_span))
+            .layer(middleware::from_fn(crate::telemetry::track_request))
+            .layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
+            .layer(HandleErrorLayer::new(timeout_error))
+            .timeout(limits.request_timeout)
+            .layer(Extension(extract::BodyLimit(limits.body_bytes)))
+            .layer(DefaultBodyLimit::max(limits.body_bytes)),
+    )
+}
+
+async fn timeout_error(err: BoxError) -> Response {
+    if err.is::<tower::timeout::error::Elapsed>() {
+        ApiError::Timeout.into_response()
+    } else {
+        ApiError::Internal(err.to_string()).into_response()
+    }
+}
+
+/// The route template a request matched, for bounded metric and span labels.
+pub(crate) fn route_of(req: &Request) -> &str {
+    req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str)
+}

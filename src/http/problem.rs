@@ -1,0 +1,167 @@
+//! Every error a client can see, as RFC 9457 `application/problem+json`.
+//!
+//! 5xx details are logged (inside the request span) and never sent: a client learns that the
+//! database is unavailable, not the text of a driver error.
+
+use axum::{
+    http::{header, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+};
+use serde_json::{json, Map, Value};
+
+use crate::{
+    fence::{Fenced, NameError, Stale, TokenError},
+    store::StoreError,
+};
+
+const TYPE_BASE: &str = "https://fencegate.dev/problems/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing X-Fencing-Token header")]
+    MissingToken,
+    #[error("malformed X-Fencing-Token: {0}")]
+    MalformedToken(String),
+    #[error("invalid key: {0}")]
+    InvalidKey(String),
+    #[error("invalid scope: {0}")]
+    InvalidScope(String),
+    #[error("invalid JSON body: {0}")]
+    InvalidJson(String),
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("stale fencing token")]
+    Stale(Vec<Stale>),
+    #[error("request timed out")]
+    Timeout,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<TokenError> for ApiError {
+    fn from(err: TokenError) -> Self {
+        ApiError::MalformedToken(err.to_string())
+    }
+}
+
+impl ApiError {
+    pub fn invalid_key(err: NameError) -> Self {
+        ApiError::InvalidKey(format!("the key {err}"))
+    }
+
+    pub fn invalid_scope(err: NameError) -> Self {
+        ApiError::InvalidScope(format!("the scope {err}"))
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            MissingToken => (StatusCode::PRECONDITION_REQUIRED, "missing-token", "Fencing token required"),
+            MalformedToken(_) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
+            InvalidKey(_) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
+            InvalidScope(_) => (StatusCode::BAD_REQUEST, "invalid-scope", "Invalid scope"),
+            InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid-json", "Invalid JSON body"),
+            InvalidBatch(_) => (StatusCode::BAD_REQUEST, "invalid-batch", "Invalid batch"),
+            PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
+            NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
+            Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
+            Timeout | Store(StoreError::Unavailable(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
+            }
+            Store(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            ApiError::MissingToken => {
+                "every write needs the X-Fencing-Token header: the fencing token of the lock you hold".into()
+            }
+            ApiError::Stale(stale) => describe_stale(stale),
+            ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
+            ApiError::Store(StoreError::Unavailable(_)) => {
+                "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
+            }
+            // Never leak internals; the log has them, under the request id.
+            ApiError::Store(_) | ApiError::Internal(_) => {
+                "the server failed to handle the request; see the server log for this request id".into()
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+fn describe_stale(stale: &[Stale]) -> String {
+    match stale {
+        [one] => {
+            let what = match &one.fenced {
+                Fenced::Key(key) => format!("key {:?}", key.as_str()),
+                Fenced::Scope(scope) => format!("scope {:?}", scope.as_str()),
+            };
+            format!(
+                "token {} is older than the fence {} of {what}: a newer lock holder exists; nothing was written",
+                one.presented, one.current
+            )
+        }
+        many => format!(
+            "token {} is older than the fence of {} keys: a newer lock holder exists; nothing was written",
+            many.first().map(|s| s.presented.to_string()).unwrap_or_default(),
+            many.len()
+        ),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, title) = self.parts();
+        if status.is_server_error() {
+            tracing::error!(error = %self, source = ?std::error::Error::source(&self), "request failed");
+        }
+        let mut body = Map::new();
+        body.insert("type".into(), json!(format!("{TYPE_BASE}{slug}")));
+        body.insert("title".into(), json!(title));
+        body.insert("status".into(), json!(status.as_u16()));
+        body.insert("detail".into(), json!(self.detail()));
+        if let ApiError::Stale(stale) = &self {
+            add_stale_fields(&mut body, stale);
+        }
+        let mut response = (status, axum::Json(Value::Object(body))).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// A 412 carries `presented_token`, `current_token` and the `key` or `scope` of the first
+/// refusal; a batch refused on several keys also lists them all in `stale_keys`.
+fn add_stale_fields(body: &mut Map<String, Value>, stale: &[Stale]) {
+    let Some(first) = stale.first() else { return };
+    body.insert("presented_token".into(), json!(first.presented));
+    body.insert("current_token".into(), json!(first.current));
+    match &first.fenced {
+        Fenced::Key(key) => body.insert("key".into(), json!(key)),
+        Fenced::Scope(scope) => body.insert("scope".into(), json!(scope)),
+    };
+    let keys: Vec<Value> = stale
+        .iter()
+        .filter_map(|s| match &s.fenced {
+            Fenced::Key(key) => Some(json!({"key": key, "current_token": s.current})),
+            Fenced::Scope(_) => None,
+        })
+        .collect();
+    if !keys.is_empty() {
+        body.insert("stale_keys".into(), Value::Array(keys));
+    }
+}

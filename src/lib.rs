@@ -1,0 +1,20 @@
+//! fencegate: a fencing-aware storage proxy in front of PostgreSQL.
+//!
+//! Module map (data flows one way: HTTP extractor -> fence decision + write in the store ->
+//! outcome -> response):
+//! - [`fence`]: tokens, keys, scopes, the accept rule, outcomes. No HTTP, no SQL.
+//! - [`store`]: the backends; all SQL lives there.
+//! - [`http`]: routes, extractors, problem+json errors, middleware.
+//! - [`config`]: settings from file, environment and flags.
+//! - [`telemetry`]: logs and metrics.
+//! - [`server`]: start-up, serving on a bound listener, graceful shutdown.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod fence;
+pub mod http;
+pub mod server;
+pub mod store;
+pub mod telemetry;
+
+pub use server::serve;

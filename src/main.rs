@@ -1,0 +1,81 @@
+//! The `fencegate` command: parse the command line, then call into the library.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use fencegate::config::{Overrides, Settings};
+
+#[derive(Parser)]
+#[command(name = "fencegate", version, about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource")]
+struct Cli {
+    /// Config file (TOML; see config/default.toml).
+    #[arg(long, global = true, env = "FENCEGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// PostgreSQL URL (overrides DATABASE_URL and the config file).
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:8080 (overrides FENCEGATE_LISTEN).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Apply pending database migrations and exit.
+    Migrate,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("fencegate: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("fencegate: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let listen = match &cli.command {
+        Command::Serve { listen } => listen.clone(),
+        Command::Migrate => None,
+    };
+    let overrides = Overrides { listen, database_url: cli.database_url };
+    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    fencegate::telemetry::init_logging(&settings.log);
+    match cli.command {
+        Command::Serve { .. } => {
+            let addr = settings.listen_addr()?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (choose another --listen address)"))?;
+            let bound = listener.local_addr()?;
+            let started = fencegate::server::serve_announced(settings, listener, fencegate::server::shutdown_signal(), move || {
+                // A stable line on stdout, so scripts and tests can learn the port of --listen :0.
+                println!("listening on {bound}");
+            });
+            started.await
+        }
+        Command::Migrate => {
+            let mut settings = settings;
+            settings.database.migrate_on_start = true;
+            let store = fencegate::server::open_store(&settings).await?;
+            drop(store);
+            println!("migrations applied");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain.
+
+use std::{future::Future, sync::Arc};
+
+use anyhow::Context;
+use tokio::{net::TcpListener, sync::Notify};
+
+use crate::{
+    config::Settings,
+    http::{app, AppState, Limits},
+    store::{PgStore, Store},
+    telemetry,
+};
+
+/// Opens the configured store (running migrations if configured).
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    let Some(url) = settings.database.url.as_deref() else {
+        anyhow::bail!(
+            "no database configured: set DATABASE_URL, pass --database-url, or set database.url in the config file"
+        );
+    };
+    Ok(Store::Postgres(PgStore::connect(&settings.database, url).await?))
+}
+
+/// Connects, migrates, then serves on `listener` until `shutdown` resolves; in-flight requests
+/// then get `server.shutdown_grace_ms` to finish. Takes a bound listener so callers (tests,
+/// `main`) choose the port, and port 0 works.
+pub async fn serve(
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    serve_announced(settings, listener, shutdown, || {}).await
+}
+
+/// [`serve`], calling `ready` once the store is open and migrated, just before accepting.
+pub async fn serve_announced(
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    ready: impl FnOnce(),
+) -> anyhow::Result<()> {
+    let store = open_store(&settings).await?;
+    let state = AppState {
+        store,
+        kv: Arc::new(settings.kv.clone()),
+        metrics: telemetry::metrics_handle(),
+    };
+    let limits = Limits { body_bytes: settings.server.body_limit_bytes, request_timeout: settings.request_timeout() };
+    let router = app(state, limits);
+
+    let addr = listener.local_addr().context("listener has no local address")?;
+    tracing::info!(%addr, "listening");
+    ready();
+
+    let draining = Arc::new(Notify::new());
+    let signal = draining.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        signal.notify_one();
+    });
+    let grace = settings.shutdown_grace();
+    tokio::select! {
+        result = std::future::IntoFuture::into_future(server) => result.context("server error")?,
+        () = async { draining.notified().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(?grace, "in-flight requests did not finish within the shutdown grace period; exiting anyway");
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

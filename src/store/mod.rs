@@ -1,0 +1,157 @@
+//! Storage backends. All SQL lives below this module, with every value bound as a parameter.
+//!
+//! The store does not decide anything about HTTP. It applies a write only if the fence admits it
+//! ([`crate::fence::Rule`], evaluated by the database inside the same statement or transaction
+//! as the write) and reports an [`Outcome`].
+
+mod postgres;
+
+use crate::fence::{FencingToken, Guard, Key, Outcome, Rule, Scope};
+
+pub use postgres::PgStore;
+
+/// The backend in use. An enum rather than a trait object: the set is closed and small, and
+/// async methods stay plain `async fn`.
+#[derive(Clone)]
+pub enum Store {
+    Postgres(PgStore),
+}
+
+/// A kv operation inside a batch (or a single write).
+#[derive(Debug, Clone)]
+pub enum Write {
+    Put { key: Key, value: serde_json::Value },
+    Delete { key: Key },
+}
+
+impl Write {
+    pub fn key(&self) -> &Key {
+        match self {
+            Write::Put { key, .. } | Write::Delete { key } => key,
+        }
+    }
+}
+
+/// The stored state a write produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub key: Key,
+    /// `false` if the key held a live value before this write.
+    pub was_live: bool,
+    pub version: i64,
+}
+
+/// A live value, as read back.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub value: serde_json::Value,
+    pub fence_token: FencingToken,
+    pub scope: Option<String>,
+    pub version: i64,
+    pub updated_at: String,
+}
+
+/// Result of a claim: the scope's fence now equals the presented token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub created: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or is overloaded right now; the client may retry.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// Anything else: a bug or a broken database. Logged, never sent to clients.
+    #[error("database error: {0}")]
+    Internal(#[source] sqlx::Error),
+    #[error("the database holds an invalid value: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        if is_transient(&err) { StoreError::Unavailable(err) } else { StoreError::Internal(err) }
+    }
+}
+
+/// Errors after which the same request can succeed later: the connection or server went away,
+/// the pool is exhausted, or PostgreSQL asked us to retry.
+fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 40001 serialization failure; 40P01 deadlock;
+            // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now.
+            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
+                || code == "40001" || code == "40P01"
+        }),
+        _ => false,
+    }
+}
+
+/// The SQL spelling of [`Rule::accepts`]: `fence <op> token`. This is the one place the rule is
+/// turned into SQL; every fenced statement is built with it.
+pub(crate) fn sql_fence_op(rule: Rule) -> &'static str {
+    match rule {
+        Rule::Inclusive => "<=",
+        Rule::Strict => "<",
+    }
+}
+
+pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
+    FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
+}
+
+impl Store {
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.ready().await,
+        }
+    }
+
+    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.write(write, guard).await,
+        }
+    }
+
+    /// Applies every write or none, under one token.
+    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.batch(writes, guard).await,
+        }
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.get(key).await,
+        }
+    }
+
+    /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
+    /// rule whatever `kv.strict` says: a claim consumes nothing, it only shuts out lower tokens.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.claim(scope, token).await,
+        }
+    }
+
+    pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.fence(scope).await,
+        }
+    }
+
+    /// (open, idle) connections, for the pool gauges.
+    pub fn pool_stats(&self) -> (u32, usize) {
+        match self {
+            Store::Postgres(pg) => pg.pool_stats(),
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The PostgreSQL backend.
+//!
+//! Every fenced write is a single statement whose `WHERE` clause is the fence check, so the
+//! check and the write are atomic without explicit locking:
+//! - unscoped write: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE kv.key_fence <= $token`;
+//!   no row back means the key's fence refused it;
+//! - scoped write: a data-modifying CTE raises the scope's fence (with the same kind of `WHERE`),
+//!   and the kv upsert selects `FROM` that CTE, so it writes nothing if the claim was refused.
+//!   The fence row stays locked until commit, which serializes writers of one scope;
+//! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
+//!   transaction that is rolled back if any key was refused (all or nothing).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    types::Json,
+    ConnectOptions, PgPool, Row,
+};
+
+use super::{sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
+use crate::{
+    config::DatabaseSettings,
+    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
+};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The kv upsert shared by single writes and batches: what a write does to an existing row.
+/// `version` restarts at 1 when a tombstone comes back to life, so `version = 1` after the write
+/// means "the key was not live before".
+const KV_ON_CONFLICT: &str = "
+    ON CONFLICT (key) DO UPDATE SET
+        value = EXCLUDED.value,
+        deleted = EXCLUDED.deleted,
+        fence_token = EXCLUDED.fence_token,
+        scope = EXCLUDED.scope,
+        key_fence = GREATEST(kv.key_fence, EXCLUDED.key_fence),
+        version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END,
+        updated_at = now()";
+
+/// Raises a scope's fence if the rule admits the token; yields one row iff it did.
+fn scope_claim_cte(op: &str, scope_param: &str, token_param: &str) -> String {
+    format!(
+        "WITH claim AS (
+            INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ({scope_param}, {token_param})
+            ON CONFLICT (scope) DO UPDATE SET
+                fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
+            WHERE f.fence_token {op} EXCLUDED.fence_token
+            RETURNING 1
+        )"
+    )
+}
+
+/// The fenced statements for one rule, built once from fixed text (no request data).
+struct Statements {
+    /// $1 key, $2 value, $3 deleted, $4 token
+    put_key: String,
+    /// $1 key, $2 value, $3 deleted, $4 token, $5 scope
+    put_scope: String,
+    /// $1 keys, $2 values, $3 deleted flags, $4 token
+    batch_key: String,
+    /// $1 keys, $2 values, $3 deleted flags, $4 token, $5 scope
+    batch_scope: String,
+}
+
+impl Statements {
+    fn new(rule: Rule) -> Self {
+        let op = sql_fence_op(rule);
+        // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
+        // `key_fence <op> token`, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
+        let put_key = format!(
+            "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+             VALUES ($1, $2, $3, $4, $4, NULL)
+             {KV_ON_CONFLICT}
+             WHERE kv.key_fence {op} EXCLUDED.key_fence
+             RETURNING version"
+        );
+        // A scoped write leaves the key's own fence alone (key_fence 0 on insert, GREATEST on
+        // update): tokens of different fences are never compared.
+        let put_scope = format!(
+            "{claim}
+             INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+             SELECT $1, $2, $3, 0, $4, $5 FROM claim
+             {KV_ON_CONFLICT}
+             RETURNING version",
+            claim = scope_claim_cte(op, "$5", "$4"),
+        );
+        // ORDER BY key: concurrent batches lock rows in the same order, so they cannot deadlock.
+        let batch_key = format!(
+            "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+             SELECT w.key, w.value, w.deleted, $4, $4, NULL
+             FROM unnest($1::text[], $2::jsonb[], $3::bool[]) AS w(key, value, deleted)
+             ORDER BY w.key
+             {KV_ON_CONFLICT}
+             WHERE kv.key_fence {op} EXCLUDED.key_fence
+             RETURNING key, version"
+        );
+        let batch_scope = format!(
+            "{claim}
+             INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+             SELECT w.key, w.value, w.deleted, 0, $4, $5
+             FROM unnest($1::text[], $2::jsonb[], $3::bool[]) AS w(key, value, deleted), claim
+             ORDER BY w.key
+             {KV_ON_CONFLICT}
+             RETURNING key, version",
+            claim = scope_claim_cte(op, "$5", "$4"),
+        );
+        Statements { put_key, put_scope, batch_key, batch_scope }
+    }
+}
+
+/// The claim statement: always the inclusive rule (see `Store::claim`).
+const CLAIM: &str = "
+    INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ($1, $2)
+    ON CONFLICT (scope) DO UPDATE SET
+        fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
+    WHERE f.fence_token <= EXCLUDED.fence_token
+    RETURNING version";
+
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    inclusive: std::sync::Arc<Statements>,
+    strict: std::sync::Arc<Statements>,
+}
+
+impl PgStore {
+    /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
+    pub async fn connect(settings: &DatabaseSettings, url: &str) -> anyhow::Result<Self> {
+        let shown = crate::config::redact_url(url);
+        let options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()
+            .map_err(|e| anyhow::anyhow!("invalid database URL {shown}: {e}"))?
+            // Statements are logged by our own spans; sqlx's per-statement logs are noise.
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .application_name("fencegate");
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .min_connections(settings.min_connections)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .max_lifetime(Duration::from_secs(settings.max_lifetime_secs))
+            // A ping before every acquire would double the round trips of each write; a dead
+            // connection instead fails its statement with a transient error (503, retry) and
+            // is dropped by the pool.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await
+            .map_err(|e| anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
+                 (set DATABASE_URL or --database-url)"
+            ))?;
+        let store = PgStore {
+            pool,
+            inclusive: Statements::new(Rule::Inclusive).into(),
+            strict: Statements::new(Rule::Strict).into(),
+        };
+        if settings.migrate_on_start {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        // sqlx takes an advisory lock, so several fencegate processes may start at once.
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    fn statements(&self, rule: Rule) -> &Statements {
+        match rule {
+            Rule::Inclusive => &self.inclusive,
+            Rule::Strict => &self.strict,
+        }
+    }
+
+    pub fn pool_stats(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
+    /// Ready = reachable and every migration this binary knows is applied.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        let applied: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM _sqlx_migrations WHERE success",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let known = MIGRATOR.iter().count() as i64;
+        if applied < known {
+            return Err(StoreError::Corrupt(format!(
+                "{applied} of {known} migrations applied; run `fencegate migrate`"
+            )));
+        }
+        Ok(())
+    }
+
+    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        let (key, value, deleted) = match write {
+            Write::Put { key, value } => (key, Some(Json(value)), false),
+            Write::Delete { key } => (key, None, true),
+        };
+        let sql = self.statements(guard.rule);
+        let version: Option<i64> = match &guard.target {
+            Target::Key => sqlx::query_scalar(&sql.put_key)
+                .bind(key.as_str())
+                .bind(value)
+                .bind(deleted)
+                .bind(guard.token.get())
+                .fetch_optional(&self.pool)
+                .await?,
+            Target::Scope(scope) => sqlx::query_scalar(&sql.put_scope)
+                .bind(key.as_str())
+                .bind(value)
+                .bind(deleted)
+                .bind(guard.token.get())
+                .bind(scope.as_str())
+                .fetch_optional(&self.pool)
+                .await?,
+        };
+        match version {
+            Some(version) => Ok(Outcome::Accepted(Written { key: key.clone(), was_live: version != 1, version })),
+            None => Ok(Outcome::Stale(vec![self.refusal(std::slice::from_ref(key), guard).await?.remove(0)])),
+        }
+    }
+
+    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        // One row per key (ON CONFLICT cannot touch a row twice in a statement): the last
+        // write to a key is its effect on the store. BTreeMap also sorts keys for lock order.
+        let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
+        for write in writes {
+            last.insert(write.key(), write);
+        }
+        let mut keys = Vec::with_capacity(last.len());
+        let mut values = Vec::with_capacity(last.len());
+        let mut deleted = Vec::with_capacity(last.len());
+        for (key, write) in &last {
+            keys.push(key.as_str());
+            match write {
+                Write::Put { value, .. } => {
+                    values.push(Some(Json(value)));
+                    deleted.push(false);
+                }
+                Write::Delete { .. } => {
+                    values.push(None);
+                    deleted.push(true);
+                }
+            }
+        }
+        let sql = self.statements(guard.rule);
+        let mut tx = self.pool.begin().await?;
+        let rows = match &guard.target {
+            Target::Key => sqlx::query(&sql.batch_key)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&deleted)
+                .bind(guard.token.get())
+                .fetch_all(&mut *tx)
+                .await?,
+            Target::Scope(scope) => sqlx::query(&sql.batch_scope)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&deleted)
+                .bind(guard.token.get())
+                .bind(scope.as_str())
+                .fetch_all(&mut *tx)
+                .await?,
+        };
+        if rows.len() != keys.len() {
+            tx.rollback().await?;
+            let mut applied = std::collections::HashSet::new();
+            for row in &rows {
+                applied.insert(row.try_get::<String, _>(0)?);
+            }
+            let refused: Vec<Key> =
+                last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
+            return Ok(Outcome::Stale(self.refusal(&refused, guard).await?));
+        }
+        tx.commit().await?;
+        let mut written = Vec::with_capacity(rows.len());
+        for row in rows {
+            let key: String = row.try_get(0)?;
+            let version: i64 = row.try_get(1)?;
+            let key = last
+                .keys()
+                .find(|k| k.as_str() == key)
+                .map(|k| (*k).clone())
+                .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
+            written.push(Written { key, was_live: version != 1, version });
+        }
+        Ok(Outcome::Accepted(written))
+    }
+
+    /// Explains a refusal: reads the fence(s) that refused. Runs after the refused statement;
+    /// fences never go down, so what it reads still refuses the presented token.
+    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
+        match &guard.target {
+            Target::Scope(scope) => {
+                let current = self.fence(scope).await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence"))
+                })?;
+                Ok(vec![Stale::reported(guard.rule, guard.token, current, Fenced::Scope(scope.clone()))])
+            }
+            Target::Key => {
+                let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
+                let rows = sqlx::query("SELECT key, key_fence FROM fencegate_kv WHERE key = ANY($1) ORDER BY key")
+                    .bind(&names)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let mut stale = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let key: String = row.try_get(0)?;
+                    let current = token_from_db(row.try_get(1)?)?;
+                    let key = keys.iter().find(|k| k.as_str() == key).cloned().ok_or_else(|| {
+                        StoreError::Corrupt(format!("refusal lookup returned an unknown key {key:?}"))
+                    })?;
+                    stale.push(Stale::reported(guard.rule, guard.token, current, Fenced::Key(key)));
+                }
+                if stale.len() != keys.len() {
+                    return Err(StoreError::Corrupt("a refused key has no fence row".into()));
+                }
+                Ok(stale)
+            }
+        }
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        let row = sqlx::query(
+            "SELECT value, fence_token, scope, version,
+                    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+             FROM fencegate_kv WHERE key = $1 AND NOT deleted",
+        )
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let Json(value): Json<serde_json::Value> = row.try_get(0)?;
+        Ok(Some(Entry {
+            value,
+            fence_token: token_from_db(row.try_get(1)?)?,
+            scope: row.try_get(2)?,
+            version: row.try_get(3)?,
+            updated_at: row.try_get(4)?,
+        }))
+    }
+
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        let version: Option<i64> = sqlx::query_scalar(CLAIM)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&self.pool)
+            .await?;
+        match version {
+            Some(version) => Ok(Outcome::Accepted(Claimed { created: version == 1 })),
+            None => {
+                let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
+                Ok(Outcome::Stale(self.refusal(&[], &guard).await?))
+            }
+        }
+    }
+
+    pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
+            .bind(scope.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        current.map(token_from_db).transpose()
+    }
+}
