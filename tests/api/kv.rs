@@ -1,0 +1,249 @@
+//! Unscoped key-value writes: each key is its own fence; deletes leave a tombstone.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::helpers::{enc, kv, spawn_app, spawn_app_with, TOKEN};
+
+#[tokio::test]
+async fn put_creates_then_updates_with_a_version_bump() {
+    let app = spawn_app().await;
+    let created = app.kv_put("k", "7", &json!({"a": 1})).await.expect(201);
+    assert_eq!(created["key"], json!("k"), "{created}");
+    assert_eq!(created["fence_token"], json!("7"), "{created}");
+    assert_eq!(created["scope"], Value::Null, "{created}");
+    let v1 = created["version"].as_i64().unwrap_or_else(|| panic!("version not an integer: {created}"));
+
+    let updated = app.kv_put("k", "8", &json!({"a": 2})).await.expect(200);
+    assert_eq!(updated["fence_token"], json!("8"), "{updated}");
+    let v2 = updated["version"].as_i64().unwrap_or_else(|| panic!("version not an integer: {updated}"));
+    assert!(v2 > v1, "version must increase on update: {v1} -> {v2}");
+    app.assert_value("k", &json!({"a": 2}), "8").await;
+}
+
+#[tokio::test]
+async fn get_returns_value_fence_token_and_header() {
+    let app = spawn_app().await;
+    app.kv_put("k", "42", &json!([1, "two"])).await.expect(201);
+    let r = app.kv_get("k").await;
+    let body = r.expect(200);
+    assert_eq!(body["key"], json!("k"), "{body}");
+    assert_eq!(body["value"], json!([1, "two"]), "{body}");
+    assert_eq!(body["fence_token"], json!("42"), "{body}");
+    assert_eq!(body["scope"], Value::Null, "{body}");
+    assert!(body["version"].is_i64(), "{body}");
+    let ts = body["updated_at"].as_str().unwrap_or_else(|| panic!("updated_at: {body}"));
+    assert!(ts.len() >= 20 && ts.as_bytes()[10] == b'T', "updated_at is not RFC 3339: {ts}");
+    assert_eq!(r.header("x-fencing-token"), Some("42"), "{r:?}");
+}
+
+#[tokio::test]
+async fn get_absent_key_is_404_problem() {
+    let app = spawn_app().await;
+    app.kv_get("never").await.problem(404, "not-found");
+}
+
+#[tokio::test]
+async fn equal_token_is_accepted() {
+    let app = spawn_app().await;
+    app.kv_put("k", "10", &json!(1)).await.expect(201);
+    app.kv_put("k", "10", &json!(2)).await.expect(200);
+    app.kv_put("k", "10", &json!(3)).await.expect(200);
+    app.assert_value("k", &json!(3), "10").await;
+}
+
+#[tokio::test]
+async fn lower_token_is_412_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.kv_put("k", "7", &json!("holder")).await.expect(201);
+    app.kv_put("k", "5", &json!("zombie")).await.stale_key("k", "5", "7");
+    app.assert_value("k", &json!("holder"), "7").await;
+}
+
+#[tokio::test]
+async fn higher_token_is_accepted_and_raises_the_fence() {
+    let app = spawn_app().await;
+    app.kv_put("k", "7", &json!(1)).await.expect(201);
+    app.kv_put("k", "100", &json!(2)).await.expect(200);
+    app.kv_put("k", "99", &json!(3)).await.stale_key("k", "99", "100");
+    app.assert_value("k", &json!(2), "100").await;
+}
+
+#[tokio::test]
+async fn fences_are_per_key() {
+    let app = spawn_app().await;
+    app.kv_put("a", "100", &json!(1)).await.expect(201);
+    app.kv_put("b", "1", &json!(2)).await.expect(201);
+    app.assert_value("b", &json!(2), "1").await;
+}
+
+#[tokio::test]
+async fn delete_leaves_a_tombstone_that_keeps_the_fence() {
+    let app = spawn_app().await;
+    app.kv_put("k", "5", &json!("v")).await.expect(201);
+    let body = app.kv_delete("k", "9").await.expect(200);
+    assert_eq!(body["key"], json!("k"), "{body}");
+    assert_eq!(body["fence_token"], json!("9"), "{body}");
+    assert_eq!(body["scope"], Value::Null, "{body}");
+    assert_eq!(body["deleted"], json!(true), "{body}");
+    app.assert_absent("k").await;
+
+    app.kv_put("k", "8", &json!("zombie")).await.stale_key("k", "8", "9");
+    app.assert_absent("k").await;
+
+    // Re-creating a tombstoned key is a create: 201.
+    app.kv_put("k", "9", &json!("back")).await.expect(201);
+    app.assert_value("k", &json!("back"), "9").await;
+}
+
+#[tokio::test]
+async fn delete_with_lower_token_is_412_and_keeps_the_value() {
+    let app = spawn_app().await;
+    app.kv_put("k", "5", &json!("v")).await.expect(201);
+    app.kv_delete("k", "4").await.stale_key("k", "4", "5");
+    app.assert_value("k", &json!("v"), "5").await;
+}
+
+#[tokio::test]
+async fn delete_of_a_never_written_key_fences_later_writes() {
+    let app = spawn_app().await;
+    let body = app.kv_delete("ghost", "20").await.expect(200);
+    assert_eq!(body["deleted"], json!(true), "{body}");
+    assert_eq!(body["fence_token"], json!("20"), "{body}");
+    app.assert_absent("ghost").await;
+    app.kv_put("ghost", "19", &json!("zombie")).await.stale_key("ghost", "19", "20");
+    app.assert_absent("ghost").await;
+    app.kv_put("ghost", "20", &json!("holder")).await.expect(201);
+}
+
+#[tokio::test]
+async fn strict_mode_rejects_equal_and_accepts_greater() {
+    let app = spawn_app_with(|s| s.kv.strict = true).await;
+    app.kv_put("k", "10", &json!(1)).await.expect(201);
+    app.kv_put("k", "10", &json!(2)).await.stale_key("k", "10", "10");
+    app.kv_put("k", "9", &json!(3)).await.stale_key("k", "9", "10");
+    app.kv_put("k", "11", &json!(4)).await.expect(200);
+    app.assert_value("k", &json!(4), "11").await;
+}
+
+#[tokio::test]
+async fn strict_mode_applies_to_deletes() {
+    let app = spawn_app_with(|s| s.kv.strict = true).await;
+    app.kv_put("k", "10", &json!(1)).await.expect(201);
+    app.kv_delete("k", "10").await.stale_key("k", "10", "10");
+    app.assert_value("k", &json!(1), "10").await;
+    app.kv_delete("k", "11").await.expect(200);
+    app.assert_absent("k").await;
+}
+
+#[tokio::test]
+async fn percent_encoded_keys_round_trip_as_distinct_keys() {
+    let app = spawn_app().await;
+    let japanese = enc("日本語のキー");
+    // (path segment as sent, decoded key)
+    let keys = [
+        ("a%2Fb", "a/b"),
+        ("a", "a"),
+        ("b", "b"),
+        ("%20x", " x"),
+        ("x", "x"),
+        ("%E2%9C%93", "✓"),
+        (japanese.as_str(), "日本語のキー"),
+        ("a%3Fb%23c", "a?b#c"),
+        ("100%25", "100%"),
+    ];
+    for (i, (seg, _)) in keys.iter().enumerate() {
+        app.kv_put(seg, "1", &json!(i)).await.expect(201);
+    }
+    for (i, (seg, key)) in keys.iter().enumerate() {
+        let body = app.kv_get(seg).await.expect(200);
+        assert_eq!(body["key"], json!(key), "GET {seg}: {body}");
+        assert_eq!(body["value"], json!(i), "GET {seg}: {body}");
+    }
+    // The same text, whichever way it is percent-encoded, is the same key.
+    let body = app.kv_get("%61%2F%62").await.expect(200);
+    assert_eq!(body["key"], json!("a/b"), "{body}");
+}
+
+#[tokio::test]
+async fn key_of_512_bytes_is_valid_and_513_is_not() {
+    let app = spawn_app().await;
+    let ok = "k".repeat(512);
+    app.kv_put(&ok, "1", &json!(1)).await.expect(201);
+    app.assert_value(&ok, &json!(1), "1").await;
+
+    let long = "k".repeat(513);
+    app.kv_put(&long, "1", &json!(1)).await.problem(400, "invalid-key");
+    // Bytes, not characters: 171 x "✓" (3 bytes each) is 513 bytes.
+    let wide = enc(&"✓".repeat(171));
+    app.kv_put(&wide, "1", &json!(1)).await.problem(400, "invalid-key");
+    let wide_ok = enc(&"✓".repeat(170));
+    app.kv_put(&wide_ok, "1", &json!(1)).await.expect(201);
+}
+
+#[tokio::test]
+async fn max_key_bytes_is_configurable() {
+    let app = spawn_app_with(|s| s.kv.max_key_bytes = 8).await;
+    app.kv_put("12345678", "1", &json!(1)).await.expect(201);
+    app.kv_put("123456789", "1", &json!(1)).await.problem(400, "invalid-key");
+}
+
+#[tokio::test]
+async fn control_characters_and_invalid_utf8_are_invalid_keys() {
+    let app = spawn_app().await;
+    for seg in ["%00", "a%00b", "%0A", "a%0Db", "%1F", "%7F", "a%09b", "%FF", "%C3%28"] {
+        app.kv_put(seg, "1", &json!(1)).await.problem(400, "invalid-key");
+        app.kv_get(seg).await.problem(400, "invalid-key");
+        app.kv_delete(seg, "1").await.problem(400, "invalid-key");
+    }
+}
+
+#[tokio::test]
+async fn any_json_value_is_stored_as_is() {
+    let app = spawn_app().await;
+    let values = [
+        json!({"name": "x", "n": 1}),
+        json!([1, 2, 3]),
+        json!("just a string"),
+        json!(42),
+        json!(-1.5),
+        json!(true),
+        json!(null),
+        json!({"deep": {"list": [{"a": [null, {"b": "ü"}]}], "empty": {}, "e": []}}),
+    ];
+    for (i, v) in values.iter().enumerate() {
+        let key = format!("v{i}");
+        app.kv_put(&key, "1", v).await.expect(201);
+        // A stored JSON null is a present value: 200 with "value": null, not a 404.
+        app.assert_value(&key, v, "1").await;
+    }
+}
+
+#[tokio::test]
+async fn large_integers_in_the_value_do_not_break_the_server() {
+    let app = spawn_app().await;
+    for (i, raw) in [
+        r#"{"n":12345678901234567890}"#,
+        r#"{"n":123456789012345678901234567890}"#,
+        "9223372036854775808",
+        "-9223372036854775809",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let key = format!("big{i}");
+        let r = app
+            .send(
+                app.req(Method::PUT, &kv(&key))
+                    .header(TOKEN, "1")
+                    .header("content-type", "application/json")
+                    .body(raw.to_string()),
+            )
+            .await;
+        assert!(r.status < 500, "a big integer in the value caused a server error: {r:?}");
+        if r.status == 201 {
+            let got = app.kv_get(&key).await.expect(200);
+            assert!(!got["value"].is_null(), "stored value lost: {got}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Operational endpoints: liveness, readiness, Prometheus metrics.
+
+use serde_json::json;
+
+use crate::helpers::{enc, spawn_app, unique};
+
+#[tokio::test]
+async fn healthz_is_ok() {
+    let app = spawn_app().await;
+    let body = app.get("/healthz").await.expect(200);
+    assert_eq!(body, json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn readyz_is_ready_on_a_migrated_database() {
+    let app = spawn_app().await;
+    let body = app.get("/readyz").await.expect(200);
+    assert_eq!(body, json!({"status": "ready"}));
+}
+
+#[tokio::test]
+async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
+    let app = spawn_app().await;
+    let key = unique("metrickey");
+    let scope = unique("metricscope");
+    app.kv_put(&key, "10", &json!(1)).await.expect(201);
+    app.kv_put(&key, "5", &json!(2)).await.problem(412, "stale-token");
+    app.kv_put_scoped(&key, "3", &scope, &json!(3)).await.expect(200);
+    app.claim(&enc(&scope), "2").await.problem(412, "stale-token");
+    app.kv_get(&key).await.expect(200);
+    app.get(&format!("/nope/{key}")).await.problem(404, "not-found");
+
+    let r = app.get("/metrics").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.header("content-type").is_some_and(|ct| ct.starts_with("text/plain")),
+        "metrics content-type: {r:?}"
+    );
+    let text = &r.text;
+    let writes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("fencegate_writes_total{"))
+        .collect();
+    assert!(
+        writes.iter().any(|l| l.contains(r#"outcome="accepted""#)),
+        "no accepted fencegate_writes_total sample:\n{text}"
+    );
+    assert!(
+        writes.iter().any(|l| l.contains(r#"outcome="stale""#)),
+        "no stale fencegate_writes_total sample:\n{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("fencegate_http_requests_total{")),
+        "no fencegate_http_requests_total sample:\n{text}"
+    );
+    // Labels are bounded: route templates, never request text.
+    assert!(!text.contains("metrickey"), "a key name leaked into /metrics:\n{text}");
+    assert!(!text.contains("metricscope"), "a scope name leaked into /metrics:\n{text}");
+}
