@@ -17,7 +17,21 @@ pub struct Settings {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
     pub kv: KvSettings,
+    pub locks: LockSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockSettings {
+    /// Longest lease a client may ask for (`ttl_ms`), in milliseconds.
+    pub max_ttl_ms: u64,
+}
+
+impl Default for LockSettings {
+    fn default() -> Self {
+        LockSettings { max_ttl_ms: 3_600_000 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -192,6 +206,9 @@ impl Settings {
         }
         if !(1..=100_000).contains(&self.kv.max_batch_ops) {
             bail!("kv.max_batch_ops must be between 1 and 100000, got {}", self.kv.max_batch_ops);
+        }
+        if self.locks.max_ttl_ms == 0 {
+            bail!("locks.max_ttl_ms must be at least 1");
         }
         if self.database.max_connections == 0 {
             bail!("database.max_connections must be at least 1");

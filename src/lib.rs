@@ -5,6 +5,7 @@
 //! - [`fence`]: tokens, keys, scopes, the accept rule, outcomes. No HTTP, no SQL.
 //! - [`store`]: the backends; all SQL lives there.
 //! - [`http`]: routes, extractors, problem+json errors, middleware.
+//! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
 //! - [`server`]: start-up, serving on a bound listener, graceful shutdown.
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod fence;
 pub mod http;
+pub mod locks;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -44,6 +44,7 @@ pub async fn serve_announced(
     let state = AppState {
         store,
         kv: Arc::new(settings.kv.clone()),
+        locks: Arc::new(settings.locks.clone()),
         metrics: telemetry::metrics_handle(),
     };
     let limits = Limits { body_bytes: settings.server.body_limit_bytes, request_timeout: settings.request_timeout() };

@@ -70,6 +70,7 @@ pub async fn track_request(req: Request, next: Next) -> Response {
         let outcome = match status.as_u16() {
             200..=299 => "accepted",
             412 => "stale",
+            409 => "conflict",
             500..=599 => "error",
             _ => "invalid",
         };
@@ -98,6 +99,9 @@ fn write_op(method: &str, route: &str) -> Option<&'static str> {
         ("DELETE", "/v1/kv/{key}") => Some("delete"),
         ("POST", "/v1/batch") => Some("batch"),
         ("POST", "/v1/fences/{scope}") => Some("claim"),
+        ("POST", "/v1/locks/{name}") => Some("lock_acquire"),
+        ("POST", "/v1/locks/{name}/renew") => Some("lock_renew"),
+        ("DELETE", "/v1/locks/{name}") => Some("lock_release"),
         _ => None,
     }
 }

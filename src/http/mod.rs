@@ -4,6 +4,7 @@ mod batch;
 mod extract;
 mod fences;
 mod kv;
+mod locks;
 mod ops;
 pub mod problem;
 
@@ -26,7 +27,10 @@ use tower_http::{
     trace::TraceLayer,
 };
 
-use crate::{config::KvSettings, store::Store};
+use crate::{
+    config::{KvSettings, LockSettings},
+    store::Store,
+};
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
 use problem::ApiError;
 
@@ -35,6 +39,7 @@ use problem::ApiError;
 pub struct AppState {
     pub store: Store,
     pub kv: Arc<KvSettings>,
+    pub locks: Arc<LockSettings>,
     pub metrics: PrometheusHandle,
 }
 
@@ -53,6 +58,8 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route("/v1/kv/{key}", put(kv::put).get(kv::get).delete(kv::delete))
         .route("/v1/batch", post(batch::batch))
         .route("/v1/fences/{scope}", post(fences::claim).get(fences::get))
+        .route("/v1/locks/{name}", post(locks::acquire).delete(locks::release))
+        .route("/v1/locks/{name}/renew", post(locks::renew))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

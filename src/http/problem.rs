@@ -38,6 +38,12 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("stale fencing token")]
     Stale(Vec<Stale>),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
+    LockHeld { owner: String, remaining_ms: i64 },
+    #[error("the lease is lost: it expired, was released, or was taken over")]
+    LockLost { current: Option<crate::locks::Holder> },
     #[error("request timed out")]
     Timeout,
     #[error(transparent)]
@@ -74,6 +80,9 @@ impl ApiError {
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
             Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
+            InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
+            LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
+            LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
             Timeout | Store(StoreError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
@@ -131,8 +140,17 @@ impl IntoResponse for ApiError {
         body.insert("title".into(), json!(title));
         body.insert("status".into(), json!(status.as_u16()));
         body.insert("detail".into(), json!(self.detail()));
-        if let ApiError::Stale(stale) = &self {
-            add_stale_fields(&mut body, stale);
+        match &self {
+            ApiError::Stale(stale) => add_stale_fields(&mut body, stale),
+            ApiError::LockHeld { owner, remaining_ms } => {
+                body.insert("holder".into(), json!(owner));
+                body.insert("remaining_ms".into(), json!(remaining_ms));
+            }
+            ApiError::LockLost { current: Some(holder) } => {
+                body.insert("holder".into(), json!(holder.owner));
+                body.insert("remaining_ms".into(), json!(holder.remaining_ms));
+            }
+            _ => {}
         }
         let mut response = (status, axum::Json(Value::Object(body))).into_response();
         let headers = response.headers_mut();

@@ -6,7 +6,10 @@
 
 mod postgres;
 
-use crate::fence::{FencingToken, Guard, Key, Outcome, Rule, Scope};
+use crate::{
+    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope},
+    locks::{Acquired, Held, Ttl},
+};
 
 pub use postgres::PgStore;
 
@@ -145,6 +148,26 @@ impl Store {
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
         match self {
             Store::Postgres(pg) => pg.fence(scope).await,
+        }
+    }
+
+    /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
+    /// transaction.
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.acquire(name, owner, ttl).await,
+        }
+    }
+
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.renew(name, token, ttl).await,
+        }
+    }
+
+    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
+        match self {
+            Store::Postgres(pg) => pg.release(name, token).await,
         }
     }
 

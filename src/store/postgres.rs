@@ -22,7 +22,15 @@ use super::{sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Writ
 use crate::{
     config::DatabaseSettings,
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
+    locks::{Acquired, Held, Holder, Lease, Ttl},
 };
+
+/// A timestamptz column as RFC 3339 UTC text, as the API shows it.
+macro_rules! utc {
+    ($col:literal) => {
+        concat!("to_char(", $col, " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
+    };
+}
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -327,9 +335,8 @@ impl PgStore {
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let row = sqlx::query(
-            "SELECT value, fence_token, scope, version,
-                    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
-             FROM fencegate_kv WHERE key = $1 AND NOT deleted",
+            concat!("SELECT value, fence_token, scope, version, ", utc!("updated_at"),
+                " FROM fencegate_kv WHERE key = $1 AND NOT deleted"),
         )
         .bind(key.as_str())
         .fetch_optional(&self.pool)
@@ -366,5 +373,123 @@ impl PgStore {
             .fetch_optional(&self.pool)
             .await?;
         current.map(token_from_db).transpose()
+    }
+}
+
+/// Grants a free or expired lock. `$4` is the scope's current fence, so the new token exceeds
+/// both every earlier grant and the fence (the claim that follows must succeed).
+const ACQUIRE: &str = concat!("
+    INSERT INTO fencegate_locks AS l (name, owner, token, expires_at, granted_at)
+    VALUES ($1, $2, $4 + 1, now() + $3 * interval '1 millisecond', now())
+    ON CONFLICT (name) DO UPDATE SET
+        owner = EXCLUDED.owner,
+        token = GREATEST(l.token, $4) + 1,
+        expires_at = EXCLUDED.expires_at,
+        granted_at = now()
+    WHERE l.owner IS NULL OR l.expires_at <= now()
+    RETURNING token, ", utc!("expires_at"));
+
+const HOLDER: &str = "
+    SELECT owner, GREATEST(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint
+    FROM fencegate_locks WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()";
+
+const RENEW: &str = concat!("
+    UPDATE fencegate_locks SET expires_at = now() + $3 * interval '1 millisecond'
+    WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
+    RETURNING owner, ", utc!("expires_at"));
+
+/// Frees the lock (the row stays: its token keeps later grants increasing). The CTE reads the
+/// owner before the UPDATE clears it.
+const RELEASE: &str = concat!("
+    WITH held AS (
+        SELECT owner FROM fencegate_locks
+        WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
+        FOR UPDATE
+    )
+    UPDATE fencegate_locks AS l SET owner = NULL, expires_at = NULL
+    FROM held WHERE l.name = $1
+    RETURNING held.owner, ", utc!("now()"));
+
+impl PgStore {
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
+        // A claim of the same scope running concurrently can raise the fence between our read
+        // and our claim; then the claim refuses and we recompute. Bounded: each retry means
+        // someone else made progress.
+        for _ in 0..5 {
+            let mut tx = self.pool.begin().await?;
+            // Locks the fence row (if any) so claims of this scope wait for our grant.
+            let fence: Option<i64> =
+                sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE")
+                    .bind(name.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let granted = sqlx::query(ACQUIRE)
+                .bind(name.as_str())
+                .bind(owner)
+                .bind(ttl.ms())
+                .bind(fence.unwrap_or(0))
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = granted else {
+                tx.rollback().await?;
+                match self.holder(name).await? {
+                    Some(holder) => return Ok(Acquired::Held(holder)),
+                    None => continue, // expired or released just now: try again
+                }
+            };
+            let token = token_from_db(row.try_get(0)?)?;
+            // The grant claims the scope through the same statement as POST /v1/fences.
+            let claimed: Option<i64> = sqlx::query_scalar(CLAIM)
+                .bind(name.as_str())
+                .bind(token.get())
+                .fetch_optional(&mut *tx)
+                .await?;
+            if claimed.is_none() {
+                tx.rollback().await?;
+                continue;
+            }
+            tx.commit().await?;
+            return Ok(Acquired::Granted(Lease {
+                name: name.clone(),
+                owner: owner.to_owned(),
+                token,
+                expires_at: row.try_get(1)?,
+            }));
+        }
+        Err(StoreError::Unavailable(sqlx::Error::Protocol(
+            "lock acquisition kept racing with concurrent claims; retry".into(),
+        )))
+    }
+
+    async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
+        let row = sqlx::query(HOLDER).bind(name.as_str()).fetch_optional(&self.pool).await?;
+        row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
+    }
+
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
+        let row = sqlx::query(RENEW)
+            .bind(name.as_str())
+            .bind(token.get())
+            .bind(ttl.ms())
+            .fetch_optional(&self.pool)
+            .await?;
+        self.held(name, token, row).await
+    }
+
+    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
+        let row = sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).fetch_optional(&self.pool).await?;
+        self.held(name, token, row).await
+    }
+
+    async fn held(&self, name: &Scope, token: FencingToken, row: Option<sqlx::postgres::PgRow>) -> Result<Held, StoreError> {
+        match row {
+            Some(row) => Ok(Held::Yes(Lease {
+                name: name.clone(),
+                owner: row.try_get(0)?,
+                token,
+                expires_at: row.try_get(1)?,
+            })),
+            None => Ok(Held::Lost { current: self.holder(name).await? }),
+        }
     }
 }

@@ -1,0 +1,89 @@
+//! The built-in lease service: named locks with fencing tokens.
+//!
+//! A grant returns a token strictly greater than every token ever granted for the name (and
+//! than the scope's fence), and raises the scope `{name}` to it in the same transaction: the
+//! moment a new holder exists, every write of the previous holder under that scope is stale,
+//! even to keys the new holder has not written yet. Lease time is the database's clock, never a
+//! client's or fencegate's, so several fencegate processes agree on who holds a lock.
+//!
+//! This module holds the domain types and input rules; the SQL is in `store`.
+
+use serde::Deserialize;
+
+use crate::fence::{FencingToken, Scope};
+
+/// Longest owner label, in bytes.
+pub const MAX_OWNER_BYTES: usize = 256;
+
+/// A granted or renewed lease.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub name: Scope,
+    pub owner: String,
+    pub token: FencingToken,
+    /// RFC 3339, UTC, from the database's clock.
+    pub expires_at: String,
+}
+
+/// Who holds a lock now, for a 409.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    pub owner: String,
+    pub remaining_ms: i64,
+}
+
+#[derive(Debug)]
+pub enum Acquired {
+    Granted(Lease),
+    Held(Holder),
+}
+
+/// Result of renew or release with a token.
+#[derive(Debug)]
+pub enum Held {
+    /// The presented token holds the lease (renewed: new expiry; released: now free).
+    Yes(Lease),
+    /// It does not (expired, released, or taken over). `current` is the holder, if any.
+    Lost { current: Option<Holder> },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    pub owner: String,
+    pub ttl_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    pub ttl_ms: u64,
+}
+
+/// A lease duration within `1..=max_ttl_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct Ttl(i64);
+
+impl Ttl {
+    pub fn parse(ms: u64, max_ms: u64) -> Result<Self, String> {
+        if ms == 0 || ms > max_ms {
+            return Err(format!("ttl_ms must be between 1 and {max_ms} (locks.max_ttl_ms), got {ms}"));
+        }
+        i64::try_from(ms).map(Ttl).map_err(|_| format!("ttl_ms {ms} is too large"))
+    }
+
+    pub fn ms(self) -> i64 {
+        self.0
+    }
+}
+
+/// Owner labels are for humans (who holds this lock?): non-empty, bounded, printable.
+pub fn parse_owner(owner: &str) -> Result<&str, String> {
+    if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+        return Err(format!("owner must be 1 to {MAX_OWNER_BYTES} bytes"));
+    }
+    if owner.chars().any(char::is_control) {
+        return Err("owner must not contain control characters".into());
+    }
+    Ok(owner)
+}
