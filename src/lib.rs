@@ -6,12 +6,14 @@
 //! - [`store`]: the backends; all SQL lives there.
 //! - [`http`]: routes, extractors, problem+json errors, middleware.
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
+//! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
 //! - [`server`]: start-up, serving on a bound listener, graceful shutdown.
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod demo;
 pub mod fence;
 pub mod http;
 pub mod locks;

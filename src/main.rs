@@ -28,6 +28,33 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Show a zombie write rejected: real worker processes, a real SIGSTOP, fenced and unfenced.
+    Demo {
+        /// Use this running fencegate instead of starting one.
+        #[arg(long)]
+        url: Option<String>,
+        /// Lease of the demo lock, in milliseconds (worker A is frozen 500 ms longer).
+        #[arg(long, default_value_t = 1000)]
+        lease_ms: u64,
+    },
+    /// One demo worker process (started by `demo`).
+    #[command(hide = true)]
+    DemoWorker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        lock: String,
+        #[arg(long)]
+        key: String,
+        #[arg(long)]
+        lease_ms: u64,
+        #[arg(long)]
+        work_ms: u64,
+        #[arg(long)]
+        unfenced_db: Option<String>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -51,10 +78,14 @@ fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let listen = match &cli.command {
         Command::Serve { listen } => listen.clone(),
-        Command::Migrate => None,
+        _ => None,
     };
     let overrides = Overrides { listen, database_url: cli.database_url };
-    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    let mut settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    if matches!(cli.command, Command::Demo { .. } | Command::DemoWorker { .. }) {
+        // The demo's output is its timeline; logs would only interleave with it.
+        settings.log.filter = "warn".into();
+    }
     fencegate::telemetry::init_logging(&settings.log);
     match cli.command {
         Command::Serve { .. } => {
@@ -68,6 +99,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("listening on {bound}");
             });
             started.await
+        }
+        Command::Demo { url, lease_ms } => {
+            let options = fencegate::demo::DemoOptions { url, database_url: settings.database.url.clone(), lease_ms };
+            if fencegate::demo::run(options).await? {
+                Ok(())
+            } else {
+                anyhow::bail!("the zombie's write was not rejected")
+            }
+        }
+        Command::DemoWorker { url, name, lock, key, lease_ms, work_ms, unfenced_db } => {
+            fencegate::demo::worker(fencegate::demo::WorkerOptions { url, name, lock, key, lease_ms, work_ms, unfenced_db })
+                .await
         }
         Command::Migrate => {
             let mut settings = settings;

@@ -5,6 +5,7 @@
 //! as the write) and reports an [`Outcome`].
 
 mod postgres;
+pub mod unfenced;
 
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope},
