@@ -62,8 +62,11 @@ impl Default for ServerSettings {
 #[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// `postgres://user:pass@host:port/db` (`DATABASE_URL`, `--database-url`).
+    /// `postgres://user:pass@host:port/db` (`DATABASE_URL`, `--database-url`). A `sqlite:` URL
+    /// selects the embedded backend explicitly.
     pub url: Option<String>,
+    /// With no `url`: the embedded SQLite database file (created if missing).
+    pub sqlite_path: String,
     pub max_connections: u32,
     pub min_connections: u32,
     /// How long a request waits for a free connection before it is answered 503.
@@ -74,10 +77,25 @@ pub struct DatabaseSettings {
     pub migrate_on_start: bool,
 }
 
+impl DatabaseSettings {
+    /// The database actually used: `url`, else the embedded SQLite file at `sqlite_path`.
+    pub fn effective_url(&self) -> String {
+        match &self.url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.sqlite_path),
+        }
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.effective_url().starts_with("sqlite:")
+    }
+}
+
 impl Default for DatabaseSettings {
     fn default() -> Self {
         DatabaseSettings {
             url: None,
+            sqlite_path: "fencegate.sqlite".into(),
             max_connections: 16,
             min_connections: 1,
             acquire_timeout_ms: 2_000,
@@ -92,6 +110,7 @@ impl fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DatabaseSettings")
             .field("url", &self.url.as_deref().map(redact_url))
+            .field("sqlite_path", &self.sqlite_path)
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
@@ -207,6 +226,9 @@ impl Settings {
         if !(1..=100_000).contains(&self.kv.max_batch_ops) {
             bail!("kv.max_batch_ops must be between 1 and 100000, got {}", self.kv.max_batch_ops);
         }
+        if self.database.url.is_none() && self.database.sqlite_path.trim().is_empty() {
+            bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
+        }
         if self.locks.max_ttl_ms == 0 {
             bail!("locks.max_ttl_ms must be at least 1");
         }
@@ -218,8 +240,8 @@ impl Settings {
                 self.database.min_connections, self.database.max_connections);
         }
         if let Some(url) = &self.database.url {
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                bail!("the database URL must start with postgres:// or postgresql:// (got {})", redact_url(url));
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sqlite:")) {
+                bail!("the database URL must start with postgres://, postgresql:// or sqlite: (got {})", redact_url(url));
             }
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {

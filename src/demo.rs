@@ -31,7 +31,8 @@ use crate::store::unfenced::Unfenced;
 pub struct DemoOptions {
     /// An existing fencegate; `None` starts one.
     pub url: Option<String>,
-    /// The database, for starting fencegate and for the unfenced side.
+    /// The database, for starting fencegate and for the unfenced side (`None` with `url`: the
+    /// unfenced side is skipped, the demo cannot reach that database).
     pub database_url: Option<String>,
     pub lease_ms: u64,
 }

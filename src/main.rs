@@ -101,7 +101,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             started.await
         }
         Command::Demo { url, lease_ms } => {
-            let options = fencegate::demo::DemoOptions { url, database_url: settings.database.url.clone(), lease_ms };
+            // Started by the demo, fencegate uses the configured database (by default the
+            // embedded SQLite file); against --url, only an explicitly configured one is known.
+            let database_url = match &url {
+                None => Some(settings.database.effective_url()),
+                Some(_) => settings.database.url.clone(),
+            };
+            let options = fencegate::demo::DemoOptions { url, database_url, lease_ms };
             if fencegate::demo::run(options).await? {
                 Ok(())
             } else {

@@ -8,18 +8,19 @@ use tokio::{net::TcpListener, sync::Notify};
 use crate::{
     config::Settings,
     http::{app, AppState, Limits},
-    store::{PgStore, Store},
+    store::{PgStore, SqliteStore, Store},
     telemetry,
 };
 
 /// Opens the configured store (running migrations if configured).
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    let Some(url) = settings.database.url.as_deref() else {
-        anyhow::bail!(
-            "no database configured: set DATABASE_URL, pass --database-url, or set database.url in the config file"
-        );
-    };
-    Ok(Store::Postgres(PgStore::connect(&settings.database, url).await?))
+    let url = settings.database.effective_url();
+    if settings.database.is_sqlite() {
+        tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
+        Ok(Store::Sqlite(SqliteStore::connect(&settings.database, &url).await?))
+    } else {
+        Ok(Store::Postgres(PgStore::connect(&settings.database, &url).await?))
+    }
 }
 
 /// Connects, migrates, then serves on `listener` until `shutdown` resolves; in-flight requests

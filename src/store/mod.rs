@@ -5,6 +5,7 @@
 //! as the write) and reports an [`Outcome`].
 
 mod postgres;
+mod sqlite;
 pub mod unfenced;
 
 use crate::{
@@ -13,12 +14,25 @@ use crate::{
 };
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
 
 /// The backend in use. An enum rather than a trait object: the set is closed and small, and
 /// async methods stay plain `async fn`.
 #[derive(Clone)]
 pub enum Store {
     Postgres(PgStore),
+    /// The embedded default (no server needed); kv, batch, fences and locks behave the same.
+    Sqlite(SqliteStore),
+}
+
+/// Calls the same method on whichever backend is in use.
+macro_rules! dispatch {
+    ($self:ident, $backend:ident => $call:expr) => {
+        match $self {
+            Store::Postgres($backend) => $call,
+            Store::Sqlite($backend) => $call,
+        }
+    };
 }
 
 /// A kv operation inside a batch (or a single write).
@@ -94,6 +108,8 @@ fn is_transient(err: &sqlx::Error) -> bool {
             // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now.
             code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
                 || code == "40001" || code == "40P01"
+                // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
+                || matches!(code.as_ref(), "5" | "6" | "261" | "517" | "262")
         }),
         _ => false,
     }
@@ -114,68 +130,48 @@ pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
 
 impl Store {
     pub async fn ready(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.ready().await,
-        }
+        dispatch!(self, pg => pg.ready().await)
     }
 
     pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.write(write, guard).await,
-        }
+        dispatch!(self, pg => pg.write(write, guard).await)
     }
 
     /// Applies every write or none, under one token.
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.batch(writes, guard).await,
-        }
+        dispatch!(self, pg => pg.batch(writes, guard).await)
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.get(key).await,
-        }
+        dispatch!(self, pg => pg.get(key).await)
     }
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
     /// rule whatever `kv.strict` says: a claim consumes nothing, it only shuts out lower tokens.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.claim(scope, token).await,
-        }
+        dispatch!(self, pg => pg.claim(scope, token).await)
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.fence(scope).await,
-        }
+        dispatch!(self, pg => pg.fence(scope).await)
     }
 
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
     /// transaction.
     pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.acquire(name, owner, ttl).await,
-        }
+        dispatch!(self, pg => pg.acquire(name, owner, ttl).await)
     }
 
     pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.renew(name, token, ttl).await,
-        }
+        dispatch!(self, pg => pg.renew(name, token, ttl).await)
     }
 
     pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
-        match self {
-            Store::Postgres(pg) => pg.release(name, token).await,
-        }
+        dispatch!(self, pg => pg.release(name, token).await)
     }
 
     /// (open, idle) connections, for the pool gauges.
     pub fn pool_stats(&self) -> (u32, usize) {
-        match self {
-            Store::Postgres(pg) => pg.pool_stats(),
-        }
+        dispatch!(self, pg => pg.pool_stats())
     }
 }

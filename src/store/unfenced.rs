@@ -4,40 +4,77 @@
 //! It writes its own table (`fencegate_demo_unfenced`), never fencegate's data, and no API
 //! route reaches it.
 
-use sqlx::{Connection, PgConnection};
+use std::{str::FromStr, time::Duration};
 
-pub struct Unfenced {
-    conn: PgConnection,
+use sqlx::{sqlite::SqliteConnectOptions, types::Json, ConnectOptions, Connection, PgConnection, SqliteConnection};
+
+pub enum Unfenced {
+    Pg(PgConnection),
+    Sqlite(SqliteConnection),
 }
 
 impl Unfenced {
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
-        let mut conn = PgConnection::connect(url).await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key text PRIMARY KEY, value jsonb NOT NULL)")
-            .execute(&mut conn)
-            .await?;
-        Ok(Unfenced { conn })
+        if url.starts_with("sqlite:") {
+            // The fencegate process has the same file open: wait for its write lock.
+            let mut conn = SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(5)).connect().await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                .execute(&mut conn)
+                .await?;
+            Ok(Unfenced::Sqlite(conn))
+        } else {
+            let mut conn = PgConnection::connect(url).await?;
+            sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key text PRIMARY KEY, value jsonb NOT NULL)")
+                .execute(&mut conn)
+                .await?;
+            Ok(Unfenced::Pg(conn))
+        }
     }
 
     pub async fn read(&mut self, key: &str) -> anyhow::Result<Option<serde_json::Value>> {
-        let value: Option<sqlx::types::Json<serde_json::Value>> =
-            sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = $1")
-                .bind(key)
-                .fetch_optional(&mut self.conn)
-                .await?;
-        Ok(value.map(|v| v.0))
+        Ok(match self {
+            Unfenced::Pg(conn) => {
+                let value: Option<Json<serde_json::Value>> =
+                    sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = $1")
+                        .bind(key)
+                        .fetch_optional(conn)
+                        .await?;
+                value.map(|v| v.0)
+            }
+            Unfenced::Sqlite(conn) => {
+                let value: Option<String> = sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = ?1")
+                    .bind(key)
+                    .fetch_optional(conn)
+                    .await?;
+                value.map(|v| serde_json::from_str(&v)).transpose()?
+            }
+        })
     }
 
     /// Last writer wins, whoever it is: exactly the bug.
     pub async fn write(&mut self, key: &str, value: &serde_json::Value) -> anyhow::Result<()> {
-        sqlx::query(
-            "INSERT INTO fencegate_demo_unfenced (key, value) VALUES ($1, $2)
-             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-        )
-        .bind(key)
-        .bind(sqlx::types::Json(value))
-        .execute(&mut self.conn)
-        .await?;
+        match self {
+            Unfenced::Pg(conn) => {
+                sqlx::query(
+                    "INSERT INTO fencegate_demo_unfenced (key, value) VALUES ($1, $2)
+                     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                )
+                .bind(key)
+                .bind(Json(value))
+                .execute(conn)
+                .await?;
+            }
+            Unfenced::Sqlite(conn) => {
+                sqlx::query(
+                    "INSERT INTO fencegate_demo_unfenced (key, value) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                )
+                .bind(key)
+                .bind(value.to_string())
+                .execute(conn)
+                .await?;
+            }
+        }
         Ok(())
     }
 }

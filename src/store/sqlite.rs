@@ -1,0 +1,367 @@
+//! The embedded SQLite backend: the zero-setup default when no PostgreSQL is configured, so
+//! `fencegate serve` and `fencegate demo` work on a fresh machine with nothing but Rust.
+//!
+//! Same semantics as the PostgreSQL backend and the same shape of SQL: an unscoped write is one
+//! `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE <fence check> RETURNING`. SQLite has no
+//! data-modifying CTEs, so scoped writes and batches run as a transaction; the pool has ONE
+//! connection, so transactions are serialized and cannot interleave (SQLite has a single
+//! writer anyway). Durability: WAL with `synchronous = FULL`, so a 2xx means on disk.
+
+use std::{collections::BTreeMap, str::FromStr, time::Duration};
+
+use sqlx::{
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+    Row, SqliteConnection, SqlitePool,
+};
+
+use super::{sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
+use crate::{
+    config::DatabaseSettings,
+    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
+    locks::{Acquired, Held, Holder, Lease, Ttl},
+};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// Now, as RFC 3339 UTC text / as integer milliseconds (SQLite's clock is this machine's).
+const NOW_TEXT: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+fn ms_to_text(col: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', {col} / 1000.0, 'unixepoch')")
+}
+
+/// What a kv write does to an existing row (mirrors the PostgreSQL backend's KV_ON_CONFLICT).
+fn kv_on_conflict() -> String {
+    format!(
+        "ON CONFLICT (key) DO UPDATE SET
+            value = excluded.value,
+            deleted = excluded.deleted,
+            fence_token = excluded.fence_token,
+            scope = excluded.scope,
+            key_fence = max(kv.key_fence, excluded.key_fence),
+            version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END,
+            updated_at = {NOW_TEXT}"
+    )
+}
+
+struct Statements {
+    /// ?1 key, ?2 value, ?3 deleted, ?4 token: the fenced single statement.
+    put_key: String,
+    /// ?1 key, ?2 value, ?3 deleted, ?4 token, ?5 scope: runs after a successful scope claim.
+    put_scoped: String,
+    /// ?1 scope, ?2 token: raises the scope's fence if the rule admits the token.
+    claim: String,
+}
+
+impl Statements {
+    fn new(rule: Rule) -> Self {
+        let op = sql_fence_op(rule);
+        let on_conflict = kv_on_conflict();
+        Statements {
+            put_key: format!(
+                "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?4, NULL, {NOW_TEXT})
+                 {on_conflict}
+                 WHERE kv.key_fence {op} excluded.key_fence
+                 RETURNING version"
+            ),
+            put_scoped: format!(
+                "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
+                 VALUES (?1, ?2, ?3, 0, ?4, ?5, {NOW_TEXT})
+                 {on_conflict}
+                 RETURNING version"
+            ),
+            claim: format!(
+                "INSERT INTO fencegate_fences AS f (scope, fence_token, updated_at) VALUES (?1, ?2, {NOW_TEXT})
+                 ON CONFLICT (scope) DO UPDATE SET
+                     fence_token = excluded.fence_token, version = f.version + 1, updated_at = {NOW_TEXT}
+                 WHERE f.fence_token {op} excluded.fence_token
+                 RETURNING version"
+            ),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    inclusive: std::sync::Arc<Statements>,
+    strict: std::sync::Arc<Statements>,
+}
+
+impl SqliteStore {
+    pub async fn connect(settings: &DatabaseSettings, url: &str) -> anyhow::Result<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url}: {e}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .connect_with(options)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
+        let store = SqliteStore {
+            pool,
+            inclusive: Statements::new(Rule::Inclusive).into(),
+            strict: Statements::new(Rule::Strict).into(),
+        };
+        if settings.migrate_on_start {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR.run(&self.pool).await.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    fn statements(&self, rule: Rule) -> &Statements {
+        match rule {
+            Rule::Inclusive => &self.inclusive,
+            Rule::Strict => &self.strict,
+        }
+    }
+
+    pub fn pool_stats(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
+    }
+
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .fetch_one(&self.pool)
+            .await?;
+        let known = MIGRATOR.iter().count() as i64;
+        if applied < known {
+            return Err(StoreError::Corrupt(format!("{applied} of {known} migrations applied; run `fencegate migrate`")));
+        }
+        Ok(())
+    }
+
+    /// Applies one kv write inside `conn` (a transaction when scoped). Returns the new version,
+    /// or `None` if the key's fence refused it (unscoped only; scoped writes are decided by the
+    /// claim that precedes them).
+    async fn put_one(conn: &mut SqliteConnection, sql: &Statements, write: &Write, guard: &Guard) -> Result<Option<i64>, StoreError> {
+        let (key, value, deleted) = match write {
+            Write::Put { key, value } => (key, Some(value.to_string()), false),
+            Write::Delete { key } => (key, None, true),
+        };
+        let version = match &guard.target {
+            Target::Key => sqlx::query_scalar(&sql.put_key)
+                .bind(key.as_str())
+                .bind(value)
+                .bind(deleted)
+                .bind(guard.token.get())
+                .fetch_optional(&mut *conn)
+                .await?,
+            Target::Scope(scope) => sqlx::query_scalar(&sql.put_scoped)
+                .bind(key.as_str())
+                .bind(value)
+                .bind(deleted)
+                .bind(guard.token.get())
+                .bind(scope.as_str())
+                .fetch_optional(&mut *conn)
+                .await?,
+        };
+        Ok(version)
+    }
+
+    /// Claims the guard's scope inside `conn`; `false` if the scope's fence refused the token.
+    async fn claim_in(conn: &mut SqliteConnection, sql: &Statements, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
+        let version: Option<i64> = sqlx::query_scalar(&sql.claim)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(version.is_some())
+    }
+
+    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        match self.batch(std::slice::from_ref(write), guard).await? {
+            Outcome::Accepted(mut written) => Ok(Outcome::Accepted(written.remove(0))),
+            Outcome::Stale(stale) => Ok(Outcome::Stale(stale)),
+        }
+    }
+
+    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
+        for write in writes {
+            last.insert(write.key(), write);
+        }
+        let sql = self.statements(guard.rule);
+        let mut tx = self.pool.begin().await?;
+        if let Target::Scope(scope) = &guard.target {
+            if !Self::claim_in(&mut tx, sql, scope, guard.token).await? {
+                tx.rollback().await?;
+                return Ok(Outcome::Stale(self.refusal(&[], guard).await?));
+            }
+        }
+        let mut written = Vec::with_capacity(last.len());
+        let mut refused = Vec::new();
+        for (key, write) in &last {
+            match Self::put_one(&mut tx, sql, write, guard).await? {
+                Some(version) => written.push(Written { key: (*key).clone(), was_live: version != 1, version }),
+                None => refused.push((*key).clone()),
+            }
+        }
+        if !refused.is_empty() {
+            tx.rollback().await?;
+            return Ok(Outcome::Stale(self.refusal(&refused, guard).await?));
+        }
+        tx.commit().await?;
+        Ok(Outcome::Accepted(written))
+    }
+
+    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
+        match &guard.target {
+            Target::Scope(scope) => {
+                let current = self.fence(scope).await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence"))
+                })?;
+                Ok(vec![Stale::reported(guard.rule, guard.token, current, Fenced::Scope(scope.clone()))])
+            }
+            Target::Key => {
+                let mut stale = Vec::with_capacity(keys.len());
+                for key in keys {
+                    let current: i64 = sqlx::query_scalar("SELECT key_fence FROM fencegate_kv WHERE key = ?1")
+                        .bind(key.as_str())
+                        .fetch_one(&self.pool)
+                        .await?;
+                    stale.push(Stale::reported(guard.rule, guard.token, token_from_db(current)?, Fenced::Key(key.clone())));
+                }
+                Ok(stale)
+            }
+        }
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        let row = sqlx::query(
+            "SELECT value, fence_token, scope, version, updated_at FROM fencegate_kv WHERE key = ?1 AND NOT deleted",
+        )
+        .bind(key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let text: String = row.try_get(0)?;
+        let value = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(format!("stored value is not JSON: {e}")))?;
+        Ok(Some(Entry {
+            value,
+            fence_token: token_from_db(row.try_get(1)?)?,
+            scope: row.try_get(2)?,
+            version: row.try_get(3)?,
+            updated_at: row.try_get(4)?,
+        }))
+    }
+
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&self.pool)
+            .await?;
+        match version {
+            Some(version) => Ok(Outcome::Accepted(Claimed { created: version == 1 })),
+            None => {
+                let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
+                Ok(Outcome::Stale(self.refusal(&[], &guard).await?))
+            }
+        }
+    }
+
+    pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
+            .bind(scope.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        current.map(token_from_db).transpose()
+    }
+
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
+            .bind(name.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let acquire = format!(
+            "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at)
+             VALUES (?1, ?2, ?4 + 1, {NOW_MS} + ?3, {NOW_TEXT})
+             ON CONFLICT (name) DO UPDATE SET
+                 owner = excluded.owner, token = max(l.token, ?4) + 1,
+                 expires_at_ms = excluded.expires_at_ms, granted_at = {NOW_TEXT}
+             WHERE l.owner IS NULL OR l.expires_at_ms <= {NOW_MS}
+             RETURNING token, {}",
+            ms_to_text("expires_at_ms")
+        );
+        let granted = sqlx::query(&acquire)
+            .bind(name.as_str())
+            .bind(owner)
+            .bind(ttl.ms())
+            .bind(fence.unwrap_or(0))
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = granted else {
+            tx.rollback().await?;
+            return match self.holder(name).await? {
+                Some(holder) => Ok(Acquired::Held(holder)),
+                None => Err(StoreError::Corrupt("a lock is neither free nor held".into())),
+            };
+        };
+        let token = token_from_db(row.try_get(0)?)?;
+        // The single connection serializes everything, so the fence read above still holds.
+        if !Self::claim_in(&mut tx, &self.inclusive, name, token).await? {
+            tx.rollback().await?;
+            return Err(StoreError::Corrupt("a lock grant could not claim its scope".into()));
+        }
+        tx.commit().await?;
+        Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at: row.try_get(1)? }))
+    }
+
+    async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
+        let sql = format!(
+            "SELECT owner, max(0, expires_at_ms - {NOW_MS}) FROM fencegate_locks
+             WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
+        );
+        let row = sqlx::query(&sql).bind(name.as_str()).fetch_optional(&self.pool).await?;
+        row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
+    }
+
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
+        let sql = format!(
+            "UPDATE fencegate_locks SET expires_at_ms = {NOW_MS} + ?3
+             WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
+             RETURNING owner, {}",
+            ms_to_text("expires_at_ms")
+        );
+        let row = sqlx::query(&sql).bind(name.as_str()).bind(token.get()).bind(ttl.ms()).fetch_optional(&self.pool).await?;
+        self.held(name, token, row).await
+    }
+
+    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let sql = format!(
+            "SELECT owner FROM fencegate_locks WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
+        );
+        let owner: Option<String> = sqlx::query_scalar(&sql).bind(name.as_str()).bind(token.get()).fetch_optional(&mut *tx).await?;
+        let Some(owner) = owner else {
+            tx.rollback().await?;
+            return Ok(Held::Lost { current: self.holder(name).await? });
+        };
+        sqlx::query("UPDATE fencegate_locks SET owner = NULL, expires_at_ms = NULL WHERE name = ?1")
+            .bind(name.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let now: String = sqlx::query_scalar(&format!("SELECT {NOW_TEXT}")).fetch_one(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Held::Yes(Lease { name: name.clone(), owner, token, expires_at: now }))
+    }
+
+    async fn held(&self, name: &Scope, token: FencingToken, row: Option<sqlx::sqlite::SqliteRow>) -> Result<Held, StoreError> {
+        match row {
+            Some(row) => Ok(Held::Yes(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? })),
+            None => Ok(Held::Lost { current: self.holder(name).await? }),
+        }
+    }
+}
