@@ -19,6 +19,9 @@ pub struct Settings {
     pub kv: KvSettings,
     pub locks: LockSettings,
     pub log: LogSettings,
+    /// `[[resources]]`: legacy PostgreSQL tables served under `/v1/tables/{name}/{key}`
+    /// (see config/tables.example.toml and docs/tables.md).
+    pub resources: Vec<crate::tables::ResourceSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -247,6 +250,7 @@ impl Settings {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             bail!("log.format must be \"text\" or \"json\", got {:?}", self.log.format);
         }
+        crate::tables::validate(&self.resources, !self.database.is_sqlite())?;
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 //! - [`fence`]: tokens, keys, scopes, the accept rule, outcomes. No HTTP, no SQL.
 //! - [`store`]: the backends; all SQL lives there.
 //! - [`http`]: routes, extractors, problem+json errors, middleware.
+//! - [`tables`]: legacy PostgreSQL tables fenced in place (no SQL, no HTTP in there).
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
 //! - [`config`]: settings from file, environment and flags.
@@ -19,6 +20,7 @@ pub mod http;
 pub mod locks;
 pub mod server;
 pub mod store;
+pub mod tables;
 pub mod telemetry;
 
 pub use server::serve;

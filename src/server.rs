@@ -42,10 +42,13 @@ pub async fn serve_announced(
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     let store = open_store(&settings).await?;
+    // Resources are checked against the catalog before the first request: a bad one fails start.
+    let tables = store.resources(&settings.resources).await?;
     let state = AppState {
         store,
         kv: Arc::new(settings.kv.clone()),
         locks: Arc::new(settings.locks.clone()),
+        tables,
         metrics: telemetry::metrics_handle(),
     };
     let limits = Limits { body_bytes: settings.server.body_limit_bytes, request_timeout: settings.request_timeout() };

@@ -70,6 +70,8 @@ pub struct Stale {
 pub enum Fenced {
     Key(Key),
     Scope(Scope),
+    /// A row of a legacy table: the resource's name and the row's canonical key.
+    Row { resource: String, key: String },
 }
 
 /// The result of a fenced write.

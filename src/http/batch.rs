@@ -1,4 +1,4 @@
-//! `POST /v1/batch`: several kv writes under one token, all or nothing.
+//! `POST /v1/batch`: several kv writes (and legacy-table writes) under one token, all or nothing.
 
 use axum::{extract::State, Json};
 use serde::Deserialize;
@@ -12,7 +12,8 @@ use super::{
 };
 use crate::{
     fence::{Key, Outcome},
-    store::{Write, Written},
+    store::{RowWritten, Write, Written},
+    tables::{RowBody, RowKey, RowWrite, TableOp},
 };
 
 #[derive(Deserialize)]
@@ -29,6 +30,18 @@ struct OpRequest {
     // `Option<Value>` cannot tell a missing value from `null`; a JSON null is a legal value.
     #[serde(default, deserialize_with = "present")]
     value: Option<Value>,
+    /// A table op: the resource name; `key` is then the URL form of the row key.
+    #[serde(default)]
+    resource: Option<String>,
+    /// A table op's row (put) or columns (patch).
+    #[serde(default)]
+    row: Option<RowBody>,
+}
+
+/// One parsed op.
+enum Op {
+    Kv(Write),
+    Row(TableOp),
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
@@ -41,7 +54,11 @@ pub async fn batch(
     scope: ScopeHeader,
     JsonBody(request): JsonBody<BatchRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let writes = parse_ops(request, state.kv.max_key_bytes, state.kv.max_batch_ops)?;
+    let ops = parse_ops(&state, request)?;
+    if ops.iter().any(|op| matches!(op, Op::Row(_))) {
+        return batch_tables(&state, token, scope, ops).await;
+    }
+    let writes: Vec<Write> = ops.into_iter().filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None }).collect();
     let guard = guard(&state, token, scope);
     let written = match state.store.batch(&writes, &guard).await? {
         Outcome::Accepted(written) => written,
@@ -54,7 +71,44 @@ pub async fn batch(
     })))
 }
 
-fn parse_ops(request: BatchRequest, max_key_bytes: usize, max_ops: usize) -> Result<Vec<Write>, ApiError> {
+/// A batch with table ops: kv and table writes in one transaction.
+async fn batch_tables(state: &AppState, token: Token, scope: ScopeHeader, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
+    let (mut kv, mut rows) = (Vec::new(), Vec::new());
+    for op in &ops {
+        match op {
+            Op::Kv(write) => kv.push(write.clone()),
+            Op::Row(op) => rows.push(op.clone()),
+        }
+    }
+    let scope = scope.0;
+    let (kv_written, rows_written) =
+        match state.store.batch_tables(&kv, &rows, token.0, scope.as_ref(), state.kv.rule()).await? {
+            Outcome::Accepted(written) => written,
+            Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
+        };
+    // kv results as for a kv-only batch, then interleaved with the table results in request order.
+    let mut kv_results = op_results(&kv, &kv_written).into_iter();
+    let mut row_results = rows.iter().zip(&rows_written).map(|(op, written)| row_result(op, written));
+    let results: Vec<Value> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Kv(_) => kv_results.next(),
+            Op::Row(_) => row_results.next(),
+        })
+        .collect();
+    Ok(Json(json!({"fence_token": token.0, "scope": scope, "results": results})))
+}
+
+fn row_result(op: &TableOp, written: &RowWritten) -> Value {
+    let status = match op.write {
+        RowWrite::Put(_) if !written.existed => 201,
+        _ => 200,
+    };
+    json!({"op": op.write.op(), "resource": op.resource.name, "key": written.key, "status": status})
+}
+
+fn parse_ops(state: &AppState, request: BatchRequest) -> Result<Vec<Op>, ApiError> {
+    let (max_key_bytes, max_ops) = (state.kv.max_key_bytes, state.kv.max_batch_ops);
     if request.ops.is_empty() {
         return Err(ApiError::InvalidBatch("\"ops\" is empty; send at least one operation".into()));
     }
@@ -69,9 +123,17 @@ fn parse_ops(request: BatchRequest, max_key_bytes: usize, max_ops: usize) -> Res
         .into_iter()
         .enumerate()
         .map(|(i, op)| {
+            if op.resource.is_some() {
+                return parse_table_op(state, i, op).map(Op::Row);
+            }
+            if op.row.is_some() {
+                return Err(ApiError::InvalidBatch(format!(
+                    "ops[{i}]: \"row\" belongs to a table op, which also names its \"resource\"; a kv op takes \"value\""
+                )));
+            }
             let key = Key::parse(&op.key, max_key_bytes)
                 .map_err(|e| ApiError::InvalidBatch(format!("ops[{i}]: the key {e}")))?;
-            match (op.op.as_str(), op.value) {
+            let write = match (op.op.as_str(), op.value) {
                 ("put", Some(value)) => Ok(Write::Put { key, value }),
                 ("put", None) => Err(ApiError::InvalidBatch(format!("ops[{i}]: a put needs a \"value\""))),
                 ("delete", None) => Ok(Write::Delete { key }),
@@ -79,9 +141,40 @@ fn parse_ops(request: BatchRequest, max_key_bytes: usize, max_ops: usize) -> Res
                 (other, _) => Err(ApiError::InvalidBatch(format!(
                     "ops[{i}]: unknown op {other:?}; use \"put\" or \"delete\""
                 ))),
-            }
+            };
+            write.map(Op::Kv)
         })
         .collect()
+}
+
+/// `{"op": "put"|"patch"|"delete", "resource": "orders", "key": "42,EU", "row": {...}}`.
+fn parse_table_op(state: &AppState, i: usize, op: OpRequest) -> Result<TableOp, ApiError> {
+    let name = op.resource.as_deref().unwrap_or_default();
+    let resource = super::tables::resource(state, name).map_err(|e| match e {
+        ApiError::NotFound(detail) => ApiError::NotFound(format!("ops[{i}]: {detail}")),
+        other => other,
+    })?;
+    if op.value.is_some() {
+        return Err(ApiError::InvalidBatch(format!(
+            "ops[{i}]: a table op takes \"row\" (the columns), not \"value\""
+        )));
+    }
+    let key = RowKey::parse(&resource, &op.key, state.kv.max_key_bytes).map_err(|e| e.in_op(i))?;
+    let write = match (op.op.as_str(), op.row) {
+        ("put", Some(row)) => RowWrite::Put(resource.check_row(row, false).map_err(|e| e.in_op(i))?),
+        ("patch", Some(row)) => RowWrite::Patch(resource.check_row(row, true).map_err(|e| e.in_op(i))?),
+        ("put" | "patch", None) => {
+            return Err(ApiError::InvalidBatch(format!("ops[{i}]: a table {} needs a \"row\" object", op.op)))
+        }
+        ("delete", None) => RowWrite::Delete,
+        ("delete", Some(_)) => return Err(ApiError::InvalidBatch(format!("ops[{i}]: a delete takes no \"row\""))),
+        (other, _) => {
+            return Err(ApiError::InvalidBatch(format!(
+                "ops[{i}]: unknown table op {other:?}; use \"put\", \"patch\" or \"delete\""
+            )))
+        }
+    };
+    Ok(TableOp { resource, key, write })
 }
 
 /// Per-op statuses, as if the ops ran one after another: a put is 201 when its key was not live

@@ -6,6 +6,7 @@ mod fences;
 mod kv;
 mod locks;
 mod ops;
+mod tables;
 pub mod problem;
 
 use std::{sync::Arc, time::Duration};
@@ -30,6 +31,7 @@ use tower_http::{
 use crate::{
     config::{KvSettings, LockSettings},
     store::Store,
+    tables::Resources,
 };
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
 use problem::ApiError;
@@ -40,6 +42,8 @@ pub struct AppState {
     pub store: Store,
     pub kv: Arc<KvSettings>,
     pub locks: Arc<LockSettings>,
+    /// The legacy tables of `[[resources]]`, validated against the catalog at start-up.
+    pub tables: Resources,
     pub metrics: PrometheusHandle,
 }
 
@@ -56,6 +60,10 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub fn app(state: AppState, limits: Limits) -> Router {
     let api = Router::new()
         .route("/v1/kv/{key}", put(kv::put).get(kv::get).delete(kv::delete))
+        .route(
+            "/v1/tables/{resource}/{key}",
+            put(tables::put).patch(tables::patch).get(tables::get).delete(tables::delete),
+        )
         .route("/v1/batch", post(batch::batch))
         .route("/v1/fences/{scope}", post(fences::claim).get(fences::get))
         .route("/v1/locks/{name}", post(locks::acquire).delete(locks::release))

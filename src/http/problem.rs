@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 
 use crate::{
     fence::{Fenced, NameError, Stale, TokenError},
-    store::StoreError,
+    store::{StoreError, TableError},
+    tables::RowError,
 };
 
 const TYPE_BASE: &str = "https://fencegate.dev/problems/";
@@ -44,6 +45,9 @@ pub enum ApiError {
     LockHeld { owner: String, remaining_ms: i64 },
     #[error("the lease is lost: it expired, was released, or was taken over")]
     LockLost { current: Option<crate::locks::Holder> },
+    /// A legacy-table request refused for what it sent (see `tables::RowError`).
+    #[error(transparent)]
+    Row(#[from] RowError),
     #[error("request timed out")]
     Timeout,
     #[error(transparent)]
@@ -55,6 +59,15 @@ pub enum ApiError {
 impl From<TokenError> for ApiError {
     fn from(err: TokenError) -> Self {
         ApiError::MalformedToken(err.to_string())
+    }
+}
+
+impl From<TableError> for ApiError {
+    fn from(err: TableError) -> Self {
+        match err {
+            TableError::Row(err) => ApiError::Row(err),
+            TableError::Store(err) => ApiError::Store(err),
+        }
     }
 }
 
@@ -80,6 +93,11 @@ impl ApiError {
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
             Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
+            Row(RowError::Key { .. }) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
+            Row(RowError::Row { .. }) => (StatusCode::BAD_REQUEST, "invalid-row", "Invalid row"),
+            Row(RowError::Value { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-value", "Value refused by the table"),
+            Row(RowError::NoRow(_)) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            Row(RowError::Token(_)) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
@@ -115,6 +133,7 @@ fn describe_stale(stale: &[Stale]) -> String {
             let what = match &one.fenced {
                 Fenced::Key(key) => format!("key {:?}", key.as_str()),
                 Fenced::Scope(scope) => format!("scope {:?}", scope.as_str()),
+                Fenced::Row { resource, key } => format!("row {key:?} of {resource:?}"),
             };
             format!(
                 "token {} is older than the fence {} of {what}: a newer lock holder exists; nothing was written",
@@ -142,6 +161,14 @@ impl IntoResponse for ApiError {
         body.insert("detail".into(), json!(self.detail()));
         match &self {
             ApiError::Stale(stale) => add_stale_fields(&mut body, stale),
+            ApiError::Row(err) => {
+                if let Some(column) = err.column() {
+                    body.insert("column".into(), json!(column));
+                }
+                if let RowError::Value { constraint: Some(constraint), .. } = err {
+                    body.insert("constraint".into(), json!(constraint));
+                }
+            }
             ApiError::LockHeld { owner, remaining_ms } => {
                 body.insert("holder".into(), json!(owner));
                 body.insert("remaining_ms".into(), json!(remaining_ms));
@@ -171,11 +198,18 @@ fn add_stale_fields(body: &mut Map<String, Value>, stale: &[Stale]) {
     match &first.fenced {
         Fenced::Key(key) => body.insert("key".into(), json!(key)),
         Fenced::Scope(scope) => body.insert("scope".into(), json!(scope)),
+        Fenced::Row { resource, key } => {
+            body.insert("resource".into(), json!(resource));
+            body.insert("key".into(), json!(key))
+        }
     };
     let keys: Vec<Value> = stale
         .iter()
         .filter_map(|s| match &s.fenced {
             Fenced::Key(key) => Some(json!({"key": key, "current_token": s.current})),
+            Fenced::Row { resource, key } => {
+                Some(json!({"resource": resource, "key": key, "current_token": s.current}))
+            }
             Fenced::Scope(_) => None,
         })
         .collect();

@@ -4,8 +4,10 @@
 //! ([`crate::fence::Rule`], evaluated by the database inside the same statement or transaction
 //! as the write) and reports an [`Outcome`].
 
+mod catalog;
 mod postgres;
 mod sqlite;
+mod tables;
 pub mod unfenced;
 
 use crate::{
@@ -15,6 +17,7 @@ use crate::{
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use tables::{BatchWritten, RowEntry, RowWritten, TableError};
 
 /// The backend in use. An enum rather than a trait object: the set is closed and small, and
 /// async methods stay plain `async fn`.

@@ -128,7 +128,7 @@ const CLAIM: &str = "
 
 #[derive(Clone)]
 pub struct PgStore {
-    pool: PgPool,
+    pub(super) pool: PgPool,
     inclusive: std::sync::Arc<Statements>,
     strict: std::sync::Arc<Statements>,
 }
@@ -234,6 +234,27 @@ impl PgStore {
     }
 
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        match self.batch_in(&mut tx, writes, guard).await? {
+            Ok(written) => {
+                tx.commit().await?;
+                Ok(Outcome::Accepted(written))
+            }
+            Err(refused) => {
+                tx.rollback().await?;
+                Ok(Outcome::Stale(self.refusal(&refused, guard).await?))
+            }
+        }
+    }
+
+    /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
+    /// tables, see `store::tables`). `Err` lists the refused keys: nothing may then be committed.
+    pub(super) async fn batch_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Result<Vec<Written>, Vec<Key>>, StoreError> {
         // One row per key (ON CONFLICT cannot touch a row twice in a statement): the last
         // write to a key is its effect on the store. BTreeMap also sorts keys for lock order.
         let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
@@ -257,7 +278,6 @@ impl PgStore {
             }
         }
         let sql = self.statements(guard.rule);
-        let mut tx = self.pool.begin().await?;
         let rows = match &guard.target {
             Target::Key => sqlx::query(&sql.batch_key)
                 .bind(&keys)
@@ -276,16 +296,14 @@ impl PgStore {
                 .await?,
         };
         if rows.len() != keys.len() {
-            tx.rollback().await?;
             let mut applied = std::collections::HashSet::new();
             for row in &rows {
                 applied.insert(row.try_get::<String, _>(0)?);
             }
             let refused: Vec<Key> =
                 last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
-            return Ok(Outcome::Stale(self.refusal(&refused, guard).await?));
+            return Ok(Err(refused));
         }
-        tx.commit().await?;
         let mut written = Vec::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get(0)?;
@@ -297,12 +315,12 @@ impl PgStore {
                 .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
             written.push(Written { key, was_live: version != 1, version });
         }
-        Ok(Outcome::Accepted(written))
+        Ok(Ok(written))
     }
 
     /// Explains a refusal: reads the fence(s) that refused. Runs after the refused statement;
     /// fences never go down, so what it reads still refuses the presented token.
-    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
+    pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
         match &guard.target {
             Target::Scope(scope) => {
                 let current = self.fence(scope).await?.ok_or_else(|| {

@@ -1,0 +1,151 @@
+//! `/v1/tables/{resource}/{key}`: fenced writes and reads of legacy PostgreSQL tables.
+//! Thin: parse the path and body against the resource, call the store, answer as for kv.
+
+use std::sync::Arc;
+
+use axum::{
+    extract::{FromRequestParts, State},
+    http::{request::Parts, HeaderMap, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde::Serialize;
+use serde_json::{json, value::RawValue};
+
+use super::{
+    extract::{JsonBody, ScopeHeader, Token},
+    problem::ApiError,
+    AppState,
+};
+use crate::{
+    fence::{FencingToken, Guard, Outcome, Target},
+    tables::{Resource, RowBody, RowKey, RowWrite, TableOp},
+};
+
+/// The configured resource called `name`, or 404.
+pub(super) fn resource(state: &AppState, name: &str) -> Result<Arc<Resource>, ApiError> {
+    state
+        .tables
+        .get(name)
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no resource {name:?} is configured ([[resources]] in the config file)")))
+}
+
+/// `{resource}/{key}` of the path: the resource (404 if not configured) and the row key, parsed
+/// from the raw segment (docs/tables.md: values joined by ',', each percent-encoded).
+pub struct RowPath {
+    resource: Arc<Resource>,
+    key: RowKey,
+}
+
+impl FromRequestParts<AppState> for RowPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // The raw path, not axum's decoded parameters: a %2C inside a value must not split it.
+        // The route is /v1/tables/{resource}/{key}, so these are the last two segments.
+        let mut segments = parts.uri.path().rsplit('/');
+        let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
+            return Err(ApiError::NotFound("no such endpoint; see the README for the API".into()));
+        };
+        let resource = resource(state, name)?;
+        let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;
+        Ok(RowPath { resource, key })
+    }
+}
+
+/// The guard of a table write: the scope's fence if a scope was sent, else the row's own, under
+/// the resource's rule.
+fn guard(resource: &Resource, token: Token, scope: ScopeHeader) -> Guard {
+    Guard { token: token.0, target: scope.0.map_or(Target::Key, Target::Scope), rule: resource.rule }
+}
+
+async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, ApiError> {
+    let written = match state.store.table_write(&op, &guard).await? {
+        Outcome::Accepted(written) => written,
+        Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
+    };
+    let mut body = json!({
+        "resource": op.resource.name,
+        "key": written.key,
+        "fence_token": guard.token,
+        "scope": guard.scope(),
+    });
+    let status = match op.write {
+        RowWrite::Put(_) if !written.existed => StatusCode::CREATED,
+        RowWrite::Delete => {
+            body["deleted"] = true.into();
+            StatusCode::OK
+        }
+        _ => StatusCode::OK,
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+/// Replaces the row (creating it if absent); columns left out get their default.
+pub async fn put(
+    State(state): State<AppState>,
+    RowPath { resource, key }: RowPath,
+    token: Token,
+    scope: ScopeHeader,
+    JsonBody(body): JsonBody<RowBody>,
+) -> Result<Response, ApiError> {
+    let write = RowWrite::Put(resource.check_row(body, false)?);
+    let guard = guard(&resource, token, scope);
+    self::write(&state, TableOp { resource, key, write }, guard).await
+}
+
+/// Updates the named columns of an existing row.
+pub async fn patch(
+    State(state): State<AppState>,
+    RowPath { resource, key }: RowPath,
+    token: Token,
+    scope: ScopeHeader,
+    JsonBody(body): JsonBody<RowBody>,
+) -> Result<Response, ApiError> {
+    let write = RowWrite::Patch(resource.check_row(body, true)?);
+    let guard = guard(&resource, token, scope);
+    self::write(&state, TableOp { resource, key, write }, guard).await
+}
+
+/// Deletes the row; its fence stays (a tombstone in the ledger).
+pub async fn delete(
+    State(state): State<AppState>,
+    RowPath { resource, key }: RowPath,
+    token: Token,
+    scope: ScopeHeader,
+) -> Result<Response, ApiError> {
+    let guard = guard(&resource, token, scope);
+    self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
+}
+
+#[derive(Serialize)]
+struct RowResponse<'a> {
+    resource: &'a str,
+    key: &'a str,
+    /// Serialized verbatim: numerics keep every digit PostgreSQL printed.
+    row: &'a RawValue,
+    fence_token: Option<FencingToken>,
+    scope: Option<&'a str>,
+}
+
+pub async fn get(State(state): State<AppState>, RowPath { resource, key }: RowPath) -> Result<Response, ApiError> {
+    let Some(entry) = state.store.table_get(&resource, &key).await? else {
+        return Err(ApiError::NotFound(format!("resource {:?} has no such row (never written, or deleted)", resource.name)));
+    };
+    let mut headers = HeaderMap::new();
+    if let Some(token) = entry.fence_token {
+        headers.insert(
+            super::extract::TOKEN_HEADER,
+            HeaderValue::from_str(&token.to_string()).expect("digits are a valid header value"),
+        );
+    }
+    let body = RowResponse {
+        resource: &resource.name,
+        key: &entry.key,
+        row: &entry.row,
+        fence_token: entry.fence_token,
+        scope: entry.scope.as_deref(),
+    };
+    Ok((headers, Json(body)).into_response())
+}
