@@ -12,7 +12,7 @@ use super::{
 };
 use crate::{
     fence::{Key, Outcome},
-    store::{RowWritten, Write, Written},
+    store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
 
@@ -38,11 +38,6 @@ struct OpRequest {
     row: Option<RowBody>,
 }
 
-/// One parsed op.
-enum Op {
-    Kv(Write),
-    Row(TableOp),
-}
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
@@ -73,22 +68,17 @@ pub async fn batch(
 
 /// A batch with table ops: kv and table writes in one transaction.
 async fn batch_tables(state: &AppState, token: Token, scope: ScopeHeader, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
-    let (mut kv, mut rows) = (Vec::new(), Vec::new());
-    for op in &ops {
-        match op {
-            Op::Kv(write) => kv.push(write.clone()),
-            Op::Row(op) => rows.push(op.clone()),
-        }
-    }
     let scope = scope.0;
     let (kv_written, rows_written) =
-        match state.store.batch_tables(&kv, &rows, token.0, scope.as_ref(), state.kv.rule()).await? {
+        match state.store.batch_tables(&ops, token.0, scope.as_ref(), state.kv.rule()).await? {
             Outcome::Accepted(written) => written,
             Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
         };
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
+    let kv: Vec<Write> = ops.iter().filter_map(|op| if let Op::Kv(w) = op { Some(w.clone()) } else { None }).collect();
+    let rows = ops.iter().filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });
     let mut kv_results = op_results(&kv, &kv_written).into_iter();
-    let mut row_results = rows.iter().zip(&rows_written).map(|(op, written)| row_result(op, written));
+    let mut row_results = rows.zip(&rows_written).map(|(op, written)| row_result(op, written));
     let results: Vec<Value> = ops
         .iter()
         .filter_map(|op| match op {

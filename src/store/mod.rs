@@ -17,7 +17,7 @@ use crate::{
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
-pub use tables::{BatchWritten, RowEntry, RowWritten, TableError};
+pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
 /// The backend in use. An enum rather than a trait object: the set is closed and small, and
 /// async methods stay plain `async fn`.

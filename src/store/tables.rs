@@ -48,7 +48,15 @@ pub struct RowEntry {
     pub scope: Option<String>,
 }
 
-/// The kv and table results of a mixed batch.
+/// One op of a batch that writes legacy tables (and maybe kv keys).
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    Kv(Write),
+    Row(TableOp),
+}
+
+/// The results of such a batch: the kv part (as for a kv-only batch) and one entry per table
+/// op, in request order.
 pub type BatchWritten = (Vec<Written>, Vec<RowWritten>);
 
 /// A failed table request: the client's fault (400/404/422) or the store's.
@@ -88,17 +96,17 @@ impl Store {
         }
     }
 
-    /// Applies every kv write and table op or none, under one token.
+    /// Applies every kv write and table op or none, under one token. A refused row names
+    /// its op as `ops[i]`, `i` counting all ops.
     pub async fn batch_tables(
         &self,
-        kv: &[Write],
-        ops: &[TableOp],
+        ops: &[BatchOp],
         token: FencingToken,
         scope: Option<&Scope>,
         kv_rule: Rule,
     ) -> Result<Outcome<BatchWritten>, TableError> {
         match self {
-            Store::Postgres(pg) => pg.batch_tables(kv, ops, token, scope, kv_rule).await,
+            Store::Postgres(pg) => pg.batch_tables(ops, token, scope, kv_rule).await,
             _ => Err(not_postgres()),
         }
     }
@@ -290,14 +298,28 @@ impl PgStore {
     /// request order (so a parent row can be inserted before its children).
     pub async fn batch_tables(
         &self,
-        kv: &[Write],
-        ops: &[TableOp],
+        batch: &[BatchOp],
         token: FencingToken,
         scope: Option<&Scope>,
         kv_rule: Rule,
     ) -> Result<Outcome<BatchWritten>, TableError> {
+        let mut kv = Vec::new();
+        // Table ops with their index in the request, for error messages.
+        let mut ops: Vec<(usize, &TableOp)> = Vec::new();
+        for (i, op) in batch.iter().enumerate() {
+            match op {
+                BatchOp::Kv(write) => kv.push(write.clone()),
+                BatchOp::Row(op) => ops.push((i, op)),
+            }
+        }
+        let in_op = |i: usize| {
+            move |err: TableError| match err {
+                TableError::Row(err) => TableError::Row(err.in_op(i)),
+                other => other,
+            }
+        };
         let scope_rule = strictest(
-            ops.iter().map(|op| op.resource.rule).chain((!kv.is_empty()).then_some(kv_rule)),
+            ops.iter().map(|(_, op)| op.resource.rule).chain((!kv.is_empty()).then_some(kv_rule)),
         );
         let guard_for = |rule: Rule| Guard {
             token,
@@ -305,13 +327,9 @@ impl PgStore {
             rule: if scope.is_some() { scope_rule } else { rule },
         };
         let mut keys = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
-            let in_op = |err: TableError| match err {
-                TableError::Row(err) => TableError::Row(err.in_op(i)),
-                other => other,
-            };
-            check_token_fits(&op.resource, token, scope.is_some()).map_err(in_op)?;
-            keys.push(self.canonical(&op.resource, &op.key, &op.write).await.map_err(in_op)?);
+        for &(i, op) in &ops {
+            check_token_fits(&op.resource, token, scope.is_some()).map_err(in_op(i))?;
+            keys.push(self.canonical(&op.resource, &op.key, &op.write).await.map_err(in_op(i))?);
         }
 
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
@@ -320,7 +338,7 @@ impl PgStore {
         let mut kv_refused = Vec::new();
         if !kv.is_empty() {
             // A scoped kv batch claims the scope itself (with `scope_rule`).
-            match self.batch_in(&mut tx, kv, &kv_guard).await? {
+            match self.batch_in(&mut tx, &kv, &kv_guard).await? {
                 Ok(written) => kv_written = written,
                 Err(refused) if scope.is_some() => {
                     tx.rollback().await.map_err(StoreError::from)?;
@@ -337,13 +355,14 @@ impl PgStore {
 
         // Each row's fence once, in (table, key) order.
         let mut rows: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-        for (i, (op, key)) in ops.iter().zip(&keys).enumerate() {
-            rows.entry((op.resource.relation.as_str(), key.text.as_str())).or_insert(i);
+        for (n, ((_, op), key)) in ops.iter().zip(&keys).enumerate() {
+            rows.entry((op.resource.relation.as_str(), key.text.as_str())).or_insert(n);
         }
         let mut live: HashMap<(&str, &str), bool> = HashMap::new();
         let mut stale = Vec::new();
         for (&row, &first) in &rows {
-            match fence_row(&mut tx, &ops[first].resource, &keys[first], &guard_for(ops[first].resource.rule)).await? {
+            let resource = &ops[first].1.resource;
+            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule)).await? {
                 Ok(existed) => {
                     live.insert(row, existed);
                 }
@@ -358,16 +377,13 @@ impl PgStore {
         }
 
         let mut row_written = Vec::with_capacity(ops.len());
-        for (i, (op, key)) in ops.iter().zip(&keys).enumerate() {
+        for (&(i, op), key) in ops.iter().zip(&keys) {
             let row = (op.resource.relation.as_str(), key.text.as_str());
             let existed = live[&row];
             let guard = guard_for(op.resource.rule);
             if let Err(failure) = write_row(&mut tx, &op.resource, key, &op.write, &guard, existed).await {
                 drop(tx);
-                return Err(match self.explain(failure, &op.resource, &op.write).await {
-                    TableError::Row(err) => TableError::Row(err.in_op(i)),
-                    other => other,
-                });
+                return Err(in_op(i)(self.explain(failure, &op.resource, &op.write).await));
             }
             live.insert(row, !matches!(op.write, RowWrite::Delete));
             row_written.push(RowWritten { key: key.text.clone(), existed });
