@@ -78,6 +78,11 @@ pub struct DatabaseSettings {
     pub max_lifetime_secs: u64,
     /// Run pending migrations at start-up (`fencegate migrate` runs them on demand).
     pub migrate_on_start: bool,
+    /// PostgreSQL: tasks that combine concurrent unscoped writes into multi-row statements
+    /// (0: one statement per write). Each holds a connection only while its statement runs.
+    pub coalesce_workers: usize,
+    /// Most writes combined into one statement.
+    pub coalesce_max_rows: usize,
 }
 
 impl DatabaseSettings {
@@ -104,6 +109,8 @@ impl Default for DatabaseSettings {
             acquire_timeout_ms: 2_000,
             max_lifetime_secs: 1_800,
             migrate_on_start: true,
+            coalesce_workers: 4,
+            coalesce_max_rows: 128,
         }
     }
 }
@@ -119,6 +126,8 @@ impl fmt::Debug for DatabaseSettings {
             .field("acquire_timeout_ms", &self.acquire_timeout_ms)
             .field("max_lifetime_secs", &self.max_lifetime_secs)
             .field("migrate_on_start", &self.migrate_on_start)
+            .field("coalesce_workers", &self.coalesce_workers)
+            .field("coalesce_max_rows", &self.coalesce_max_rows)
             .finish()
     }
 }
@@ -145,11 +154,15 @@ pub struct KvSettings {
     pub max_key_bytes: usize,
     /// Most operations in one `POST /v1/batch`.
     pub max_batch_ops: usize,
+    /// Fences kept in each process's reject-only cache (0 disables it). The cache only ever
+    /// refuses tokens below a fence it has seen; it never accepts, so it is safe with any number
+    /// of fencegate processes.
+    pub fence_cache_capacity: usize,
 }
 
 impl Default for KvSettings {
     fn default() -> Self {
-        KvSettings { strict: false, max_key_bytes: 512, max_batch_ops: 1000 }
+        KvSettings { strict: false, max_key_bytes: 512, max_batch_ops: 1000, fence_cache_capacity: 100_000 }
     }
 }
 
@@ -234,6 +247,13 @@ impl Settings {
         }
         if self.locks.max_ttl_ms == 0 {
             bail!("locks.max_ttl_ms must be at least 1");
+        }
+        if self.database.coalesce_workers > self.database.max_connections as usize {
+            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection",
+                self.database.coalesce_workers, self.database.max_connections);
+        }
+        if self.database.coalesce_max_rows == 0 {
+            bail!("database.coalesce_max_rows must be at least 1");
         }
         if self.database.max_connections == 0 {
             bail!("database.max_connections must be at least 1");

@@ -8,19 +8,20 @@ use tokio::{net::TcpListener, sync::Notify};
 use crate::{
     config::Settings,
     http::{app, AppState, Limits},
-    store::{PgStore, SqliteStore, Store},
+    store::{Backend, PgStore, SqliteStore, Store},
     telemetry,
 };
 
 /// Opens the configured store (running migrations if configured).
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let url = settings.database.effective_url();
-    if settings.database.is_sqlite() {
+    let backend = if settings.database.is_sqlite() {
         tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-        Ok(Store::Sqlite(SqliteStore::connect(&settings.database, &url).await?))
+        Backend::Sqlite(SqliteStore::connect(&settings.database, &url).await?)
     } else {
-        Ok(Store::Postgres(PgStore::connect(&settings.database, &url).await?))
-    }
+        Backend::Postgres(PgStore::connect(&settings.database, &url).await?)
+    };
+    Ok(Store::new(backend, settings.kv.fence_cache_capacity))
 }
 
 /// Connects, migrates, then serves on `listener` until `shutdown` resolves; in-flight requests

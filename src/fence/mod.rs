@@ -5,10 +5,12 @@
 //! layer turns that into a response. Keeping the rule here means every write path (kv, batch,
 //! claims, and later tables and locks) is decided by the same few lines.
 
+mod high_water;
 mod name;
 mod rule;
 mod token;
 
+pub use high_water::HighWater;
 pub use name::{Key, NameError, Scope};
 pub use rule::{Fenced, Guard, Outcome, Rule, Stale, Target};
 pub use token::{FencingToken, TokenError};

@@ -65,8 +65,8 @@ pub struct Stale {
     pub fenced: Fenced,
 }
 
-/// What a stale write ran into.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a stale write ran into: a fence, named.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Fenced {
     Key(Key),
     Scope(Scope),

@@ -124,7 +124,11 @@ fn parse_ops(state: &AppState, request: BatchRequest) -> Result<Vec<Op>, ApiErro
             let key = Key::parse(&op.key, max_key_bytes)
                 .map_err(|e| ApiError::InvalidBatch(format!("ops[{i}]: the key {e}")))?;
             let write = match (op.op.as_str(), op.value) {
-                ("put", Some(value)) => Ok(Write::Put { key, value }),
+                ("put", Some(value)) => {
+                    crate::store::check_storable(&value)
+                        .map_err(|e| ApiError::InvalidBatch(format!("ops[{i}]: {e}")))?;
+                    Ok(Write::Put { key, value })
+                }
                 ("put", None) => Err(ApiError::InvalidBatch(format!("ops[{i}]: a put needs a \"value\""))),
                 ("delete", None) => Ok(Write::Delete { key }),
                 ("delete", Some(_)) => Err(ApiError::InvalidBatch(format!("ops[{i}]: a delete takes no \"value\""))),

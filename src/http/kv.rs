@@ -34,6 +34,7 @@ pub async fn put(
     scope: ScopeHeader,
     JsonBody(value): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
+    crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
     let guard = guard(&state, token, scope);
     match state.store.write(&Write::Put { key, value }, &guard).await? {
         Outcome::Accepted(written) => {

@@ -5,13 +5,16 @@
 //! as the write) and reports an [`Outcome`].
 
 mod catalog;
+mod coalesce;
 mod postgres;
 mod sqlite;
 mod tables;
 pub mod unfenced;
 
+use std::sync::Arc;
+
 use crate::{
-    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope},
+    fence::{Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, Stale},
     locks::{Acquired, Held, Ttl},
 };
 
@@ -22,18 +25,25 @@ pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 /// The backend in use. An enum rather than a trait object: the set is closed and small, and
 /// async methods stay plain `async fn`.
 #[derive(Clone)]
-pub enum Store {
+pub enum Backend {
     Postgres(PgStore),
     /// The embedded default (no server needed); kv, batch, fences and locks behave the same.
     Sqlite(SqliteStore),
 }
 
+/// The store every handler uses: a backend, plus the reject-only fence cache in front of it.
+#[derive(Clone)]
+pub struct Store {
+    backend: Backend,
+    high_water: Arc<HighWater>,
+}
+
 /// Calls the same method on whichever backend is in use.
 macro_rules! dispatch {
     ($self:ident, $backend:ident => $call:expr) => {
-        match $self {
-            Store::Postgres($backend) => $call,
-            Store::Sqlite($backend) => $call,
+        match &$self.backend {
+            Backend::Postgres($backend) => $call,
+            Backend::Sqlite($backend) => $call,
         }
     };
 }
@@ -51,6 +61,30 @@ impl Write {
             Write::Put { key, .. } | Write::Delete { key } => key,
         }
     }
+}
+
+/// Refuses JSON values no backend can store: PostgreSQL `jsonb` rejects the NUL character
+/// (`\u0000`) in strings and object keys. Checked before any write, so such a value is a 400
+/// for the client (and identical on every backend), never a database error.
+pub fn check_storable(value: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) if s.contains('\0') => {
+                return Err("JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into())
+            }
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return Err("JSON object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into());
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The stored state a write produced.
@@ -88,6 +122,18 @@ pub enum StoreError {
     Internal(#[source] sqlx::Error),
     #[error("the database holds an invalid value: {0}")]
     Corrupt(String),
+}
+
+impl StoreError {
+    /// The same error for each of several callers (sqlx errors are not `Clone`): same class,
+    /// same text.
+    pub(crate) fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::Unavailable(e) => StoreError::Unavailable(sqlx::Error::Protocol(e.to_string())),
+            StoreError::Internal(e) => StoreError::Internal(sqlx::Error::Protocol(e.to_string())),
+            StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        }
+    }
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -132,17 +178,58 @@ pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
 }
 
 impl Store {
+    /// `cache_capacity`: how many fences the reject-only cache may hold (0 disables it).
+    pub fn new(backend: Backend, cache_capacity: usize) -> Self {
+        Store { backend, high_water: Arc::new(HighWater::new(cache_capacity)) }
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     pub async fn ready(&self) -> Result<(), StoreError> {
         dispatch!(self, pg => pg.ready().await)
     }
 
+    /// A fenced single-key write. The cache may refuse it outright; otherwise the database
+    /// decides, and what it reports raises the cache.
     pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
-        dispatch!(self, pg => pg.write(write, guard).await)
+        let fence = HighWater::fence_of(guard, write.key());
+        if let Some(stale) = self.high_water.refuse(&fence, guard.token, guard.rule) {
+            metrics::counter!("fencegate_cache_refusals_total").increment(1);
+            return Ok(Outcome::Stale(vec![stale]));
+        }
+        let outcome = dispatch!(self, pg => pg.write(write, guard).await)?;
+        self.learn(&outcome, &fence, guard.token);
+        Ok(outcome)
     }
 
-    /// Applies every write or none, under one token.
+    /// Applies every write or none, under one token. Always asks the database, so a refusal
+    /// names every stale key, not just the ones the cache knows.
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
-        dispatch!(self, pg => pg.batch(writes, guard).await)
+        let outcome = dispatch!(self, pg => pg.batch(writes, guard).await)?;
+        match &outcome {
+            Outcome::Accepted(written) => {
+                for w in written {
+                    self.high_water.observe(&HighWater::fence_of(guard, &w.key), guard.token);
+                }
+            }
+            Outcome::Stale(stale) => self.learn_refusals(stale),
+        }
+        Ok(outcome)
+    }
+
+    fn learn<T>(&self, outcome: &Outcome<T>, fence: &Fenced, token: FencingToken) {
+        match outcome {
+            Outcome::Accepted(_) => self.high_water.observe(fence, token),
+            Outcome::Stale(stale) => self.learn_refusals(stale),
+        }
+    }
+
+    fn learn_refusals(&self, stale: &[Stale]) {
+        for s in stale {
+            self.high_water.observe(&s.fenced, s.current);
+        }
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -152,7 +239,14 @@ impl Store {
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
     /// rule whatever `kv.strict` says: a claim consumes nothing, it only shuts out lower tokens.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
-        dispatch!(self, pg => pg.claim(scope, token).await)
+        let fence = Fenced::Scope(scope.clone());
+        if let Some(stale) = self.high_water.refuse(&fence, token, Rule::Inclusive) {
+            metrics::counter!("fencegate_cache_refusals_total").increment(1);
+            return Ok(Outcome::Stale(vec![stale]));
+        }
+        let outcome = dispatch!(self, pg => pg.claim(scope, token).await)?;
+        self.learn(&outcome, &fence, token);
+        Ok(outcome)
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
@@ -162,7 +256,12 @@ impl Store {
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
     /// transaction.
     pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
-        dispatch!(self, pg => pg.acquire(name, owner, ttl).await)
+        let acquired = dispatch!(self, pg => pg.acquire(name, owner, ttl).await)?;
+        if let Acquired::Granted(lease) = &acquired {
+            // The grant claimed the scope: this process can refuse the old holder at once.
+            self.high_water.observe(&Fenced::Scope(name.clone()), lease.token);
+        }
+        Ok(acquired)
     }
 
     pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {

@@ -10,7 +10,7 @@
 //! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
 //!   transaction that is rolled back if any key was refused (all or nothing).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -18,7 +18,10 @@ use sqlx::{
     ConnectOptions, PgPool, Row,
 };
 
-use super::{sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
+use super::{
+    coalesce::{Coalescer, Upserts},
+    sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
+};
 use crate::{
     config::DatabaseSettings,
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
@@ -66,8 +69,7 @@ struct Statements {
     put_key: String,
     /// $1 key, $2 value, $3 deleted, $4 token, $5 scope
     put_scope: String,
-    /// $1 keys, $2 values, $3 deleted flags, $4 token
-    batch_key: String,
+
     /// $1 keys, $2 values, $3 deleted flags, $4 token, $5 scope
     batch_scope: String,
 }
@@ -94,16 +96,6 @@ impl Statements {
              RETURNING version",
             claim = scope_claim_cte(op, "$5", "$4"),
         );
-        // ORDER BY key: concurrent batches lock rows in the same order, so they cannot deadlock.
-        let batch_key = format!(
-            "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
-             SELECT w.key, w.value, w.deleted, $4, $4, NULL
-             FROM unnest($1::text[], $2::jsonb[], $3::bool[]) AS w(key, value, deleted)
-             ORDER BY w.key
-             {KV_ON_CONFLICT}
-             WHERE kv.key_fence {op} EXCLUDED.key_fence
-             RETURNING key, version"
-        );
         let batch_scope = format!(
             "{claim}
              INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
@@ -114,8 +106,24 @@ impl Statements {
              RETURNING key, version",
             claim = scope_claim_cte(op, "$5", "$4"),
         );
-        Statements { put_key, put_scope, batch_key, batch_scope }
+        Statements { put_key, put_scope, batch_scope }
     }
+}
+
+/// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
+/// coalescer (per-row outcomes) and by unscoped batches (in a transaction, all or nothing).
+/// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
+fn upsert_rows(rule: Rule) -> String {
+    let op = sql_fence_op(rule);
+    format!(
+        "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+         SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
+         FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token)
+         ORDER BY w.key
+         {KV_ON_CONFLICT}
+         WHERE kv.key_fence {op} EXCLUDED.key_fence
+         RETURNING key, version"
+    )
 }
 
 /// The claim statement: always the inclusive rule (see `Store::claim`).
@@ -129,8 +137,11 @@ const CLAIM: &str = "
 #[derive(Clone)]
 pub struct PgStore {
     pub(super) pool: PgPool,
-    inclusive: std::sync::Arc<Statements>,
-    strict: std::sync::Arc<Statements>,
+    inclusive: Arc<Statements>,
+    strict: Arc<Statements>,
+    upserts: Arc<Upserts>,
+    /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
+    coalescer: Option<Coalescer>,
 }
 
 impl PgStore {
@@ -158,10 +169,16 @@ impl PgStore {
                 "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
                  (set DATABASE_URL or --database-url)"
             ))?;
+        let upserts = Arc::new(Upserts { inclusive: upsert_rows(Rule::Inclusive), strict: upsert_rows(Rule::Strict) });
+        let coalescer = (settings.coalesce_workers > 0).then(|| {
+            Coalescer::start(pool.clone(), upserts.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
+        });
         let store = PgStore {
             pool,
             inclusive: Statements::new(Rule::Inclusive).into(),
             strict: Statements::new(Rule::Strict).into(),
+            upserts,
+            coalescer,
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -210,15 +227,18 @@ impl PgStore {
             Write::Delete { key } => (key, None, true),
         };
         let sql = self.statements(guard.rule);
-        let version: Option<i64> = match &guard.target {
-            Target::Key => sqlx::query_scalar(&sql.put_key)
+        let version: Option<i64> = match (&guard.target, &self.coalescer) {
+            (Target::Key, Some(coalescer)) => {
+                coalescer.write(key.clone(), value.map(|v| v.0.clone()), guard.token, guard.rule).await?
+            }
+            (Target::Key, None) => sqlx::query_scalar(&sql.put_key)
                 .bind(key.as_str())
                 .bind(value)
                 .bind(deleted)
                 .bind(guard.token.get())
                 .fetch_optional(&self.pool)
                 .await?,
-            Target::Scope(scope) => sqlx::query_scalar(&sql.put_scope)
+            (Target::Scope(scope), _) => sqlx::query_scalar(&sql.put_scope)
                 .bind(key.as_str())
                 .bind(value)
                 .bind(deleted)
@@ -279,11 +299,11 @@ impl PgStore {
         }
         let sql = self.statements(guard.rule);
         let rows = match &guard.target {
-            Target::Key => sqlx::query(&sql.batch_key)
+            Target::Key => sqlx::query(self.upserts.for_rule(guard.rule))
                 .bind(&keys)
                 .bind(&values)
                 .bind(&deleted)
-                .bind(guard.token.get())
+                .bind(vec![guard.token.get(); keys.len()])
                 .fetch_all(&mut *tx)
                 .await?,
             Target::Scope(scope) => sqlx::query(&sql.batch_scope)

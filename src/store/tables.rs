@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::value::RawValue;
 use sqlx::{postgres::PgDatabaseError, PgConnection, Row};
 
-use super::{catalog, postgres::PgStore, sql_fence_op, token_from_db, Store, StoreError, Write, Written};
+use super::{catalog, postgres::PgStore, sql_fence_op, token_from_db, Backend, Store, StoreError, Write, Written};
 use crate::{
     fence::{Fenced, FencingToken, Guard, Outcome, Rule, Scope, Stale, Target},
     tables::{canonical_key, Fence, KeyText, Resource, ResourceSettings, Resources, RowError, RowKey, RowWrite, TableOp},
@@ -80,8 +80,8 @@ impl Store {
         if settings.is_empty() {
             return Ok(Resources::default());
         }
-        match self {
-            Store::Postgres(pg) => catalog::load(&pg.pool, settings).await,
+        match self.backend() {
+            Backend::Postgres(pg) => catalog::load(&pg.pool, settings).await,
             _ => anyhow::bail!(
                 "invalid resource: {}: legacy tables need PostgreSQL; set DATABASE_URL / --database-url",
                 settings[0].label(0)
@@ -90,8 +90,8 @@ impl Store {
     }
 
     pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
-        match self {
-            Store::Postgres(pg) => pg.table_write(op, guard).await,
+        match self.backend() {
+            Backend::Postgres(pg) => pg.table_write(op, guard).await,
             _ => Err(not_postgres()),
         }
     }
@@ -105,15 +105,15 @@ impl Store {
         scope: Option<&Scope>,
         kv_rule: Rule,
     ) -> Result<Outcome<BatchWritten>, TableError> {
-        match self {
-            Store::Postgres(pg) => pg.batch_tables(ops, token, scope, kv_rule).await,
+        match self.backend() {
+            Backend::Postgres(pg) => pg.batch_tables(ops, token, scope, kv_rule).await,
             _ => Err(not_postgres()),
         }
     }
 
     pub async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
-        match self {
-            Store::Postgres(pg) => pg.table_get(resource, key).await,
+        match self.backend() {
+            Backend::Postgres(pg) => pg.table_get(resource, key).await,
             _ => Err(not_postgres()),
         }
     }

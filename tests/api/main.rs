@@ -4,10 +4,15 @@
 mod helpers;
 mod pg;
 
+/// This binary runs on PostgreSQL (see tests/sqlite for the embedded backend).
+pub const BACKEND: pg::Backend = pg::Backend::Postgres;
+
 mod batch;
 mod concurrency;
+mod demo;
 mod errors;
 mod kv;
+mod locks;
 mod ops;
 mod restart;
 mod scopes;

@@ -25,8 +25,20 @@ fn admin_url() -> &'static str {
     })
 }
 
+/// The backend a test binary exercises: `tests/api` runs on PostgreSQL, `tests/sqlite` runs
+/// the same contract modules on the embedded SQLite backend. Each binary's main.rs sets
+/// `BACKEND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
 /// Creates a brand-new, empty database and returns a URL that points at it.
 pub async fn fresh_database() -> String {
+    if crate::BACKEND == Backend::Sqlite {
+        return fresh_sqlite_database();
+    }
     let admin = admin_url();
     let name = format!("fg_test_{}", uuid::Uuid::new_v4().simple());
     let mut conn = PgConnection::connect(admin)
@@ -242,4 +254,29 @@ mod unit {
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
     }
+}
+
+/// A new SQLite file in this run's scratch directory (removed by a watchdog once this process
+/// is gone, like the throwaway PostgreSQL cluster).
+fn fresh_sqlite_database() -> String {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("fencegate-sqlite-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the SQLite scratch directory");
+        let watchdog = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; rm -rf {dir}",
+            pid = std::process::id(),
+            dir = shell_quote(&dir)
+        );
+        Command::new("sh")
+            .args(["-c", &watchdog])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn the scratch-directory watchdog");
+        dir
+    });
+    format!("sqlite://{}/{}.sqlite", dir.display(), uuid::Uuid::new_v4().simple())
 }

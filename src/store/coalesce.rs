@@ -1,0 +1,142 @@
+//! Write coalescing: concurrent unscoped single-key writes share one statement.
+//!
+//! A PostgreSQL client that sends one upsert per request pays one round trip and one commit
+//! (an fsync) per write. fencegate sees many concurrent writers at once, so it can do what no
+//! single client can: combine the writes that are waiting into ONE multi-row fenced upsert
+//! (`unnest` arrays, per-row tokens), committed once. Each request still gets its own outcome:
+//! a row comes back for each key the fence admitted; a missing row means that write was stale.
+//!
+//! - No timer: a worker takes whatever is queued the moment it is free, so a lone request is
+//!   sent at once, and batches grow only while the database is busy.
+//! - Bounded: at most `max_rows` writes per statement, and a bounded queue (callers wait).
+//! - A key that appears twice waits for the next statement (ON CONFLICT cannot touch a row twice
+//!   in one statement), so writes to one key still apply in arrival order.
+//! - If a combined statement fails for a reason other than the connection, its writes are
+//!   retried one by one, so one bad value cannot fail its neighbours.
+//! - 2xx only after commit: replies are sent after the statement (autocommit) returned.
+
+use std::{collections::HashSet, sync::Arc};
+
+use sqlx::{types::Json, PgPool, Row};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::StoreError;
+use crate::fence::{FencingToken, Key, Rule};
+
+/// One queued write. `value: None` is a delete (a tombstone).
+pub struct Job {
+    pub key: Key,
+    pub value: Option<serde_json::Value>,
+    pub token: FencingToken,
+    pub rule: Rule,
+    /// `Some(version)` if applied, `None` if the key's fence refused it.
+    pub reply: oneshot::Sender<Result<Option<i64>, StoreError>>,
+}
+
+#[derive(Clone)]
+pub struct Coalescer {
+    queue: mpsc::Sender<Job>,
+}
+
+/// The SQL of the fenced multi-row upsert, one per rule: `$1` keys, `$2` values, `$3` deleted
+/// flags, `$4` tokens. Shared with `POST /v1/batch` (which passes one token for every row).
+pub struct Upserts {
+    pub inclusive: String,
+    pub strict: String,
+}
+
+impl Upserts {
+    pub fn for_rule(&self, rule: Rule) -> &str {
+        match rule {
+            Rule::Inclusive => &self.inclusive,
+            Rule::Strict => &self.strict,
+        }
+    }
+}
+
+impl Coalescer {
+    pub fn start(pool: PgPool, sql: Arc<Upserts>, workers: usize, max_rows: usize) -> Self {
+        let (queue, rx) = mpsc::channel::<Job>(max_rows.max(1) * workers.max(1) * 4);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..workers.max(1) {
+            tokio::spawn(worker(rx.clone(), pool.clone(), sql.clone(), max_rows.max(1)));
+        }
+        Coalescer { queue }
+    }
+
+    /// Queues a write and waits for its outcome.
+    pub async fn write(&self, key: Key, value: Option<serde_json::Value>, token: FencingToken, rule: Rule) -> Result<Option<i64>, StoreError> {
+        let (reply, outcome) = oneshot::channel();
+        let job = Job { key, value, token, rule, reply };
+        if self.queue.send(job).await.is_err() {
+            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+        }
+        outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, pool: PgPool, sql: Arc<Upserts>, max_rows: usize) {
+    loop {
+        let mut jobs = Vec::with_capacity(max_rows);
+        {
+            // Whoever holds the receiver collects the next batch; the others are executing.
+            let mut rx = rx.lock().await;
+            let Some(first) = rx.recv().await else { return };
+            jobs.push(first);
+            while jobs.len() < max_rows {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
+        // Rounds: each statement takes one write per (rule, key), in arrival order.
+        while !jobs.is_empty() {
+            let rule = jobs[0].rule;
+            let mut seen = HashSet::new();
+            let (round, rest): (Vec<Job>, Vec<Job>) =
+                jobs.into_iter().partition(|j| j.rule == rule && seen.insert(j.key.clone()));
+            jobs = rest;
+            run_round(&pool, sql.for_rule(rule), round).await;
+        }
+    }
+}
+
+async fn run_round(pool: &PgPool, sql: &str, round: Vec<Job>) {
+    match execute(pool, sql, &round).await {
+        Ok(applied) => {
+            for job in round {
+                let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
+            }
+        }
+        Err(err) if round.len() > 1 && !matches!(err, StoreError::Unavailable(_)) => {
+            tracing::warn!(error = %err, rows = round.len(), "combined write failed; retrying its writes one by one");
+            for job in round {
+                let result = execute(pool, sql, std::slice::from_ref(&job))
+                    .await
+                    .map(|applied| applied.get(job.key.as_str()).copied());
+                let _ = job.reply.send(result);
+            }
+        }
+        Err(err) => {
+            for job in round {
+                let _ = job.reply.send(Err(err.duplicate()));
+            }
+        }
+    }
+}
+
+/// Runs the multi-row statement; returns the version of every key it applied.
+async fn execute(pool: &PgPool, sql: &str, jobs: &[Job]) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+    let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let values: Vec<Option<Json<&serde_json::Value>>> = jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
+    let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
+    let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
+    let rows = sqlx::query(sql).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(pool).await?;
+    let mut applied = std::collections::HashMap::with_capacity(rows.len());
+    for row in rows {
+        applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
+    }
+    Ok(applied)
+}
