@@ -8,6 +8,7 @@ mod pg;
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
 mod batch;
+mod byol;
 mod concurrency;
 mod demo;
 mod errors;
