@@ -13,6 +13,7 @@ mod concurrency;
 mod demo;
 mod errors;
 mod kv;
+mod limits;
 mod locks;
 mod ops;
 mod restart;
