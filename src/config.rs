@@ -49,6 +49,9 @@ pub struct ServerSettings {
     pub request_timeout_ms: u64,
     /// On SIGTERM/SIGINT, in-flight requests get this long to finish before the process exits.
     pub shutdown_grace_ms: u64,
+    /// Requests handled at once; more are shed with 503 + Retry-After (bounded memory and
+    /// latency under overload instead of an unbounded queue).
+    pub max_in_flight: usize,
 }
 
 impl Default for ServerSettings {
@@ -58,6 +61,7 @@ impl Default for ServerSettings {
             body_limit_bytes: 1024 * 1024,
             request_timeout_ms: 10_000,
             shutdown_grace_ms: 10_000,
+            max_in_flight: 1024,
         }
     }
 }
@@ -232,6 +236,9 @@ impl Settings {
         self.listen_addr()?;
         if self.server.body_limit_bytes == 0 {
             bail!("server.body_limit_bytes must be at least 1");
+        }
+        if self.server.max_in_flight == 0 {
+            bail!("server.max_in_flight must be at least 1");
         }
         if self.server.request_timeout_ms == 0 {
             bail!("server.request_timeout_ms must be at least 1");

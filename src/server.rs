@@ -52,7 +52,11 @@ pub async fn serve_announced(
         tables,
         metrics: telemetry::metrics_handle(),
     };
-    let limits = Limits { body_bytes: settings.server.body_limit_bytes, request_timeout: settings.request_timeout() };
+    let limits = Limits {
+        body_bytes: settings.server.body_limit_bytes,
+        request_timeout: settings.request_timeout(),
+        max_in_flight: settings.server.max_in_flight,
+    };
     let router = app(state, limits);
 
     let addr = listener.local_addr().context("listener has no local address")?;

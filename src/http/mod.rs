@@ -21,7 +21,7 @@ use axum::{
     BoxError, Extension, Router,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
-use tower::ServiceBuilder;
+use tower::{limit::GlobalConcurrencyLimitLayer, ServiceBuilder};
 use tower_http::{
     catch_panic::CatchPanicLayer,
     request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
@@ -52,6 +52,9 @@ pub struct AppState {
 pub struct Limits {
     pub body_bytes: usize,
     pub request_timeout: Duration,
+    /// Requests handled at once; beyond it new requests are shed with 503 + Retry-After
+    /// rather than queued without bound.
+    pub max_in_flight: usize,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -75,7 +78,8 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state);
 
-    // Outermost first: request id, trace span, metrics, panic guard, timeout, body limit.
+    // Outermost first: request id, trace span, metrics, panic guard, load shedding and the
+    // in-flight limit, timeout, body limit. The limit is global (one semaphore for all routes).
     api.layer(
         ServiceBuilder::new()
             .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
@@ -83,16 +87,21 @@ pub fn app(state: AppState, limits: Limits) -> Router {
             .layer(TraceLayer::new_for_http().make_span_with(crate::telemetry::request_span))
             .layer(middleware::from_fn(crate::telemetry::track_request))
             .layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
-            .layer(HandleErrorLayer::new(timeout_error))
+            .layer(HandleErrorLayer::new(middleware_error))
+            .load_shed()
+            .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
             .timeout(limits.request_timeout)
             .layer(Extension(extract::BodyLimit(limits.body_bytes)))
             .layer(DefaultBodyLimit::max(limits.body_bytes)),
     )
 }
 
-async fn timeout_error(err: BoxError) -> Response {
+async fn middleware_error(err: BoxError) -> Response {
     if err.is::<tower::timeout::error::Elapsed>() {
         ApiError::Timeout.into_response()
+    } else if err.is::<tower::load_shed::error::Overloaded>() {
+        metrics::counter!("fencegate_shed_requests_total").increment(1);
+        ApiError::Overloaded.into_response()
     } else {
         ApiError::Internal(err.to_string()).into_response()
     }

@@ -50,6 +50,8 @@ pub enum ApiError {
     Row(#[from] RowError),
     #[error("request timed out")]
     Timeout,
+    #[error("too many requests in flight")]
+    Overloaded,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
@@ -101,7 +103,7 @@ impl ApiError {
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
-            Timeout | Store(StoreError::Unavailable(_)) => {
+            Timeout | Overloaded | Store(StoreError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
             Store(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
@@ -115,6 +117,7 @@ impl ApiError {
             }
             ApiError::Stale(stale) => describe_stale(stale),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
+            ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
             ApiError::Store(StoreError::Unavailable(_)) => {
                 "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
             }

@@ -8,10 +8,12 @@ mod pg;
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
 mod batch;
+mod byol;
 mod concurrency;
 mod demo;
 mod errors;
 mod kv;
+mod limits;
 mod locks;
 mod ops;
 mod restart;

@@ -1,0 +1,78 @@
+//! Bounded everything: a request stuck behind a database lock times out with 503 + Retry-After,
+//! and requests beyond `server.max_in_flight` are shed at once with 503, never queued without
+//! bound. The stuck request is real: another connection holds the row lock it needs.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlx::{Connection, Executor, PgConnection};
+
+use crate::helpers::{spawn_app_on, unique};
+
+/// Opens a transaction that holds the row lock of `key` until the returned connection is dropped
+/// or committed.
+async fn lock_row(db: &str, key: &str) -> PgConnection {
+    let mut conn = PgConnection::connect(db).await.expect("connect for the row lock");
+    conn.execute("BEGIN").await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate_kv WHERE key = $1 FOR UPDATE")
+        .bind(key)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
+#[tokio::test]
+async fn a_request_stuck_on_the_database_times_out_with_503() {
+    let db = crate::pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |s| s.server.request_timeout_ms = 500).await;
+    let key = unique("k");
+    app.kv_put(&key, "1", &json!("before")).await.expect(201);
+
+    let mut holder = lock_row(&db, &key).await;
+    let started = Instant::now();
+    let stuck = app.kv_put(&key, "2", &json!("after")).await;
+    let body = stuck.problem(503, "unavailable");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert_eq!(stuck.header("retry-after"), Some("1"), "{body}");
+
+    holder.execute("COMMIT").await.unwrap();
+    // The outcome of a timed-out write is unknown; a retry with the same token is safe.
+    app.kv_put(&key, "2", &json!("after")).await.expect(200);
+    app.assert_value(&key, &json!("after"), "2").await;
+}
+
+#[tokio::test]
+async fn requests_beyond_max_in_flight_are_shed_with_503() {
+    let db = crate::pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |s| {
+        s.server.max_in_flight = 1;
+        s.server.request_timeout_ms = 30_000;
+    })
+    .await;
+    let key = unique("k");
+    app.kv_put(&key, "1", &json!("before")).await.expect(201);
+
+    let mut holder = lock_row(&db, &key).await;
+    let client = app.client.clone();
+    let url = format!("{}/v1/kv/{key}", app.address);
+    let stuck = tokio::spawn(async move {
+        client.put(url).header("X-Fencing-Token", "2").json(&json!("after")).send().await.map(|r| r.status().as_u16())
+    });
+    // Until the stuck write holds the only slot, a probe may still get through: poll, bounded.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let shed = loop {
+        let probe = app.get("/healthz").await;
+        if probe.status == 503 {
+            break probe;
+        }
+        assert!(Instant::now() < deadline, "never shed: the slot was never taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    shed.problem(503, "unavailable");
+    assert_eq!(shed.header("retry-after"), Some("1"));
+
+    holder.execute("COMMIT").await.unwrap();
+    assert_eq!(stuck.await.unwrap().unwrap(), 200);
+    app.get("/healthz").await.expect(200);
+}
