@@ -346,8 +346,14 @@ pub struct BinApp {
 }
 
 pub async fn spawn_binary(db_url: &str) -> BinApp {
+    spawn_binary_with(db_url, &[]).await
+}
+
+/// As `spawn_binary`, with more arguments after `serve` (e.g. `--config FILE`).
+pub async fn spawn_binary_with(db_url: &str, extra: &[&str]) -> BinApp {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
         .args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
+        .args(extra)
         // Only the command line configures this process.
         .env_remove("DATABASE_URL")
         .env_remove("FENCEGATE_LISTEN")

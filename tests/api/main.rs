@@ -18,4 +18,5 @@ mod locks;
 mod ops;
 mod restart;
 mod scopes;
+mod tables;
 mod tokens;
