@@ -234,10 +234,9 @@ fn classify(err: sqlx::Error) -> Failure {
         c if c.starts_with("22") => Failure::Data(message),
         // NOT NULL on a column names it; a NOT NULL domain does not.
         "23502" if column.is_none() => Failure::Data(message),
-        // Integrity constraints, and exceptions raised by the table's own triggers.
-        "23502" | "23503" | "23505" | "23514" | "23P01" | "P0001" => {
-            Failure::Row(RowError::Value { column, constraint, detail: message })
-        }
+        // Integrity constraints, and exceptions raised by the table's own triggers (class P0).
+        "23502" | "23503" | "23505" | "23514" | "23P01" => Failure::Row(RowError::Value { column, constraint, detail: message }),
+        c if c.starts_with("P0") => Failure::Row(RowError::Value { column, constraint, detail: message }),
         _ => Failure::Store(err.into()),
     }
 }
@@ -276,7 +275,8 @@ impl PgStore {
                 return Ok(Outcome::Stale(vec![stale]));
             }
         }
-        let existed = match fence_row(&mut tx, resource, &key, guard).await? {
+        let deletes = matches!(op.write, RowWrite::Delete);
+        let existed = match fence_row(&mut tx, resource, &key, guard, deletes).await? {
             Ok(existed) => existed,
             Err(stale) => {
                 tx.rollback().await.map_err(StoreError::from)?;
@@ -362,7 +362,10 @@ impl PgStore {
         let mut stale = Vec::new();
         for (&row, &first) in &rows {
             let resource = &ops[first].1.resource;
-            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule)).await? {
+            let deletes = ops.iter().zip(&keys).any(|((_, op), key)| {
+                (op.resource.relation.as_str(), key.text.as_str()) == row && matches!(op.write, RowWrite::Delete)
+            });
+            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes).await? {
                 Ok(existed) => {
                     live.insert(row, existed);
                 }
@@ -618,12 +621,15 @@ async fn claim_scope(
 }
 
 /// Step 3: the row's fence. Returns whether the row exists, or the refusal. Afterwards this
-/// transaction holds the row's ledger lock and, if the row exists, its lock in the table.
+/// transaction holds the row's ledger lock and, if the row exists, its lock in the table
+/// (`FOR UPDATE` if it will be deleted, else the weaker `FOR NO KEY UPDATE`, which does not
+/// block other writers inserting rows that reference it).
 async fn fence_row(
     conn: &mut PgConnection,
     resource: &Resource,
     key: &CanonicalKey,
     guard: &Guard,
+    deletes: bool,
 ) -> Result<Result<bool, Stale>, TableError> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
     match &guard.target {
@@ -668,10 +674,11 @@ async fn fence_row(
         _ => ("NULL::int8".to_owned(), "true".to_owned()),
     };
     let statement = format!(
-        "SELECT {fence}, {admits} FROM {table} AS t CROSS JOIN {record} WHERE {matches} FOR UPDATE OF t",
+        "SELECT {fence}, {admits} FROM {table} AS t CROSS JOIN {record} WHERE {matches} FOR {lock} OF t",
         table = sql.table(),
         record = sql.record("$1", resource.key.iter().copied()),
         matches = sql.key_match(),
+        lock = if deletes { "UPDATE" } else { "NO KEY UPDATE" },
     );
     let row = sqlx::query(&statement)
         .bind(serde_json::Value::Object(key.json.clone()).to_string())
