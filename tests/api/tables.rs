@@ -900,3 +900,39 @@ async fn concurrent_writers_of_one_row_obey_the_accept_rule() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_example_config_starts_against_its_schema() {
+    // The schema config/tables.example.toml describes, created by "the application".
+    let url = pg::fresh_database().await;
+    let db = PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE SCHEMA shop;
+         CREATE TYPE shop.order_status AS ENUM ('new', 'paid', 'shipped', 'cancelled');
+         CREATE TABLE shop.orders (
+             tenant text NOT NULL, order_no integer NOT NULL,
+             status shop.order_status NOT NULL DEFAULT 'new',
+             amount numeric(12,2) NOT NULL DEFAULT 0 CHECK (amount >= 0),
+             placed_at timestamptz NOT NULL DEFAULT now(), attrs jsonb NOT NULL DEFAULT '{}',
+             PRIMARY KEY (tenant, order_no));
+         CREATE SCHEMA billing;
+         CREATE TABLE billing.accounts (id uuid PRIMARY KEY, email text NOT NULL UNIQUE,
+             balance numeric(20,2) NOT NULL DEFAULT 0, fence_token bigint);
+         CREATE TABLE public.job_runs (id bigserial PRIMARY KEY, job text NOT NULL UNIQUE,
+             state text NOT NULL, finished_at timestamptz);",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tables.example.toml");
+    let server = spawn_binary_with(&url, &["--config", example]).await;
+    let app = server.view();
+    put(&app, "orders", "acme,1042", "1", &json!({"status": "paid"})).await.expect(201);
+    put(&app, "accounts", ACCOUNT, "1", &json!({"email": "a@example.com"})).await.expect(201);
+    put(&app, "job-runs", "nightly", "1", &json!({"state": "running"})).await.expect(201);
+    put(&app, "job-runs", "nightly", "1", &json!({"state": "done"})).await.stale_key("nightly", "1", "1");
+    let state = sql_text(&db, "SELECT state FROM public.job_runs WHERE job = 'nightly'").await;
+    assert_eq!(state.as_deref(), Some("running"));
+    let (status, stderr) = server.terminate().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
