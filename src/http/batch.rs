@@ -38,7 +38,6 @@ struct OpRequest {
     row: Option<RowBody>,
 }
 
-
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
 }
