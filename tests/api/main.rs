@@ -16,6 +16,7 @@ mod kv;
 mod limits;
 mod locks;
 mod ops;
+mod outage;
 mod restart;
 mod scopes;
 mod tokens;
