@@ -15,6 +15,7 @@ mod errors;
 mod kv;
 mod limits;
 mod locks;
+mod model;
 mod ops;
 mod outage;
 mod restart;
