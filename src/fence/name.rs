@@ -72,6 +72,22 @@ name_type!(
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Fuzz: any string is accepted exactly when it is non-empty, within the byte limit and
+        /// free of control characters, and then kept verbatim.
+        #[test]
+        fn any_string_is_judged_per_the_rules(raw in "\\PC{0,40}|.{0,40}", max in 1usize..64) {
+            let ok = !raw.is_empty() && raw.len() <= max && !raw.chars().any(char::is_control);
+            match Key::parse(&raw, max) {
+                Ok(key) => {
+                    proptest::prop_assert!(ok);
+                    proptest::prop_assert_eq!(key.as_str(), raw.as_str());
+                }
+                Err(_) => proptest::prop_assert!(!ok),
+            }
+        }
+    }
+
     #[test]
     fn names() {
         assert!(Key::parse("a/b ✓ 日本", 512).is_ok());

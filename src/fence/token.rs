@@ -100,6 +100,37 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Fuzz: any bytes parse or fail cleanly, and parse succeeds exactly for canonical
+        /// decimals that fit, to the value they spell.
+        #[test]
+        fn any_bytes_parse_exactly_per_the_contract(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..24)) {
+            let canonical = !raw.is_empty()
+                && raw.iter().all(u8::is_ascii_digit)
+                && (raw.len() == 1 || raw[0] != b'0');
+            let fits = canonical && std::str::from_utf8(&raw).unwrap().parse::<i64>().is_ok();
+            match FencingToken::parse(&raw) {
+                Ok(t) => {
+                    proptest::prop_assert!(fits);
+                    let shown = t.to_string();
+                    proptest::prop_assert_eq!(shown.as_bytes(), &raw[..]);
+                }
+                Err(_) => proptest::prop_assert!(!fits),
+            }
+        }
+
+        #[test]
+        fn every_token_round_trips(v in 0..=i64::MAX) {
+            let t = FencingToken::parse(v.to_string().as_bytes()).unwrap();
+            proptest::prop_assert_eq!(t.get(), v);
+        }
+
+        #[test]
+        fn digit_strings_never_panic(s in "[0-9+-]{0,30}") {
+            let _ = FencingToken::parse(s.as_bytes());
+        }
+    }
+
     #[test]
     fn serializes_as_a_string() {
         let t = FencingToken::parse(b"9223372036854775807").unwrap();

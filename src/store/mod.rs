@@ -277,3 +277,50 @@ impl Store {
         dispatch!(self, pg => pg.pool_stats())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check_storable;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn has_nul(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(a) => a.iter().any(has_nul),
+            Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+
+    proptest! {
+        /// Fuzz: any JSON value is refused exactly when a string or key holds a NUL.
+        #[test]
+        fn storable_iff_no_nul(v in json_value()) {
+            prop_assert_eq!(check_storable(&v).is_ok(), !has_nul(&v));
+        }
+    }
+
+    #[test]
+    fn nul_deep_inside_is_found() {
+        assert!(check_storable(&json!({"a": [1, {"b": "x\u{0}"}]})).is_err());
+        assert!(check_storable(&json!({"a\u{0}": 1})).is_err());
+        assert!(check_storable(&json!({"a": ["fine", 1, null]})).is_ok());
+    }
+}

@@ -1,7 +1,14 @@
-//! Many concurrent writers with random tokens, through two servers on one database.
-//! The outcome must be explainable by the accept rule applied atomically, one write at a time.
+//! Many concurrent writers with random tokens, through two servers on one database, while
+//! readers watch. The outcome must be explainable by the accept rule applied atomically, one
+//! write at a time.
+//!
+//! Half the writers draw tokens uniformly from 0..1000 (mostly zombies once the fence is high);
+//! the other half draw from a window that climbs with each write (still within 0..1000), so
+//! accepted writes keep overlapping all through the run: that is where a check-then-write race
+//! would show.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,6 +22,7 @@ use crate::pg::fresh_database as pg_fresh;
 const WRITERS: usize = 32;
 const WRITES_EACH: usize = 40;
 const KEYS: [&str; 3] = ["alpha", "beta", "gamma"];
+const READERS: usize = 4;
 
 #[derive(Debug, Clone)]
 struct Rec {
@@ -26,6 +34,13 @@ struct Rec {
     status: u16,
     /// `current_token` of a 412.
     current: Option<i64>,
+}
+
+#[derive(Debug)]
+struct Read {
+    key: usize,
+    token: Option<i64>,
+    start: Instant,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
@@ -52,7 +67,14 @@ async fn run(strict: bool) {
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
         let plan: Vec<(usize, i64)> = (0..WRITES_EACH)
-            .map(|_| (rng.gen_range(0..KEYS.len()), rng.gen_range(0..1000)))
+            .map(|i| {
+                let token = if w % 2 == 0 {
+                    rng.gen_range(0..1000)
+                } else {
+                    (i as i64) * 20 + rng.gen_range(0..200)
+                };
+                (rng.gen_range(0..KEYS.len()), token)
+            })
             .collect();
         let apps = apps.clone();
         tasks.push(tokio::spawn(async move {
@@ -83,11 +105,40 @@ async fn run(strict: bool) {
             recs
         }));
     }
+    let done = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..READERS {
+        let (apps, done) = (apps.clone(), done.clone());
+        readers.push(tokio::spawn(async move {
+            let mut reads = Vec::new();
+            let mut i = 0;
+            while !done.load(Ordering::Relaxed) {
+                let key = (r + i) % KEYS.len();
+                i += 1;
+                let start = Instant::now();
+                let resp = apps[r % 2].kv_get(KEYS[key]).await;
+                let token = match resp.status {
+                    404 => None,
+                    200 => Some(resp.json()["fence_token"].as_str().and_then(|t| t.parse::<i64>().ok())
+                        .unwrap_or_else(|| panic!("GET without a string fence_token: {resp:?}"))),
+                    _ => panic!("GET under contention: {resp:?}"),
+                };
+                reads.push(Read { key, token, start });
+            }
+            reads
+        }));
+    }
+
     let mut recs: Vec<Rec> = Vec::new();
     for t in futures::future::join_all(tasks).await {
         recs.extend(t.expect("writer task panicked"));
     }
+    done.store(true, Ordering::Relaxed);
     assert_eq!(recs.len(), WRITERS * WRITES_EACH);
+    let mut reads: Vec<Read> = Vec::new();
+    for t in futures::future::join_all(readers).await {
+        reads.extend(t.expect("reader task panicked"));
+    }
 
     for (k, name) in KEYS.iter().enumerate() {
         let mine: Vec<&Rec> = recs.iter().filter(|r| r.key == k).collect();
@@ -133,6 +184,18 @@ async fn run(strict: bool) {
                  under way at the time carried {ctx}",
                 r.id
             );
+        }
+
+        // Reads never go back in time: a read that starts after a write with token t was
+        // acknowledged sees a fence token >= t (any later accepted write carries >= t).
+        for rd in reads.iter().filter(|rd| rd.key == k) {
+            for a in accepted.iter().filter(|a| a.end < rd.start) {
+                assert!(
+                    rd.token.is_some_and(|t| t >= a.token),
+                    "{name}: a GET that started after {} (token {}) was acknowledged saw {:?} {ctx}",
+                    a.id, a.token, rd.token
+                );
+            }
         }
 
         // Strict: one token is accepted at most once per key.

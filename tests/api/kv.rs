@@ -247,3 +247,27 @@ async fn large_integers_in_the_value_do_not_break_the_server() {
         }
     }
 }
+
+#[tokio::test]
+async fn strings_with_nul_and_unusual_escapes_are_values_like_any_other() {
+    // "\u0000" is valid JSON. Whatever the store's encoding, a client gets its value back
+    // (or at worst a 4xx saying why), never a 5xx.
+    let app = spawn_app().await;
+    let values = [
+        json!({"s": "nul\u{0}inside"}),
+        json!("\u{0}"),
+        json!({"k\u{0}ey": 1}),
+        json!("\u{1F600} \u{FEFF} \\ \" \n"),
+    ];
+    for (i, v) in values.iter().enumerate() {
+        let key = format!("esc{i}");
+        let r = app.kv_put(&key, "1", v).await;
+        assert!(r.status < 500, "a valid JSON value caused a server error: {r:?}");
+        if r.status == 201 {
+            app.assert_value(&key, v, "1").await;
+        } else {
+            r.assert_problem_shape();
+            app.assert_absent(&key).await;
+        }
+    }
+}

@@ -55,8 +55,61 @@ pub async fn fresh_database() -> String {
     )
     .await
     .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed on {}: {e}", redact(admin)));
+    // Tag the database with its owner, so a later run can drop it once this process is gone
+    // (on a shared DATABASE_URL server nothing else would; the throwaway cluster goes whole).
+    let _ = conn
+        .execute(format!("COMMENT ON DATABASE {name} IS '{}'", owner_tag(std::process::id())).as_str())
+        .await;
+    sweep_leftovers(&mut conn).await;
     let _ = conn.close().await;
     with_database(admin, &name)
+}
+
+/// `fencegate-tests host=<hostname> pid=<pid>`: who created a test database.
+fn owner_tag(pid: u32) -> String {
+    format!("{}{pid}", owner_prefix())
+}
+
+fn owner_prefix() -> String {
+    static HOST: OnceLock<String> = OnceLock::new();
+    let host = HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || "-._".contains(*c))
+            .collect()
+    });
+    format!("fencegate-tests host={host} pid=")
+}
+
+/// Once per run: drops test databases that earlier runs on this host left behind, i.e. those
+/// whose creating process no longer exists. Databases of live processes (a concurrent run)
+/// and of other hosts are never touched. Best effort: failures are ignored.
+async fn sweep_leftovers(conn: &mut PgConnection) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SWEPT: AtomicBool = AtomicBool::new(false);
+    if SWEPT.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT d.datname::text, shobj_description(d.oid, 'pg_database')
+         FROM pg_database d WHERE d.datname LIKE 'fg\\_test\\_%'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap_or_default();
+    let prefix = owner_prefix();
+    for (name, comment) in rows {
+        let Some(pid) = comment.as_deref().and_then(|c| c.strip_prefix(prefix.as_str())) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        let is_name = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !alive && is_name {
+            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name}").as_str()).await;
+        }
+    }
 }
 
 /// Replaces the database name (path) of a `postgres://` URL, keeping any query string.

@@ -202,3 +202,26 @@ async fn unscoped_write_reports_null_scope_and_scoped_get_reports_scope() {
     let body = app.kv_get("k").await.expect(200);
     assert_eq!(body["scope"], Value::Null, "{body}");
 }
+
+#[tokio::test]
+async fn strict_mode_applies_to_scoped_writes() {
+    let app = spawn_app_with(|s| s.kv.strict = true).await;
+    app.kv_put_scoped("a", "10", "S", &json!(1)).await.expect(201);
+    app.kv_put_scoped("b", "10", "S", &json!(2)).await.stale_scope("S", "10", "10");
+    app.assert_absent("b").await;
+    app.kv_put_scoped("b", "11", "S", &json!(2)).await.expect(201);
+}
+
+#[tokio::test]
+async fn scoped_delete_reports_the_scope_and_leaves_a_tombstone() {
+    let app = spawn_app().await;
+    app.kv_put_scoped("a", "10", "S", &json!(1)).await.expect(201);
+    let body = app.kv_delete_scoped("a", "12", "S").await.expect(200);
+    assert_eq!(
+        body,
+        json!({"key": "a", "fence_token": "12", "scope": "S", "deleted": true})
+    );
+    app.assert_absent("a").await;
+    app.kv_put_scoped("a", "11", "S", &json!("zombie")).await.stale_scope("S", "11", "12");
+    app.assert_absent("a").await;
+}

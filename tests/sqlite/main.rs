@@ -23,6 +23,8 @@ mod errors;
 mod kv;
 #[path = "../api/locks.rs"]
 mod locks;
+#[path = "../api/model.rs"]
+mod model;
 #[path = "../api/ops.rs"]
 mod ops;
 #[path = "../api/restart.rs"]
