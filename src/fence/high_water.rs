@@ -10,7 +10,7 @@
 
 use std::{
     collections::HashMap,
-    hash::{BuildHasher, Hash, Hasher, RandomState},
+    hash::{BuildHasher, RandomState},
     sync::Mutex,
 };
 
@@ -35,9 +35,7 @@ impl HighWater {
     }
 
     fn shard(&self, fence: &Fenced) -> &Mutex<HashMap<Fenced, FencingToken>> {
-        let mut h = self.hasher.build_hasher();
-        fence.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        &self.shards[(self.hasher.hash_one(fence) as usize) % SHARDS]
     }
 
     /// The fence guarding a write of `key` under `guard`.

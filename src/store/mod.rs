@@ -154,9 +154,10 @@ fn is_transient(err: &sqlx::Error) -> bool {
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 40001 serialization failure; 40P01 deadlock;
-            // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now.
+            // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now;
+            // 3D000: the database does not exist (dropped or not yet created: an outage).
             code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
-                || code == "40001" || code == "40P01"
+                || code == "40001" || code == "40P01" || code == "3D000"
                 // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
                 || matches!(code.as_ref(), "5" | "6" | "261" | "517" | "262")
         }),

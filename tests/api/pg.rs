@@ -294,21 +294,6 @@ fn start_throwaway_cluster() -> String {
     format!("postgres://postgres@127.0.0.1:{port}/postgres")
 }
 
-#[cfg(test)]
-mod unit {
-    use super::*;
-
-    #[test]
-    fn database_name_is_replaced_and_query_kept() {
-        assert_eq!(
-            with_database("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
-            "postgres://u:p@h:5432/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
-    }
-}
-
 /// A new SQLite file in this run's scratch directory (removed by a watchdog once this process
 /// is gone, like the throwaway PostgreSQL cluster).
 fn fresh_sqlite_database() -> String {
@@ -332,4 +317,19 @@ fn fresh_sqlite_database() -> String {
         dir
     });
     format!("sqlite://{}/{}.sqlite", dir.display(), uuid::Uuid::new_v4().simple())
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn database_name_is_replaced_and_query_kept() {
+        assert_eq!(
+            with_database("postgres://u:p@h:5432/postgres?sslmode=disable", "x"),
+            "postgres://u:p@h:5432/x?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+    }
 }
