@@ -24,6 +24,10 @@ const CANONICAL_KEY_TYPES: [&str; 12] =
 
 pub async fn load(pool: &PgPool, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
     let mut conn = pool.acquire().await?;
+    let ledger: bool = sqlx::query_scalar("SELECT to_regclass('fencegate_ledger') IS NOT NULL").fetch_one(&mut *conn).await?;
+    if !ledger {
+        anyhow::bail!("[[resources]] need the table fencegate_ledger: run `fencegate migrate` (or set database.migrate_on_start)");
+    }
     let mut resources = Vec::with_capacity(settings.len());
     let mut problems = Vec::new();
     for (i, resource) in settings.iter().enumerate() {
