@@ -153,7 +153,10 @@ impl PgStore {
             .map_err(|e| anyhow::anyhow!("invalid database URL {shown}: {e}"))?
             // Statements are logged by our own spans; sqlx's per-statement logs are noise.
             .log_statements(tracing::log::LevelFilter::Trace)
-            .application_name("fencegate");
+            .application_name("fencegate")
+            // Defence in depth: no fencegate transaction is ever idle for long, so a session
+            // stuck idle in one (a bug) is ended by the server instead of holding row locks.
+            .options([("idle_in_transaction_session_timeout", "30s")]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
