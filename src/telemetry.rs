@@ -31,6 +31,14 @@ pub fn metrics_handle() -> PrometheusHandle {
                 .expect("bucket list is not empty")
                 .build_recorder();
             let handle = recorder.handle();
+            // Histogram samples accumulate in the recorder until upkeep drains them into the
+            // buckets; scrapes do it too, but an unscraped process must not grow. A plain thread:
+            // the recorder outlives any one tokio runtime (tests start many).
+            let upkeep = handle.clone();
+            let _ = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_secs(5));
+                upkeep.run_upkeep();
+            });
             // Another recorder may already be installed (e.g. by an embedding application);
             // then our handle renders nothing, which is preferable to failing start-up.
             if metrics::set_global_recorder(recorder).is_err() {

@@ -38,19 +38,29 @@ pub struct Coalescer {
     queue: mpsc::Sender<Job>,
 }
 
-/// The SQL of the fenced multi-row upsert, one per rule: `$1` keys, `$2` values, `$3` deleted
-/// flags, `$4` tokens. Shared with `POST /v1/batch` (which passes one token for every row).
+/// The fenced upserts, per rule. `rows`: the multi-row form, `$1` keys, `$2` values, `$3`
+/// deleted flags, `$4` tokens (shared with `POST /v1/batch`, which passes one token for every
+/// row). `single`: the one-row form (`$1` key, `$2` value, `$3` deleted, `$4` token), cheaper to
+/// plan and execute when only one write is waiting.
 pub struct Upserts {
-    pub inclusive: String,
-    pub strict: String,
+    pub rows: [String; 2],
+    pub single: [String; 2],
+}
+
+fn index(rule: Rule) -> usize {
+    match rule {
+        Rule::Inclusive => 0,
+        Rule::Strict => 1,
+    }
 }
 
 impl Upserts {
     pub fn for_rule(&self, rule: Rule) -> &str {
-        match rule {
-            Rule::Inclusive => &self.inclusive,
-            Rule::Strict => &self.strict,
-        }
+        &self.rows[index(rule)]
+    }
+
+    fn single_for_rule(&self, rule: Rule) -> &str {
+        &self.single[index(rule)]
     }
 }
 
@@ -98,13 +108,13 @@ async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, pool: PgPool, sql: Arc<Upse
             let (round, rest): (Vec<Job>, Vec<Job>) =
                 jobs.into_iter().partition(|j| j.rule == rule && seen.insert(j.key.clone()));
             jobs = rest;
-            run_round(&pool, sql.for_rule(rule), round).await;
+            run_round(&pool, &sql, rule, round).await;
         }
     }
 }
 
-async fn run_round(pool: &PgPool, sql: &str, round: Vec<Job>) {
-    match execute(pool, sql, &round).await {
+async fn run_round(pool: &PgPool, sql: &Upserts, rule: Rule, round: Vec<Job>) {
+    match execute(pool, sql, rule, &round).await {
         Ok(applied) => {
             for job in round {
                 let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
@@ -113,7 +123,7 @@ async fn run_round(pool: &PgPool, sql: &str, round: Vec<Job>) {
         Err(err) if round.len() > 1 && !matches!(err, StoreError::Unavailable(_)) => {
             tracing::warn!(error = %err, rows = round.len(), "combined write failed; retrying its writes one by one");
             for job in round {
-                let result = execute(pool, sql, std::slice::from_ref(&job))
+                let result = execute(pool, sql, rule, std::slice::from_ref(&job))
                     .await
                     .map(|applied| applied.get(job.key.as_str()).copied());
                 let _ = job.reply.send(result);
@@ -127,13 +137,23 @@ async fn run_round(pool: &PgPool, sql: &str, round: Vec<Job>) {
     }
 }
 
-/// Runs the multi-row statement; returns the version of every key it applied.
-async fn execute(pool: &PgPool, sql: &str, jobs: &[Job]) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+/// Runs the statement for `jobs`; returns the version of every key it applied.
+async fn execute(pool: &PgPool, sql: &Upserts, rule: Rule, jobs: &[Job]) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+    if let [job] = jobs {
+        let version: Option<i64> = sqlx::query_scalar(sql.single_for_rule(rule))
+            .bind(job.key.as_str())
+            .bind(job.value.as_ref().map(Json))
+            .bind(job.value.is_none())
+            .bind(job.token.get())
+            .fetch_optional(pool)
+            .await?;
+        return Ok(version.map(|v| (job.key.as_str().to_owned(), v)).into_iter().collect());
+    }
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     let values: Vec<Option<Json<&serde_json::Value>>> = jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
-    let rows = sqlx::query(sql).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(pool).await?;
+    let rows = sqlx::query(sql.for_rule(rule)).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(pool).await?;
     let mut applied = std::collections::HashMap::with_capacity(rows.len());
     for row in rows {
         applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);

@@ -38,14 +38,35 @@ pub struct Store {
     high_water: Arc<HighWater>,
 }
 
-/// Calls the same method on whichever backend is in use.
-macro_rules! dispatch {
-    ($self:ident, $backend:ident => $call:expr) => {
-        match &$self.backend {
-            Backend::Postgres($backend) => $call,
-            Backend::Sqlite($backend) => $call,
-        }
-    };
+/// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
+/// Arguments used by `$call` must be owned (cloned) by the caller before the macro.
+macro_rules! detached {
+    ($self:ident, $b:ident => $call:expr) => {{
+        let backend = $self.backend.clone();
+        run_detached(async move {
+            match &backend {
+                Backend::Postgres($b) => $call,
+                Backend::Sqlite($b) => $call,
+            }
+        })
+        .await
+    }};
+}
+
+/// Runs database work to completion on its own task, whatever happens to the request that
+/// started it. An HTTP request future can be dropped at any await point (request timeout,
+/// client disconnect); if it owned the database work, a transaction could be abandoned
+/// half-way: sqlx 0.8 returns a connection whose `BEGIN` was cancelled to the pool still inside
+/// the transaction, and later writes on it would be acknowledged but never committed. Detached,
+/// the work always ends in COMMIT or ROLLBACK and the connection goes back clean; the caller
+/// that went away just never hears the outcome (which is "unknown" for it, as with any 503).
+async fn run_detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::spawn(work).await {
+        Ok(result) => result,
+        Err(err) => Err(StoreError::Task(err.to_string())),
+    }
 }
 
 /// A kv operation inside a batch (or a single write).
@@ -122,6 +143,9 @@ pub enum StoreError {
     Internal(#[source] sqlx::Error),
     #[error("the database holds an invalid value: {0}")]
     Corrupt(String),
+    /// The task running the database work panicked. Logged, never sent to clients.
+    #[error("database task failed: {0}")]
+    Task(String),
 }
 
 impl StoreError {
@@ -132,6 +156,7 @@ impl StoreError {
             StoreError::Unavailable(e) => StoreError::Unavailable(sqlx::Error::Protocol(e.to_string())),
             StoreError::Internal(e) => StoreError::Internal(sqlx::Error::Protocol(e.to_string())),
             StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+            StoreError::Task(m) => StoreError::Task(m.clone()),
         }
     }
 }
@@ -189,7 +214,7 @@ impl Store {
     }
 
     pub async fn ready(&self) -> Result<(), StoreError> {
-        dispatch!(self, pg => pg.ready().await)
+        detached!(self, b => b.ready().await)
     }
 
     /// A fenced single-key write. The cache may refuse it outright; otherwise the database
@@ -200,7 +225,8 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let outcome = dispatch!(self, pg => pg.write(write, guard).await)?;
+        let (write, owned_guard) = (write.clone(), guard.clone());
+        let outcome = detached!(self, b => b.write(&write, &owned_guard).await)?;
         self.learn(&outcome, &fence, guard.token);
         Ok(outcome)
     }
@@ -208,7 +234,8 @@ impl Store {
     /// Applies every write or none, under one token. Always asks the database, so a refusal
     /// names every stale key, not just the ones the cache knows.
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
-        let outcome = dispatch!(self, pg => pg.batch(writes, guard).await)?;
+        let (owned_writes, owned_guard) = (writes.to_vec(), guard.clone());
+        let outcome = detached!(self, b => b.batch(&owned_writes, &owned_guard).await)?;
         match &outcome {
             Outcome::Accepted(written) => {
                 for w in written {
@@ -234,7 +261,8 @@ impl Store {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        dispatch!(self, pg => pg.get(key).await)
+        let key = key.clone();
+        detached!(self, b => b.get(&key).await)
     }
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
@@ -245,19 +273,22 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let outcome = dispatch!(self, pg => pg.claim(scope, token).await)?;
+        let owned_scope = scope.clone();
+        let outcome = detached!(self, b => b.claim(&owned_scope, token).await)?;
         self.learn(&outcome, &fence, token);
         Ok(outcome)
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
-        dispatch!(self, pg => pg.fence(scope).await)
+        let scope = scope.clone();
+        detached!(self, b => b.fence(&scope).await)
     }
 
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
     /// transaction.
     pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
-        let acquired = dispatch!(self, pg => pg.acquire(name, owner, ttl).await)?;
+        let (owned_name, owner) = (name.clone(), owner.to_owned());
+        let acquired = detached!(self, b => b.acquire(&owned_name, &owner, ttl).await)?;
         if let Acquired::Granted(lease) = &acquired {
             // The grant claimed the scope: this process can refuse the old holder at once.
             self.high_water.observe(&Fenced::Scope(name.clone()), lease.token);
@@ -266,16 +297,21 @@ impl Store {
     }
 
     pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
-        dispatch!(self, pg => pg.renew(name, token, ttl).await)
+        let name = name.clone();
+        detached!(self, b => b.renew(&name, token, ttl).await)
     }
 
     pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
-        dispatch!(self, pg => pg.release(name, token).await)
+        let name = name.clone();
+        detached!(self, b => b.release(&name, token).await)
     }
 
     /// (open, idle) connections, for the pool gauges.
     pub fn pool_stats(&self) -> (u32, usize) {
-        dispatch!(self, pg => pg.pool_stats())
+        match &self.backend {
+            Backend::Postgres(b) => b.pool_stats(),
+            Backend::Sqlite(b) => b.pool_stats(),
+        }
     }
 }
 

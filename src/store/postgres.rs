@@ -153,7 +153,10 @@ impl PgStore {
             .map_err(|e| anyhow::anyhow!("invalid database URL {shown}: {e}"))?
             // Statements are logged by our own spans; sqlx's per-statement logs are noise.
             .log_statements(tracing::log::LevelFilter::Trace)
-            .application_name("fencegate");
+            .application_name("fencegate")
+            // Defence in depth: no fencegate transaction is ever idle for long, so a session
+            // stuck idle in one (a bug) is ended by the server instead of holding row locks.
+            .options([("idle_in_transaction_session_timeout", "30s")]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
@@ -169,14 +172,18 @@ impl PgStore {
                 "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
                  (set DATABASE_URL or --database-url)"
             ))?;
-        let upserts = Arc::new(Upserts { inclusive: upsert_rows(Rule::Inclusive), strict: upsert_rows(Rule::Strict) });
+        let (inclusive, strict) = (Statements::new(Rule::Inclusive), Statements::new(Rule::Strict));
+        let upserts = Arc::new(Upserts {
+            rows: [upsert_rows(Rule::Inclusive), upsert_rows(Rule::Strict)],
+            single: [inclusive.put_key.clone(), strict.put_key.clone()],
+        });
         let coalescer = (settings.coalesce_workers > 0).then(|| {
             Coalescer::start(pool.clone(), upserts.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
         });
         let store = PgStore {
             pool,
-            inclusive: Statements::new(Rule::Inclusive).into(),
-            strict: Statements::new(Rule::Strict).into(),
+            inclusive: inclusive.into(),
+            strict: strict.into(),
             upserts,
             coalescer,
         };

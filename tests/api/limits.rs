@@ -76,3 +76,55 @@ async fn requests_beyond_max_in_flight_are_shed_with_503() {
     assert_eq!(stuck.await.unwrap().unwrap(), 200);
     app.get("/healthz").await.expect(200);
 }
+
+/// A request that times out while its transaction is starting must not leave the connection
+/// inside that transaction: every later 2xx must be committed. Reproduced by freezing
+/// fencegate's own PostgreSQL backend with SIGSTOP while a lock request is in `BEGIN`.
+#[tokio::test]
+async fn a_timed_out_transaction_never_leaks_into_later_writes() {
+    use nix::{sys::signal::{kill, Signal}, unistd::Pid};
+
+    let db = crate::pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |s| {
+        s.server.request_timeout_ms = 1000;
+        s.database.max_connections = 1;
+        s.database.min_connections = 1;
+        s.database.coalesce_workers = 0;
+        s.kv.fence_cache_capacity = 0;
+    })
+    .await;
+    app.kv_put(&unique("warm"), "1", &json!(1)).await.expect(201);
+
+    let mut admin = PgConnection::connect(&db).await.unwrap();
+    let backend: i32 = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'fencegate' AND datname = current_database()",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("fencegate's one backend");
+    let backend = Pid::from_raw(backend);
+
+    kill(backend, Signal::SIGSTOP).unwrap();
+    let lock = unique("lock");
+    let timed_out = app
+        .send(app.req(reqwest::Method::POST, &format!("/v1/locks/{lock}")).json(&json!({"owner": "a", "ttl_ms": 1000})))
+        .await;
+    kill(backend, Signal::SIGCONT).unwrap();
+    timed_out.problem(503, "unavailable");
+
+    let key = unique("k");
+    app.kv_put(&key, "7", &json!("must be committed")).await.expect(201);
+    let stored: Option<String> = sqlx::query_scalar("SELECT value::text FROM fencegate_kv WHERE key = $1")
+        .bind(&key)
+        .fetch_optional(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some("\"must be committed\""), "a 201 was sent for a write that is not committed");
+    let stuck: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' AND state = 'idle in transaction'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(stuck, 0, "a fencegate session was left idle in a transaction");
+}

@@ -221,15 +221,20 @@ impl Cluster {
         let _ = tokio::time::timeout(Duration::from_secs(40), run(cmd, "pg_ctl stop", &self.log)).await;
     }
 
-    /// Lines of the server log that report a PANIC (data-level trouble; crash-recovery chatter
-    /// is expected and not counted).
-    pub fn panics_in_log(&self) -> Vec<String> {
+    /// Server log lines containing `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
-            .filter(|l| l.contains("PANIC:"))
+            .filter(|l| l.contains(needle))
             .map(str::to_string)
             .collect()
+    }
+
+    /// Lines of the server log that report a PANIC (data-level trouble; crash-recovery chatter
+    /// is expected and not counted).
+    pub fn panics_in_log(&self) -> Vec<String> {
+        self.log_lines("PANIC:")
     }
 }
 

@@ -219,32 +219,35 @@ async fn read_final_state(nodes: &[Node], db_url: &str, key: &str, lock: &str) -
     Ok(fs)
 }
 
+/// A violation found outside the history: (rule, message).
+type Problem = (&'static str, String);
+
 /// Signals the workers to stop after their current cycle and reaps them; problems are returned.
-async fn stop_workers(workers: &mut [WorkerProc], stop_file: &Path) -> Vec<String> {
+async fn stop_workers(workers: &mut [WorkerProc], stop_file: &Path) -> Vec<Problem> {
     std::fs::write(stop_file, b"stop").expect("write the stop file");
     let mut problems = Vec::new();
     for w in workers {
         match tokio::time::timeout(Duration::from_secs(30), w.child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
-            Ok(status) => problems.push(format!("worker {} exited with {status:?}; output:\n{}", w.name, tail(&w.output, 20))),
+            Ok(status) => problems.push(("4-process", format!("worker {} exited with {status:?}; output:\n{}", w.name, tail(&w.output, 20)))),
             Err(_) => {
                 if let Some(pid) = w.child.id() {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
                 }
                 let _ = w.child.start_kill();
-                problems.push(format!("worker {} did not stop within 30 s of the stop signal (a hang)", w.name));
+                problems.push(("4-process", format!("worker {} did not stop within 30 s of the stop signal (a hang)", w.name)));
             }
         }
     }
     problems
 }
 
-fn read_histories(workers: &[WorkerProc], problems: &mut Vec<String>) -> Vec<history::Event> {
+fn read_histories(workers: &[WorkerProc], problems: &mut Vec<Problem>) -> Vec<history::Event> {
     let mut events = Vec::new();
     for w in workers {
         match history::read_history(&w.history) {
             Ok(mut evs) => events.append(&mut evs),
-            Err(e) => problems.push(format!("history of {}: {e}", w.name)),
+            Err(e) => problems.push(("history", format!("history of {}: {e}", w.name))),
         }
     }
     events
@@ -288,7 +291,7 @@ async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0
     nemesis::pause_loop(&refs, &settings, &log, rand::SeedableRng::seed_from_u64(cfg.seed ^ 0xc0)).await;
     let mut problems = stop_workers(&mut workers, &job.stop_file).await;
     let final_state = read_final_state(nodes, db_url, job.key, job.lock).await.unwrap_or_else(|e| {
-        problems.push(format!("cannot read the final state: {e}"));
+        problems.push(("2-final", format!("cannot read the final state: {e}")));
         checker::FinalState::default()
     });
     let events = read_histories(&workers, &mut problems);
@@ -411,30 +414,47 @@ async fn nothing_is_lost_under_faults() {
 
     for node in &mut nodes {
         if let Err(e) = node.check_alive() {
-            external.push(e);
+            external.push(("4-process", e));
         }
     }
     let final_state = match read_final_state(&nodes, &cluster.url(), job.key, job.lock).await {
         Ok(fs) => fs,
         Err(e) => {
-            external.push(format!("cannot read the final state: {e}"));
+            external.push(("2-final", format!("cannot read the final state: {e}")));
             checker::FinalState::default()
         }
     };
     for line in cluster.panics_in_log() {
-        external.push(format!("PostgreSQL log: {line}"));
+        external.push(("2-final", format!("PostgreSQL log: {line}")));
+    }
+    let nested = cluster.log_lines("there is already a transaction in progress");
+    if !nested.is_empty() {
+        external.push(("5-leaked-transaction", format!(
+            "PostgreSQL logged {} x `WARNING: there is already a transaction in progress`: \
+             fencegate sent BEGIN on a pooled connection that was still inside an earlier transaction \
+             (first: {})",
+            nested.len(),
+            nested[0]
+        )));
     }
     match nemesis::leaked_transactions(&cluster.url()).await {
-        Ok(leaks) if !leaks.is_empty() => external.push(format!(
-            "at the end of the run, {} fencegate database session(s) are still inside an open transaction: {}",
-            leaks.len(),
-            leaks.join("; ")
+        Ok(leaks) if !leaks.is_empty() => external.push((
+            "5-leaked-transaction",
+            format!(
+                "at the end of the run, {} fencegate database session(s) are still inside an open transaction: {}",
+                leaks.len(),
+                leaks.join("; ")
+            ),
         )),
         Ok(_) => {}
-        Err(e) => external.push(format!("cannot query pg_stat_activity: {e}")),
+        Err(e) => external.push(("5-leaked-transaction", format!("cannot query pg_stat_activity: {e}"))),
     }
     let events = read_histories(&workers, &mut external);
     let nemesis_log = std::mem::take(&mut *log.lock().unwrap());
+    let _ = std::fs::write(
+        root.join("nemesis.log"),
+        format!("{:#?}\n{:#?}\n{:#?}\n{:#?}\n", nemesis_log.faults, nemesis_log.probes, nemesis_log.recoveries, nemesis_log.violations),
+    );
     let report = checker::check(&checker::Input {
         events: &events,
         nemesis: &nemesis_log,
@@ -480,7 +500,7 @@ async fn nothing_is_lost_under_faults() {
             println!("  {v}");
         }
         for node in &nodes {
-            println!("\n-- {} log (tail) --\n{}", node.name, node.log_tail(20));
+            println!("\n-- {} log (tail) --\n{}", node.name, node.log_tail(12));
         }
         println!("\nhistories and logs: {} ({})", root.display(), if cfg.keep { "kept" } else { "set FAULT_KEEP=1 to keep them" });
     }

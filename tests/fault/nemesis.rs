@@ -101,8 +101,9 @@ pub struct NemesisLog {
     pub faults: Vec<Fault>,
     pub probes: Vec<Probe>,
     pub recoveries: Vec<Recovery>,
-    /// Things that are wrong whatever the history says (a fencegate that died on its own...).
-    pub violations: Vec<String>,
+    /// Things that are wrong whatever the history says, by rule: `5-leaked-transaction`,
+    /// `4-process` (a fencegate died on its own), `nemesis` (a fault could not be injected/healed).
+    pub violations: Vec<(&'static str, String)>,
 }
 
 pub struct WorkerRef {
@@ -222,9 +223,9 @@ fn holding(path: &std::path::Path) -> Option<u64> {
 }
 
 impl Nemesis<'_> {
-    fn violation(&self, msg: String) {
-        say(self.settings.t0_us, &format!("VIOLATION: {msg}"));
-        self.log.lock().unwrap().violations.push(msg);
+    fn violation(&self, rule: &'static str, msg: String) {
+        say(self.settings.t0_us, &format!("VIOLATION [{rule}]: {msg}"));
+        self.log.lock().unwrap().violations.push((rule, msg));
     }
 
     pub async fn run(&mut self, seed: u64) {
@@ -253,10 +254,10 @@ impl Nemesis<'_> {
         for i in 0..self.nodes.len() {
             if let Err(e) = self.nodes[i].check_alive() {
                 if self.nodes[i].starts > 0 && !e.contains("is not running") {
-                    self.violation(e);
+                    self.violation("4-process", e);
                 }
                 if let Err(e) = self.nodes[i].start().await {
-                    self.violation(format!("cannot restart {} after the fault phase: {e}", self.nodes[i].name));
+                    self.violation("4-process", format!("cannot restart {} after the fault phase: {e}", self.nodes[i].name));
                 }
             }
         }
@@ -332,9 +333,9 @@ impl Infra<'_, '_> {
         say(self.settings.t0_us, msg);
     }
 
-    fn violation(&self, msg: String) {
-        self.say(&format!("VIOLATION: {msg}"));
-        self.log.lock().unwrap().violations.push(msg);
+    fn violation(&self, rule: &'static str, msg: String) {
+        self.say(&format!("VIOLATION [{rule}]: {msg}"));
+        self.log.lock().unwrap().violations.push((rule, msg));
     }
 
     fn record(&self, kind: FaultKind, target: String, start_us: u64) {
@@ -345,9 +346,9 @@ impl Infra<'_, '_> {
     async fn check_nodes(&mut self) {
         for i in 0..self.nodes.len() {
             if let Err(e) = self.nodes[i].check_alive() {
-                self.violation(e);
+                self.violation("4-process", e);
                 if let Err(e) = self.nodes[i].start().await {
-                    self.violation(format!("cannot restart {}: {e}", self.nodes[i].name));
+                    self.violation("4-process", format!("cannot restart {}: {e}", self.nodes[i].name));
                 }
             }
         }
@@ -358,7 +359,7 @@ impl Infra<'_, '_> {
     async fn check_leaks(&self, after: &str) {
         match leaked_transactions(&self.settings.db_url).await {
             Ok(leaks) if leaks.is_empty() => {}
-            Ok(leaks) => self.violation(format!(
+            Ok(leaks) => self.violation("5-leaked-transaction", format!(
                 "after {after}: {} fencegate database session(s) left inside an open transaction: {}. \
                  A pooled connection went back to the pool mid-transaction: later statements on it are \
                  acknowledged without being committed and its row locks block every other writer",
@@ -411,7 +412,7 @@ impl Infra<'_, '_> {
                 self.nodes[i].name,
                 took.as_millis()
             )),
-            Err(e) => self.violation(format!("restart of {} failed: {e}", self.nodes[i].name)),
+            Err(e) => self.violation("4-process", format!("restart of {} failed: {e}", self.nodes[i].name)),
         }
         self.record(FaultKind::KillNode, self.nodes[i].name.clone(), start_us);
         // A fresh process must be ready at once (the database is up).
@@ -468,7 +469,7 @@ impl Infra<'_, '_> {
     async fn crash_pg(&mut self) {
         let outage = Duration::from_millis(self.rng.gen_range(1000..=3000));
         if let Err(e) = self.cluster.crash().await {
-            self.violation(format!("could not crash PostgreSQL: {e}"));
+            self.violation("nemesis", format!("could not crash PostgreSQL: {e}"));
             return;
         }
         let started = Instant::now();
@@ -488,7 +489,7 @@ impl Infra<'_, '_> {
             result = self.cluster.start().await;
         }
         if let Err(e) = result {
-            self.violation(format!("PostgreSQL did not come back: {e}"));
+            self.violation("nemesis", format!("PostgreSQL did not come back: {e}"));
             return;
         }
         let back = Instant::now();

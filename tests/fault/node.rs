@@ -134,8 +134,9 @@ impl Node {
         }
     }
 
+    /// The last `n` log lines, without terminal colour codes.
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default());
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
@@ -149,4 +150,22 @@ impl Node {
             .map(str::to_string)
             .collect()
     }
+}
+
+/// Removes `ESC [ ... letter` sequences (tracing colours its output even into a file).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
