@@ -13,7 +13,10 @@
 //! PostgreSQL (`jsonb_to_record`, with the catalog's type names); identifiers come only from the
 //! catalog-validated [`Resource`] and are quoted; every value is a bound parameter.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use serde_json::value::RawValue;
 use sqlx::{postgres::PgDatabaseError, PgConnection, Row};
@@ -90,10 +93,9 @@ impl Store {
     }
 
     pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
-        match self.backend() {
-            Backend::Postgres(pg) => pg.table_write(op, guard).await,
-            _ => Err(not_postgres()),
-        }
+        let pg = self.postgres()?;
+        let (op, guard) = (op.clone(), guard.clone());
+        detached(async move { pg.table_write(&op, &guard).await }).await
     }
 
     /// Applies every kv write and table op or none, under one token. A refused row names
@@ -105,17 +107,33 @@ impl Store {
         scope: Option<&Scope>,
         kv_rule: Rule,
     ) -> Result<Outcome<BatchWritten>, TableError> {
+        let pg = self.postgres()?;
+        let (ops, scope) = (ops.to_vec(), scope.cloned());
+        detached(async move { pg.batch_tables(&ops, token, scope.as_ref(), kv_rule).await }).await
+    }
+
+    pub async fn table_get(&self, resource: &Arc<Resource>, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+        let pg = self.postgres()?;
+        let (resource, key) = (resource.clone(), key.clone());
+        detached(async move { pg.table_get(&resource, &key).await }).await
+    }
+
+    fn postgres(&self) -> Result<PgStore, TableError> {
         match self.backend() {
-            Backend::Postgres(pg) => pg.batch_tables(ops, token, scope, kv_rule).await,
+            Backend::Postgres(pg) => Ok(pg.clone()),
             _ => Err(not_postgres()),
         }
     }
+}
 
-    pub async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
-        match self.backend() {
-            Backend::Postgres(pg) => pg.table_get(resource, key).await,
-            _ => Err(not_postgres()),
-        }
+/// Runs a table request's database work on its own task, to COMMIT or ROLLBACK, even if the
+/// request is dropped half-way (timeout, client gone): see `store::run_detached`.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, TableError>> + Send + 'static,
+) -> Result<T, TableError> {
+    match tokio::spawn(work).await {
+        Ok(result) => result,
+        Err(err) => Err(TableError::Store(StoreError::Task(err.to_string()))),
     }
 }
 
