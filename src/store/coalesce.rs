@@ -9,15 +9,19 @@
 //! - No timer: a worker takes whatever is queued the moment it is free, so a lone request is
 //!   sent at once, and batches grow only while the database is busy.
 //! - Bounded: at most `max_rows` writes per statement, and a bounded queue (callers wait).
-//! - A key that appears twice waits for the next statement (ON CONFLICT cannot touch a row twice
-//!   in one statement), so writes to one key still apply in arrival order.
+//! - A key that appears twice goes in the next statement (ON CONFLICT cannot touch a row twice
+//!   in one statement), so writes to one key still apply in arrival order; such statements run
+//!   in one transaction and share one commit, which is what makes a hot key fast.
 //! - If a combined statement fails for a reason other than the connection, its writes are
 //!   retried one by one, so one bad value cannot fail its neighbours.
 //! - 2xx only after commit: replies are sent after the statement (autocommit) returned.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
-use sqlx::{types::Json, PgPool, Row};
+use sqlx::{types::Json, PgConnection, PgPool, Row};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::StoreError;
@@ -101,51 +105,86 @@ async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, pool: PgPool, sql: Arc<Upse
             }
         }
         metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
-        // Rounds: each statement takes one write per (rule, key), in arrival order.
-        while !jobs.is_empty() {
-            let rule = jobs[0].rule;
-            let mut seen = HashSet::new();
-            let (round, rest): (Vec<Job>, Vec<Job>) =
-                jobs.into_iter().partition(|j| j.rule == rule && seen.insert(j.key.clone()));
-            jobs = rest;
-            run_round(&pool, &sql, rule, round).await;
-        }
+        run_rounds(&pool, &sql, split_rounds(jobs)).await;
     }
 }
 
-async fn run_round(pool: &PgPool, sql: &Upserts, rule: Rule, round: Vec<Job>) {
-    match execute(pool, sql, rule, &round).await {
+/// A statement's worth of writes: one rule, each key at most once.
+type Round = (Rule, Vec<Job>);
+
+/// Splits waiting writes into rounds, each taking one write per (rule, key) in arrival order,
+/// so writes to one key apply in the order they arrived.
+fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
+    let mut rounds = Vec::new();
+    while !jobs.is_empty() {
+        let rule = jobs[0].rule;
+        let mut seen = HashSet::new();
+        let (round, rest): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|j| j.rule == rule && seen.insert(j.key.clone()));
+        rounds.push((rule, round));
+        jobs = rest;
+    }
+    rounds
+}
+
+/// Applies the rounds and replies to every write, only after the commit.
+async fn run_rounds(pool: &PgPool, sql: &Upserts, rounds: Vec<Round>) {
+    let writes: usize = rounds.iter().map(|(_, jobs)| jobs.len()).sum();
+    match apply(pool, sql, &rounds).await {
         Ok(applied) => {
-            for job in round {
-                let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
+            for ((_, jobs), applied) in rounds.into_iter().zip(applied) {
+                for job in jobs {
+                    let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
+                }
             }
         }
-        Err(err) if round.len() > 1 && !matches!(err, StoreError::Unavailable(_)) => {
-            tracing::warn!(error = %err, rows = round.len(), "combined write failed; retrying its writes one by one");
-            for job in round {
-                let result = execute(pool, sql, rule, std::slice::from_ref(&job))
-                    .await
-                    .map(|applied| applied.get(job.key.as_str()).copied());
-                let _ = job.reply.send(result);
+        Err(err) if writes > 1 && !matches!(err, StoreError::Unavailable(_)) => {
+            tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
+            for (rule, jobs) in rounds {
+                for job in jobs {
+                    let alone = [(rule, vec![job])];
+                    let result = apply(pool, sql, &alone).await.map(|applied| applied[0].get(alone[0].1[0].key.as_str()).copied());
+                    let [(_, mut job)] = alone;
+                    if let Some(job) = job.pop() {
+                        let _ = job.reply.send(result);
+                    }
+                }
             }
         }
         Err(err) => {
-            for job in round {
+            for job in rounds.into_iter().flat_map(|(_, jobs)| jobs) {
                 let _ = job.reply.send(Err(err.duplicate()));
             }
         }
     }
 }
 
+/// One round: a single autocommit statement. Several rounds (a key written more than once
+/// while the database was busy, e.g. a hot key): one transaction, so they share one commit
+/// instead of paying an fsync each. Returns, per round, the version of every key applied.
+async fn apply(pool: &PgPool, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+    if let [(rule, jobs)] = rounds {
+        let mut conn = pool.acquire().await?;
+        return Ok(vec![execute(&mut conn, sql, *rule, jobs).await?]);
+    }
+    let mut tx = pool.begin().await?;
+    let mut applied = Vec::with_capacity(rounds.len());
+    for (rule, jobs) in rounds {
+        applied.push(execute(&mut tx, sql, *rule, jobs).await?);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
 /// Runs the statement for `jobs`; returns the version of every key it applied.
-async fn execute(pool: &PgPool, sql: &Upserts, rule: Rule, jobs: &[Job]) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+async fn execute(conn: &mut PgConnection, sql: &Upserts, rule: Rule, jobs: &[Job]) -> Result<HashMap<String, i64>, StoreError> {
     if let [job] = jobs {
         let version: Option<i64> = sqlx::query_scalar(sql.single_for_rule(rule))
             .bind(job.key.as_str())
             .bind(job.value.as_ref().map(Json))
             .bind(job.value.is_none())
             .bind(job.token.get())
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
         return Ok(version.map(|v| (job.key.as_str().to_owned(), v)).into_iter().collect());
     }
@@ -153,8 +192,8 @@ async fn execute(pool: &PgPool, sql: &Upserts, rule: Rule, jobs: &[Job]) -> Resu
     let values: Vec<Option<Json<&serde_json::Value>>> = jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
-    let rows = sqlx::query(sql.for_rule(rule)).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(pool).await?;
-    let mut applied = std::collections::HashMap::with_capacity(rows.len());
+    let rows = sqlx::query(sql.for_rule(rule)).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(&mut *conn).await?;
+    let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
         applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
     }
