@@ -271,3 +271,26 @@ async fn strings_with_nul_and_unusual_escapes_are_values_like_any_other() {
         }
     }
 }
+
+/// Numbers in values are kept digit for digit, beyond i64/u64/f64: a proxy must not round
+/// what it stores (JSON parsers that go through f64 would turn these into approximations).
+#[tokio::test]
+async fn numbers_in_values_round_trip_exactly() {
+    let app = crate::helpers::spawn_app().await;
+    let key = crate::helpers::unique("big");
+    let body = r#"{"n":123456789012345678901234567890,"u":18446744073709551616,"f":0.1000000000000000055511151231257827,"neg":-9223372036854775809}"#;
+    let resp = app
+        .send(
+            app.req(reqwest::Method::PUT, &crate::helpers::kv(&key))
+                .header(crate::helpers::TOKEN, "1")
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await;
+    resp.expect(201);
+    let got = app.kv_get(&key).await;
+    got.expect(200);
+    for digits in ["123456789012345678901234567890", "18446744073709551616", "0.1000000000000000055511151231257827", "-9223372036854775809"] {
+        assert!(got.text.contains(digits), "{digits} was not kept exactly: {}", got.text);
+    }
+}
