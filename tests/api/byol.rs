@@ -9,7 +9,6 @@
 //!
 //! Nothing here skips. A missing binary is a failure that names the Debian package to install.
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -22,6 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 
 use crate::helpers::{self, spawn_app, unique, TestApp};
+use crate::support_pg::{free_port, shell_quote, watchdog};
 
 /// How long a lock service may take to start and answer its health check.
 const STARTUP: Duration = Duration::from_secs(30);
@@ -63,17 +63,6 @@ fn example(name: &str) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("cannot bind an ephemeral port on 127.0.0.1")
-        .port()
-}
-
-fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Throwaway lock-service servers
 
@@ -106,23 +95,9 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
 
-        // The watchdog is in its own process group, so a Ctrl-C aimed at the test run does
-        // not kill it before it has cleaned up.
-        let script = format!(
-            "while kill -0 {test} 2>/dev/null; do kill -0 {srv} 2>/dev/null || exit 0; sleep 1; done; \
-             kill -9 {srv} 2>/dev/null; rm -rf {dir}",
-            test = std::process::id(),
-            srv = child.id(),
-            dir = shell_quote(dir.path()),
-        );
-        std::process::Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("cannot spawn the server watchdog (sh)");
+        // Once the test binary is gone without dropping this (SIGKILL), kill the server.
+        let cleanup = format!("kill -9 {srv} 2>/dev/null; rm -rf {dir}", srv = child.id(), dir = shell_quote(dir.path()));
+        watchdog(&cleanup, Some(child.id()));
 
         Server {
             name,

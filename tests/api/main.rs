@@ -3,6 +3,8 @@
 
 mod helpers;
 mod pg;
+#[path = "../support/postgres.rs"]
+mod support_pg;
 
 /// This binary runs on PostgreSQL (see tests/sqlite for the embedded backend).
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;

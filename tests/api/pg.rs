@@ -9,12 +9,12 @@
 //! its own runtime and nothing async may be shared between them. Per-test work (CREATE DATABASE)
 //! uses a short-lived connection owned by the calling test's runtime.
 
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use sqlx::{Connection, Executor, PgConnection};
+
+use crate::support_pg;
 
 /// Admin URL of the server the per-test databases are created on.
 fn admin_url() -> &'static str {
@@ -140,158 +140,18 @@ fn redact(url: &str) -> String {
 const NOT_FOUND: &str = "PostgreSQL server binaries not found: install them \
      (Debian: apt-get install postgresql) or set DATABASE_URL";
 
-/// Directory holding `initdb`, `pg_ctl`, `postgres`.
-fn pg_bindir() -> PathBuf {
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-        if out.status.success() {
-            let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            if dir.join("initdb").is_file() {
-                return dir;
-            }
-        }
-    }
-    // Debian/Ubuntu layout: /usr/lib/postgresql/<major>/bin, newest major wins.
-    let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let major: u32 = entry.file_name().to_str()?.split('.').next()?.parse().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("initdb").is_file().then_some((major, bin))
-        })
-        .collect();
-    candidates.sort();
-    match candidates.pop() {
-        Some((_, bin)) => bin,
-        None => panic!("{NOT_FOUND}"),
-    }
-}
-
-fn is_root() -> bool {
-    // /proc/self is owned by the effective uid of this process (Linux), no extra dependency needed.
-    use std::os::unix::fs::MetadataExt;
-    static ROOT: OnceLock<bool> = OnceLock::new();
-    *ROOT.get_or_init(|| std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false))
-}
-
-/// A command for a PostgreSQL server binary; as root it runs as the `postgres` user,
-/// because initdb and pg_ctl refuse to run as root.
-fn pg_command(bin: &Path) -> Command {
-    if is_root() {
-        let mut cmd = Command::new("runuser");
-        cmd.args(["-u", "postgres", "--"]).arg(bin);
-        cmd
-    } else {
-        Command::new(bin)
-    }
-}
-
-fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("cannot bind an ephemeral port on 127.0.0.1")
-        .port()
-}
-
-fn run(mut cmd: Command, what: &str, log: &Path) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    if !out.status.success() {
-        let server_log = std::fs::read_to_string(log).unwrap_or_default();
-        panic!(
-            "{what} failed ({}):\nstdout: {}\nstderr: {}\nserver log:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            server_log
-        );
-    }
-}
-
 /// Starts a throwaway cluster and returns its admin URL. Runs once per test binary.
 fn start_throwaway_cluster() -> String {
-    let bindir = pg_bindir();
-    let initdb = bindir.join("initdb");
-    let pg_ctl = bindir.join("pg_ctl");
-    if !initdb.is_file() || !pg_ctl.is_file() {
-        panic!("{NOT_FOUND}");
-    }
-
+    let bindir = support_pg::bindir(None, NOT_FOUND);
     let root = tempfile::Builder::new()
         .prefix("fencegate-pg-")
         .tempdir()
         .expect("cannot create a temporary directory for the throwaway cluster")
-        // The watchdog below owns the cleanup: it must outlive this process.
+        // The cluster's watchdog owns the cleanup: it must outlive this process.
         .keep();
-    let data = root.join("data");
-    let log = root.join("server.log");
-
-    // Tear-down first, so that even a failed start leaves nothing behind. The watchdog is in its
-    // own process group: a Ctrl-C aimed at the test run does not kill it before it cleans up.
-    let stop = if is_root() {
-        format!("runuser -u postgres -- {}", shell_quote(&pg_ctl))
-    } else {
-        shell_quote(&pg_ctl)
-    };
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
-         {stop} -D {data} stop -m immediate >/dev/null 2>&1; rm -rf {root}",
-        pid = std::process::id(),
-        data = shell_quote(&data),
-        root = shell_quote(&root),
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("cannot spawn the cluster watchdog (sh)");
-
-    if is_root() {
-        let status = Command::new("chown")
-            .args(["-R", "postgres:"])
-            .arg(&root)
-            .status()
-            .expect("cannot run chown");
-        assert!(
-            status.success(),
-            "chown of {} to postgres failed: running as root needs a `postgres` user \
-             (Debian: apt-get install postgresql) or set DATABASE_URL",
-            root.display()
-        );
-    }
-
-    let mut cmd = pg_command(&initdb);
-    cmd.arg("-D")
-        .arg(&data)
-        .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]);
-    run(cmd, "initdb", &log);
-
-    let port = free_port();
-    let opts = format!(
-        "-c listen_addresses=127.0.0.1 -p {port} -k {sock} -c fsync=off -c synchronous_commit=off \
-         -c full_page_writes=off -c max_connections=400",
-        sock = shell_quote(&root),
-    );
-    let mut cmd = pg_command(&pg_ctl);
-    cmd.arg("-D")
-        .arg(&data)
-        .arg("-l")
-        .arg(&log)
-        .args(["-w", "-t", "60", "-o", &opts, "start"])
-        .process_group(0);
-    run(cmd, "pg_ctl start", &log);
-
-    format!("postgres://postgres@127.0.0.1:{port}/postgres")
+    let settings = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400";
+    let cleanup = format!("rm -rf {}", support_pg::shell_quote(&root));
+    support_pg::Cluster::new(&bindir, &root, settings, &cleanup, " or set DATABASE_URL").url()
 }
 
 /// A new SQLite file in this run's scratch directory (removed by a watchdog once this process
@@ -301,19 +161,7 @@ fn fresh_sqlite_database() -> String {
     let dir = DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("fencegate-sqlite-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the SQLite scratch directory");
-        let watchdog = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; rm -rf {dir}",
-            pid = std::process::id(),
-            dir = shell_quote(&dir)
-        );
-        Command::new("sh")
-            .args(["-c", &watchdog])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("spawn the scratch-directory watchdog");
+        support_pg::watchdog(&format!("rm -rf {}", support_pg::shell_quote(&dir)), None);
         dir
     });
     format!("sqlite://{}/{}.sqlite", dir.display(), uuid::Uuid::new_v4().simple())

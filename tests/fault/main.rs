@@ -36,6 +36,8 @@ mod history;
 mod nemesis;
 mod node;
 mod proxy;
+#[path = "../support/postgres.rs"]
+mod support_pg;
 mod worker;
 
 use std::path::{Path, PathBuf};

@@ -8,6 +8,8 @@
 mod helpers;
 #[path = "../api/pg.rs"]
 mod pg;
+#[path = "../support/postgres.rs"]
+mod support_pg;
 
 pub const BACKEND: pg::Backend = pg::Backend::Sqlite;
 

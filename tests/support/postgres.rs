@@ -1,0 +1,196 @@
+//! Shared by the test binaries (`#[path]`-included as `support_pg` by tests/api, tests/sqlite and
+//! tests/fault): a throwaway PostgreSQL cluster, and the detached watchdog that cleans up after a
+//! test process even if it is killed.
+//!
+//! A cluster is initdb + pg_ctl on a free port in a directory of its own, as the `postgres` user
+//! when run as root (initdb and pg_ctl refuse to run as root). It is driven synchronously with
+//! `std::process`; async callers turn the returned commands into `tokio::process::Command`s.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// Directory holding `initdb`, `pg_ctl`, `postgres`: `preset` if given, else pg_config's, else the
+/// newest /usr/lib/postgresql/<major>/bin. Panics with `not_found` (what to install) otherwise.
+pub fn bindir(preset: Option<PathBuf>, not_found: &str) -> PathBuf {
+    let has_initdb = |dir: &PathBuf| dir.join("initdb").is_file();
+    let pg_config = || {
+        let out = Command::new("pg_config").arg("--bindir").output().ok()?;
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        (out.status.success() && has_initdb(&dir)).then_some(dir)
+    };
+    // Debian/Ubuntu layout: /usr/lib/postgresql/<major>/bin, newest major wins.
+    let debian = || {
+        let mut candidates: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let major: u32 = entry.file_name().to_str()?.split('.').next()?.parse().ok()?;
+                let bin = entry.path().join("bin");
+                has_initdb(&bin).then_some((major, bin))
+            })
+            .collect();
+        candidates.sort();
+        candidates.pop().map(|(_, bin)| bin)
+    };
+    match preset.or_else(pg_config).or_else(debian) {
+        Some(dir) if ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file()) => dir,
+        Some(dir) => panic!("{not_found} (looked in {})", dir.display()),
+        None => panic!("{not_found}"),
+    }
+}
+
+pub fn is_root() -> bool {
+    // /proc/self is owned by the effective uid of this process (Linux), no extra dependency needed.
+    use std::os::unix::fs::MetadataExt;
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false))
+}
+
+/// A command for a PostgreSQL server binary; as root it runs as the `postgres` user,
+/// because initdb and pg_ctl refuse to run as root.
+pub fn pg_command(bin: &Path) -> Command {
+    let mut cmd = if is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(bin);
+        cmd
+    } else {
+        Command::new(bin)
+    };
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+pub fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("cannot bind an ephemeral port on 127.0.0.1")
+        .port()
+}
+
+/// Spawns a detached `sh` that waits until this test process is gone, then runs the shell commands
+/// `cleanup`: it cleans up even after a SIGKILL. With `Some(pid)` it exits without cleaning up as
+/// soon as process `pid` is gone (the test cleaned up itself, and the pid may be reused). The
+/// watchdog is in its own process group: a Ctrl-C aimed at the test run does not kill it before it
+/// cleans up.
+pub fn watchdog(cleanup: &str, unless_gone: Option<u32>) {
+    let early = unless_gone.map(|pid| format!("kill -0 {pid} 2>/dev/null || exit 0; ")).unwrap_or_default();
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do {early}sleep 1; done; {cleanup}",
+        pid = std::process::id()
+    );
+    // Never waited for: it must outlive this process.
+    #[allow(clippy::zombie_processes)]
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("cannot spawn a watchdog (sh)");
+}
+
+/// The outcome of running a PostgreSQL command: on failure, what it said and the server log's tail.
+pub fn check(what: &str, out: std::io::Result<Output>, log: &Path) -> Result<(), String> {
+    let out = out.map_err(|e| format!("cannot run {what}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let server_log = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: String = server_log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    Err(format!(
+        "{what} failed ({}):\nstdout: {}\nstderr: {}\nserver log (tail):\n{tail}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    ))
+}
+
+/// A cluster in `dir` (`dir/data`, `dir/server.log`, the socket), listening on 127.0.0.1:`port`,
+/// the same port after every restart.
+pub struct Cluster {
+    pub port: u16,
+    pub log: PathBuf,
+    data: PathBuf,
+    pg_ctl: PathBuf,
+    opts: String,
+}
+
+impl Cluster {
+    /// initdb + start on a free port; panics with what went wrong. `settings`: server options
+    /// (`-c name=value ...`). Once this process is gone, a watchdog stops the cluster and runs
+    /// `cleanup` (shell). `hint` ends the message when root has no `postgres` user to run it as.
+    pub fn new(bindir: &Path, dir: &Path, settings: &str, cleanup: &str, hint: &str) -> Cluster {
+        let pg_ctl = bindir.join("pg_ctl");
+        let data = dir.join("data");
+        let log = dir.join("server.log");
+
+        // Tear-down first, so that even a failed start leaves nothing behind.
+        let stop = if is_root() {
+            format!("runuser -u postgres -- {}", shell_quote(&pg_ctl))
+        } else {
+            shell_quote(&pg_ctl)
+        };
+        watchdog(&format!("{stop} -D {} stop -m immediate >/dev/null 2>&1; {cleanup}", shell_quote(&data)), None);
+
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir)
+                .status()
+                .expect("cannot run chown");
+            assert!(
+                status.success(),
+                "chown of {} to postgres failed: running as root needs a `postgres` user \
+                 (Debian: apt-get install postgresql){hint}",
+                dir.display()
+            );
+        }
+
+        let mut cmd = pg_command(&bindir.join("initdb"));
+        cmd.arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]);
+        check("initdb", cmd.output(), &log).unwrap_or_else(|e| panic!("{e}"));
+
+        let port = free_port();
+        let opts = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}", shell_quote(dir));
+        let cluster = Cluster { port, log, data, pg_ctl, opts };
+        check("pg_ctl start", cluster.start_command().output(), &cluster.log).unwrap_or_else(|e| panic!("{e}"));
+        cluster
+    }
+
+    /// Admin URL (database `postgres`) straight to the server.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `pg_ctl start -w`: done once the server accepts connections (after crash recovery).
+    pub fn start_command(&self) -> Command {
+        let mut cmd = pg_command(&self.pg_ctl);
+        cmd.arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(&self.log)
+            .args(["-w", "-t", "60", "-o", &self.opts, "start"]);
+        // The postmaster outlives pg_ctl: keep it out of our process group and Ctrl-C.
+        cmd.process_group(0);
+        cmd
+    }
+
+    /// `pg_ctl stop -m <mode>`; `immediate` is a crash: every server process quits at once, no
+    /// checkpoint, and the next start runs crash recovery.
+    pub fn stop_command(&self, mode: &str) -> Command {
+        let mut cmd = pg_command(&self.pg_ctl);
+        cmd.arg("-D").arg(&self.data).args(["-w", "-t", "30", "stop", "-m", mode]);
+        cmd
+    }
+}
