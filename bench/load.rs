@@ -116,7 +116,7 @@ struct Settings {
 
 impl Settings {
     fn runs(&self, id: &str) -> bool {
-        self.only.as_ref().map_or(true, |only| only.iter().any(|o| o == id))
+        self.only.as_ref().is_none_or(|only| only.iter().any(|o| o == id))
     }
 }
 
