@@ -7,8 +7,8 @@
 //! 2. for each step, resets the table to 10 000 live keys, then drives fencegate with N tokio
 //!    tasks, each on ONE keep-alive HTTP/1.1 connection (hyper, no pool in between), doing
 //!    `PUT /v1/kv/{key}` with a token from a global, increasing counter;
-//! 3. runs pgbench with the identical fenced statement (fencegate's `put_key`, read from
-//!    src/store/postgres.rs) at the same concurrency against the same database;
+//! 3. runs pgbench with the identical fenced statement (`fencegate::store::kv_put_sql`, the
+//!    function the store itself builds it with) at the same concurrency against the same database;
 //! 4. adds a hot-key run, a 90% GET / 10% PUT mix and an RSS soak, and prints one markdown table.
 //!
 //! Environment: `DATABASE_URL` (admin URL), `BENCH_SECONDS` (per step, default 10),
@@ -59,28 +59,6 @@ const MAX_REQUESTS_PER_TASK: u64 = 5_000_000;
 /// is stable within a statement, so both uses of `$4` (key_fence, fence_token) get one value, as
 /// they do when fencegate binds one token; and it grows over time, so writes are accepted.
 const PGBENCH_TOKEN: &str = "(extract(epoch from statement_timestamp()) * 1000000)::bigint";
-
-/// fencegate's unscoped, inclusive (`kv.strict = false`) `put_key`, as of this bench's writing.
-/// Used only if it cannot be read from src/store/postgres.rs (then a warning says so).
-const PUT_KEY_FALLBACK: &str = "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
-     VALUES ($1, $2, $3, $4, $4, NULL)
-     ON CONFLICT (key) DO UPDATE SET
-        value = EXCLUDED.value,
-        deleted = EXCLUDED.deleted,
-        fence_token = EXCLUDED.fence_token,
-        scope = EXCLUDED.scope,
-        key_fence = GREATEST(kv.key_fence, EXCLUDED.key_fence),
-        version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END,
-        updated_at = now()
-     WHERE kv.key_fence <= EXCLUDED.key_fence
-     RETURNING version";
-
-/// fencegate's GET statement (`PgStore::get`), with `utc!("updated_at")` expanded. The format's
-/// colons are `chr(58)`: pgbench would take `:MI` for a variable. chr() is immutable, so the
-/// planner folds it into the same constant once per prepared statement.
-const GET_SQL: &str = "SELECT value, fence_token, scope, version, \
-     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24' || chr(58) || 'MI' || chr(58) || 'SS.MS\"Z\"') \
-     FROM fencegate_kv WHERE key = $1 AND NOT deleted";
 
 fn main() {
     // `cargo test --all-targets` runs bench targets without `--bench`: do nothing then.
@@ -309,51 +287,6 @@ async fn version_sum(db: &mut PgConnection) -> Result<i64> {
 // ---------------------------------------------------------------------------------------------
 // The statement pgbench runs
 
-/// fencegate's `put_key` for the inclusive rule, read from the source so the comparison stays
-/// honest when the statement changes. Returns (sql with $1..$4, where it came from).
-fn fencegate_put_key() -> (String, String) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/postgres.rs");
-    match extract_put_key(&path) {
-        Ok(sql) => (sql, format!("{} (Statements::new -> put_key, rule Inclusive)", path.display())),
-        Err(e) => {
-            eprintln!(
-                "WARNING: could not read put_key from {}: {e:#}\n         pgbench uses the bench's own copy of the statement, which may be out of date",
-                path.display()
-            );
-            (PUT_KEY_FALLBACK.to_owned(), "bench/load.rs PUT_KEY_FALLBACK (source not readable!)".into())
-        }
-    }
-}
-
-fn extract_put_key(path: &Path) -> Result<String> {
-    let src = std::fs::read_to_string(path)?;
-    let literal_after = |marker: &str| -> Result<String> {
-        let at = src.find(marker).with_context(|| format!("{marker:?} not found"))? + marker.len();
-        let open = at + src[at..].find('"').context("no string literal")? + 1;
-        let close = open + src[open..].find('"').context("unterminated string literal")?;
-        let text = &src[open..close];
-        if text.ends_with('\\') {
-            bail!("escaped quote in the literal after {marker:?}");
-        }
-        Ok(text.to_owned())
-    };
-    let on_conflict = literal_after("const KV_ON_CONFLICT: &str =")?;
-    let put_key = literal_after("let put_key = format!(")?;
-    let sql = put_key.replace("{KV_ON_CONFLICT}", &on_conflict).replace("{op}", "<=");
-    if sql.contains('{') || sql.contains('}') {
-        bail!("put_key has a placeholder this bench does not know: {sql}");
-    }
-    for needle in ["INSERT INTO fencegate_kv", "$1", "$2", "$3", "$4", "ON CONFLICT"] {
-        if !sql.contains(needle) {
-            bail!("put_key no longer contains {needle:?}: {sql}");
-        }
-    }
-    if sql.contains("$5") {
-        bail!("put_key has a fifth parameter this bench does not bind: {sql}");
-    }
-    Ok(sql)
-}
-
 fn one_line(sql: &str) -> String {
     sql.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -376,7 +309,11 @@ fn pgbench_scripts(put_key: &str, dir: &Path) -> Result<(PathBuf, PathBuf, PathB
     let hot = dir.join("put_hot.sql");
     std::fs::write(&hot, format!("\\set k {HOT_KEY}\n{put}"))?;
     let mix = dir.join("mix.sql");
-    let get = GET_SQL.replace("$1", ":k");
+    // pgbench would take `:MI` in the to_char format for a variable: spell the colons chr(58),
+    // which the planner folds into the same constant once per prepared statement.
+    let get = one_line(fencegate::store::KV_GET)
+        .replace("HH24:MI:SS", "HH24' || chr(58) || 'MI' || chr(58) || 'SS")
+        .replace("$1", ":k");
     std::fs::write(
         &mix,
         format!("\\set k random(1, {KEYS})\n\\set r random(1, 100)\n\\if :r <= 90\n{get};\n\\else\n{put}\\endif\n"),
@@ -892,14 +829,15 @@ async fn run() -> Result<()> {
 }
 
 async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnection) -> Result<()> {
-    let (put_key, put_key_source) = fencegate_put_key();
+    // The very statement fencegate runs for an unscoped PUT (kv.strict = false).
+    let put_key = fencegate::store::kv_put_sql(fencegate::fence::Rule::Inclusive);
     let (script_random, script_hot, script_mix) = pgbench_scripts(&put_key, &s.out_dir)?;
 
     println!("fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s", s.step.as_secs(), s.warmup.as_secs_f64(), s.soak.as_secs());
     println!("  binary   {}", env!("CARGO_BIN_EXE_fencegate"));
     println!("  pgbench  {} ({})", s.pgbench.display(), m.pgbench_version);
     println!("  database {}", redact(db_url));
-    println!("  pgbench statement from {put_key_source}:\n    {}", std::fs::read_to_string(&script_random)?.trim().replace('\n', "\n    "));
+    println!("  pgbench statement (fencegate::store::kv_put_sql):\n    {}", std::fs::read_to_string(&script_random)?.trim().replace('\n', "\n    "));
     println!("  files    {}", s.out_dir.display());
 
     let fg = start_fencegate(db_url, &s.out_dir).await?;

@@ -18,7 +18,7 @@ use crate::{
     locks::{Acquired, Held, Ttl},
 };
 
-pub use postgres::PgStore;
+pub use postgres::{kv_put_sql, PgStore, KV_GET};
 pub use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 

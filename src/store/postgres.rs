@@ -63,6 +63,19 @@ fn scope_claim_cte(op: &str, scope_param: &str, token_param: &str) -> String {
     )
 }
 
+/// Reads a live value: `$1` key.
+pub const KV_GET: &str = concat!(
+    "SELECT value, fence_token, scope, version, ", utc!("updated_at"),
+    " FROM fencegate_kv WHERE key = $1 AND NOT deleted"
+);
+
+/// The fenced single-key upsert of an unscoped write (`$1` key, `$2` value, `$3` deleted,
+/// `$4` token): the statement fencegate runs for `PUT /v1/kv/{key}`. Public so the load bench
+/// runs exactly this against PostgreSQL directly.
+pub fn kv_put_sql(rule: Rule) -> String {
+    Statements::new(rule).put_key
+}
+
 /// The fenced statements for one rule, built once from fixed text (no request data).
 struct Statements {
     /// $1 key, $2 value, $3 deleted, $4 token
@@ -379,10 +392,7 @@ impl PgStore {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let row = sqlx::query(
-            concat!("SELECT value, fence_token, scope, version, ", utc!("updated_at"),
-                " FROM fencegate_kv WHERE key = $1 AND NOT deleted"),
-        )
+        let row = sqlx::query(KV_GET)
         .bind(key.as_str())
         .fetch_optional(&self.pool)
         .await?;
