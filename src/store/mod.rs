@@ -199,6 +199,14 @@ pub(crate) fn sql_fence_op(rule: Rule) -> &'static str {
     }
 }
 
+/// The refusal by `scope`'s fence, explained with the fence read after the refused statement
+/// (fences never go down, so the value read still refuses the token).
+pub(crate) fn scope_refusal(scope: &Scope, current: Option<FencingToken>, token: FencingToken, rule: Rule) -> Result<Stale, StoreError> {
+    let current = current
+        .ok_or_else(|| StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence")))?;
+    Ok(Stale::reported(rule, token, current, Fenced::Scope(scope.clone())))
+}
+
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
     FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
 }
@@ -274,7 +282,13 @@ impl Store {
             return Ok(Outcome::Stale(vec![stale]));
         }
         let owned_scope = scope.clone();
-        let outcome = detached!(self, b => b.claim(&owned_scope, token).await)?;
+        let outcome = detached!(self, b => match b.claim(&owned_scope, token).await? {
+            Some(claimed) => Ok(Outcome::Accepted(claimed)),
+            None => {
+                let current = b.fence(&owned_scope).await?;
+                Ok(Outcome::Stale(vec![scope_refusal(&owned_scope, current, token, Rule::Inclusive)?]))
+            }
+        })?;
         self.learn(&outcome, &fence, token);
         Ok(outcome)
     }
@@ -296,14 +310,22 @@ impl Store {
         Ok(acquired)
     }
 
+    /// Extends the lease if `token` still holds it; else who holds the lock now, if anyone.
     pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
         let name = name.clone();
-        detached!(self, b => b.renew(&name, token, ttl).await)
+        detached!(self, b => match b.renew(&name, token, ttl).await? {
+            Some(lease) => Ok(Held::Yes(lease)),
+            None => Ok(Held::Lost { current: b.holder(&name).await? }),
+        })
     }
 
+    /// Frees the lock if `token` still holds it; else who holds the lock now, if anyone.
     pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
         let name = name.clone();
-        detached!(self, b => b.release(&name, token).await)
+        detached!(self, b => match b.release(&name, token).await? {
+            Some(lease) => Ok(Held::Yes(lease)),
+            None => Ok(Held::Lost { current: b.holder(&name).await? }),
+        })
     }
 
     /// (open, idle) connections, for the pool gauges.

@@ -20,12 +20,12 @@ use sqlx::{
 
 use super::{
     coalesce::{Coalescer, Upserts},
-    sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
+    scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
 };
 use crate::{
     config::DatabaseSettings,
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
-    locks::{Acquired, Held, Holder, Lease, Ttl},
+    locks::{Acquired, Holder, Lease, Ttl},
 };
 
 /// A timestamptz column as RFC 3339 UTC text, as the API shows it.
@@ -363,10 +363,7 @@ impl PgStore {
     pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
         match &guard.target {
             Target::Scope(scope) => {
-                let current = self.fence(scope).await?.ok_or_else(|| {
-                    StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence"))
-                })?;
-                Ok(vec![Stale::reported(guard.rule, guard.token, current, Fenced::Scope(scope.clone()))])
+                Ok(vec![scope_refusal(scope, self.fence(scope).await?, guard.token, guard.rule)?])
             }
             Target::Key => {
                 let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
@@ -407,19 +404,14 @@ impl PgStore {
         }))
     }
 
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+    /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
         let version: Option<i64> = sqlx::query_scalar(CLAIM)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
             .await?;
-        match version {
-            Some(version) => Ok(Outcome::Accepted(Claimed { created: version == 1 })),
-            None => {
-                let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
-                Ok(Outcome::Stale(self.refusal(&[], &guard).await?))
-            }
-        }
+        Ok(version.map(|version| Claimed { created: version == 1 }))
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
@@ -516,35 +508,31 @@ impl PgStore {
         )))
     }
 
-    async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
+    pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
         let row = sqlx::query(HOLDER).bind(name.as_str()).fetch_optional(&self.pool).await?;
         row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
     }
 
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
+    /// `None` if `token` does not hold the lease (expired, released, taken over).
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Option<Lease>, StoreError> {
         let row = sqlx::query(RENEW)
             .bind(name.as_str())
             .bind(token.get())
             .bind(ttl.ms())
             .fetch_optional(&self.pool)
             .await?;
-        self.held(name, token, row).await
+        lease_from(name, token, row)
     }
 
-    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
+    /// `None` if `token` does not hold the lease.
+    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Option<Lease>, StoreError> {
         let row = sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).fetch_optional(&self.pool).await?;
-        self.held(name, token, row).await
+        lease_from(name, token, row)
     }
+}
 
-    async fn held(&self, name: &Scope, token: FencingToken, row: Option<sqlx::postgres::PgRow>) -> Result<Held, StoreError> {
-        match row {
-            Some(row) => Ok(Held::Yes(Lease {
-                name: name.clone(),
-                owner: row.try_get(0)?,
-                token,
-                expires_at: row.try_get(1)?,
-            })),
-            None => Ok(Held::Lost { current: self.holder(name).await? }),
-        }
-    }
+/// A lease from a RENEW/RELEASE row (owner, expires_at).
+fn lease_from(name: &Scope, token: FencingToken, row: Option<sqlx::postgres::PgRow>) -> Result<Option<Lease>, StoreError> {
+    row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
+        .transpose()
 }

@@ -14,11 +14,11 @@ use sqlx::{
     Row, SqliteConnection, SqlitePool,
 };
 
-use super::{sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
+use super::{scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
 use crate::{
     config::DatabaseSettings,
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
-    locks::{Acquired, Held, Holder, Lease, Ttl},
+    locks::{Acquired, Holder, Lease, Ttl},
 };
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -218,10 +218,7 @@ impl SqliteStore {
     async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
         match &guard.target {
             Target::Scope(scope) => {
-                let current = self.fence(scope).await?.ok_or_else(|| {
-                    StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence"))
-                })?;
-                Ok(vec![Stale::reported(guard.rule, guard.token, current, Fenced::Scope(scope.clone()))])
+                Ok(vec![scope_refusal(scope, self.fence(scope).await?, guard.token, guard.rule)?])
             }
             Target::Key => {
                 let mut stale = Vec::with_capacity(keys.len());
@@ -256,19 +253,14 @@ impl SqliteStore {
         }))
     }
 
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+    /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
         let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
             .await?;
-        match version {
-            Some(version) => Ok(Outcome::Accepted(Claimed { created: version == 1 })),
-            None => {
-                let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
-                Ok(Outcome::Stale(self.refusal(&[], &guard).await?))
-            }
-        }
+        Ok(version.map(|version| Claimed { created: version == 1 }))
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
@@ -319,7 +311,7 @@ impl SqliteStore {
         Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at: row.try_get(1)? }))
     }
 
-    async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
+    pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
         let sql = format!(
             "SELECT owner, max(0, expires_at_ms - {NOW_MS}) FROM fencegate_locks
              WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
@@ -328,7 +320,8 @@ impl SqliteStore {
         row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
     }
 
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
+    /// `None` if `token` does not hold the lease (expired, released, taken over).
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Option<Lease>, StoreError> {
         let sql = format!(
             "UPDATE fencegate_locks SET expires_at_ms = {NOW_MS} + ?3
              WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
@@ -336,10 +329,12 @@ impl SqliteStore {
             ms_to_text("expires_at_ms")
         );
         let row = sqlx::query(&sql).bind(name.as_str()).bind(token.get()).bind(ttl.ms()).fetch_optional(&self.pool).await?;
-        self.held(name, token, row).await
+        row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
+            .transpose()
     }
 
-    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
+    /// `None` if `token` does not hold the lease.
+    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let sql = format!(
             "SELECT owner FROM fencegate_locks WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
@@ -347,7 +342,7 @@ impl SqliteStore {
         let owner: Option<String> = sqlx::query_scalar(&sql).bind(name.as_str()).bind(token.get()).fetch_optional(&mut *tx).await?;
         let Some(owner) = owner else {
             tx.rollback().await?;
-            return Ok(Held::Lost { current: self.holder(name).await? });
+            return Ok(None);
         };
         sqlx::query("UPDATE fencegate_locks SET owner = NULL, expires_at_ms = NULL WHERE name = ?1")
             .bind(name.as_str())
@@ -355,13 +350,6 @@ impl SqliteStore {
             .await?;
         let now: String = sqlx::query_scalar(&format!("SELECT {NOW_TEXT}")).fetch_one(&mut *tx).await?;
         tx.commit().await?;
-        Ok(Held::Yes(Lease { name: name.clone(), owner, token, expires_at: now }))
-    }
-
-    async fn held(&self, name: &Scope, token: FencingToken, row: Option<sqlx::sqlite::SqliteRow>) -> Result<Held, StoreError> {
-        match row {
-            Some(row) => Ok(Held::Yes(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? })),
-            None => Ok(Held::Lost { current: self.holder(name).await? }),
-        }
+        Ok(Some(Lease { name: name.clone(), owner, token, expires_at: now }))
     }
 }
