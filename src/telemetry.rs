@@ -121,5 +121,6 @@ pub fn record_pool(store: &Store) {
     let (open, idle) = store.pool_stats();
     metrics::gauge!("fencegate_db_pool_connections", "state" => "open").set(f64::from(open));
     metrics::gauge!("fencegate_db_pool_connections", "state" => "idle").set(idle as f64);
-    metrics::gauge!("fencegate_db_pool_connections", "state" => "in_use").set(f64::from(open).max(idle as f64) - idle as f64);
+    let in_use = (open as usize).saturating_sub(idle);
+    metrics::gauge!("fencegate_db_pool_connections", "state" => "in_use").set(in_use as f64);
 }

@@ -130,7 +130,9 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
 /// Applies the rounds and replies to every write, only after the commit.
 async fn run_rounds(pool: &PgPool, sql: &Upserts, rounds: Vec<Round>) {
     let writes: usize = rounds.iter().map(|(_, jobs)| jobs.len()).sum();
-    match apply(pool, sql, &rounds).await {
+    let views: Vec<(Rule, &[Job])> = rounds.iter().map(|(rule, jobs)| (*rule, jobs.as_slice())).collect();
+    let outcome = apply(pool, sql, &views).await;
+    match outcome {
         Ok(applied) => {
             for ((_, jobs), applied) in rounds.into_iter().zip(applied) {
                 for job in jobs {
@@ -142,12 +144,10 @@ async fn run_rounds(pool: &PgPool, sql: &Upserts, rounds: Vec<Round>) {
             tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
             for (rule, jobs) in rounds {
                 for job in jobs {
-                    let alone = [(rule, vec![job])];
-                    let result = apply(pool, sql, &alone).await.map(|applied| applied[0].get(alone[0].1[0].key.as_str()).copied());
-                    let [(_, mut job)] = alone;
-                    if let Some(job) = job.pop() {
-                        let _ = job.reply.send(result);
-                    }
+                    let result = apply(pool, sql, &[(rule, std::slice::from_ref(&job))])
+                        .await
+                        .map(|applied| applied[0].get(job.key.as_str()).copied());
+                    let _ = job.reply.send(result);
                 }
             }
         }
@@ -162,7 +162,7 @@ async fn run_rounds(pool: &PgPool, sql: &Upserts, rounds: Vec<Round>) {
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
 /// instead of paying an fsync each. Returns, per round, the version of every key applied.
-async fn apply(pool: &PgPool, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply(pool: &PgPool, sql: &Upserts, rounds: &[(Rule, &[Job])]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     if let [(rule, jobs)] = rounds {
         let mut conn = pool.acquire().await?;
         return Ok(vec![execute(&mut conn, sql, *rule, jobs).await?]);

@@ -10,7 +10,11 @@
 //! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
 //!   transaction that is rolled back if any key was refused (all or nothing).
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -336,21 +340,22 @@ impl PgStore {
                 .await?,
         };
         if rows.len() != keys.len() {
-            let mut applied = std::collections::HashSet::new();
+            let mut applied = std::collections::HashSet::with_capacity(rows.len());
             for row in &rows {
-                applied.insert(row.try_get::<String, _>(0)?);
+                applied.insert(row.try_get::<&str, _>(0)?);
             }
             let refused: Vec<Key> =
                 last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
             return Ok(Err(refused));
         }
+        // Rows come back in no guaranteed order: map each to its key by name, not by position.
+        let by_name: HashMap<&str, &Key> = last.keys().map(|k| (k.as_str(), *k)).collect();
         let mut written = Vec::with_capacity(rows.len());
         for row in rows {
-            let key: String = row.try_get(0)?;
+            let key: &str = row.try_get(0)?;
             let version: i64 = row.try_get(1)?;
-            let key = last
-                .keys()
-                .find(|k| k.as_str() == key)
+            let key = by_name
+                .get(key)
                 .map(|k| (*k).clone())
                 .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
             written.push(Written { key, was_live: version != 1, version });
@@ -371,11 +376,12 @@ impl PgStore {
                     .bind(&names)
                     .fetch_all(&self.pool)
                     .await?;
+                let by_name: HashMap<&str, &Key> = keys.iter().map(|k| (k.as_str(), k)).collect();
                 let mut stale = Vec::with_capacity(rows.len());
                 for row in rows {
-                    let key: String = row.try_get(0)?;
+                    let key: &str = row.try_get(0)?;
                     let current = token_from_db(row.try_get(1)?)?;
-                    let key = keys.iter().find(|k| k.as_str() == key).cloned().ok_or_else(|| {
+                    let key = by_name.get(key).map(|k| (*k).clone()).ok_or_else(|| {
                         StoreError::Corrupt(format!("refusal lookup returned an unknown key {key:?}"))
                     })?;
                     stale.push(Stale::reported(guard.rule, guard.token, current, Fenced::Key(key)));
