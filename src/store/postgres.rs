@@ -54,17 +54,24 @@ const KV_ON_CONFLICT: &str = "
         version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END,
         updated_at = now()";
 
-/// Raises a scope's fence if the rule admits the token; yields one row iff it did.
-fn scope_claim_cte(op: &str, scope_param: &str, token_param: &str) -> String {
+/// THE statement that raises a scope's fence: claims, lock grants, scoped kv writes (as a CTE)
+/// and scoped table writes all use it. Raises the fence to the token if `rule` admits it and
+/// returns one row (the fence's version) iff it did.
+fn scope_claim(rule: Rule, scope_param: &str, token_param: &str) -> String {
     format!(
-        "WITH claim AS (
-            INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ({scope_param}, {token_param})
-            ON CONFLICT (scope) DO UPDATE SET
-                fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
-            WHERE f.fence_token {op} EXCLUDED.fence_token
-            RETURNING 1
-        )"
+        "INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ({scope_param}, {token_param})
+         ON CONFLICT (scope) DO UPDATE SET
+             fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
+         WHERE f.fence_token {op} EXCLUDED.fence_token
+         RETURNING version",
+        op = sql_fence_op(rule)
     )
+}
+
+/// [`scope_claim`] as a CTE named `claim`: a statement that selects FROM it writes nothing when
+/// the claim was refused.
+fn scope_claim_cte(rule: Rule, scope_param: &str, token_param: &str) -> String {
+    format!("WITH claim AS ({})", scope_claim(rule, scope_param, token_param))
 }
 
 /// Reads a live value: `$1` key.
@@ -86,9 +93,10 @@ struct Statements {
     put_key: String,
     /// $1 key, $2 value, $3 deleted, $4 token, $5 scope
     put_scope: String,
-
     /// $1 keys, $2 values, $3 deleted flags, $4 token, $5 scope
     batch_scope: String,
+    /// $1 scope, $2 token: raises the scope's fence ([`scope_claim`]).
+    claim: String,
 }
 
 impl Statements {
@@ -111,7 +119,7 @@ impl Statements {
              SELECT $1, $2, $3, 0, $4, $5 FROM claim
              {KV_ON_CONFLICT}
              RETURNING version",
-            claim = scope_claim_cte(op, "$5", "$4"),
+            claim = scope_claim_cte(rule, "$5", "$4"),
         );
         let batch_scope = format!(
             "{claim}
@@ -121,9 +129,9 @@ impl Statements {
              ORDER BY w.key
              {KV_ON_CONFLICT}
              RETURNING key, version",
-            claim = scope_claim_cte(op, "$5", "$4"),
+            claim = scope_claim_cte(rule, "$5", "$4"),
         );
-        Statements { put_key, put_scope, batch_scope }
+        Statements { put_key, put_scope, batch_scope, claim: scope_claim(rule, "$1", "$2") }
     }
 }
 
@@ -143,13 +151,6 @@ fn upsert_rows(rule: Rule) -> String {
     )
 }
 
-/// The claim statement: always the inclusive rule (see `Store::claim`).
-const CLAIM: &str = "
-    INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ($1, $2)
-    ON CONFLICT (scope) DO UPDATE SET
-        fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
-    WHERE f.fence_token <= EXCLUDED.fence_token
-    RETURNING version";
 
 #[derive(Clone)]
 pub struct PgStore {
@@ -223,6 +224,30 @@ impl PgStore {
             Rule::Inclusive => &self.inclusive,
             Rule::Strict => &self.strict,
         }
+    }
+
+    /// Raises `scope`'s fence to `token` inside the caller's transaction if `rule` admits it;
+    /// else the refusal (read in the same transaction).
+    pub(super) async fn claim_scope(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        scope: &Scope,
+        token: FencingToken,
+        rule: Rule,
+    ) -> Result<Option<Stale>, StoreError> {
+        let claimed: Option<i64> = sqlx::query_scalar(&self.statements(rule).claim)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if claimed.is_some() {
+            return Ok(None);
+        }
+        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
+            .bind(scope.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        scope_refusal(scope, current.map(token_from_db).transpose()?, token, rule).map(Some)
     }
 
     pub fn pool_stats(&self) -> (u32, usize) {
@@ -412,7 +437,7 @@ impl PgStore {
 
     /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
-        let version: Option<i64> = sqlx::query_scalar(CLAIM)
+        let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
@@ -492,7 +517,7 @@ impl PgStore {
             };
             let token = token_from_db(row.try_get(0)?)?;
             // The grant claims the scope through the same statement as POST /v1/fences.
-            let claimed: Option<i64> = sqlx::query_scalar(CLAIM)
+            let claimed: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
                 .bind(name.as_str())
                 .bind(token.get())
                 .fetch_optional(&mut *tx)

@@ -188,18 +188,6 @@ impl Sql<'_> {
     }
 }
 
-/// Raises a scope's fence inside a transaction (the same statement as a kv scoped write).
-fn claim_sql(rule: Rule) -> String {
-    format!(
-        "INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ($1, $2)
-         ON CONFLICT (scope) DO UPDATE SET
-             fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
-         WHERE f.fence_token {op} EXCLUDED.fence_token
-         RETURNING 1",
-        op = sql_fence_op(rule)
-    )
-}
-
 /// The row's own fence: raised to the token iff the rule admits it; no row back = refused.
 /// On conflict the ledger row is locked whether or not the `WHERE` admits the token.
 fn ledger_sql(rule: Rule) -> String {
@@ -288,7 +276,7 @@ impl PgStore {
         let key = self.canonical(resource, &op.key, &op.write).await?;
         let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         if let Some(scope) = guard.scope() {
-            if let Some(stale) = claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
+            if let Some(stale) = self.claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
                 return Ok(Outcome::Stale(vec![stale]));
             }
@@ -365,7 +353,7 @@ impl PgStore {
                 Err(refused) => kv_refused = refused,
             }
         } else if let Some(scope) = scope {
-            if let Some(stale) = claim_scope(&mut tx, scope, token, scope_rule).await? {
+            if let Some(stale) = self.claim_scope(&mut tx, scope, token, scope_rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
                 return Ok(Outcome::Stale(vec![stale]));
             }
@@ -614,28 +602,6 @@ fn check_token_fits(resource: &Resource, token: FencingToken, scoped: bool) -> R
         }
     }
     Ok(())
-}
-
-/// Raises `scope`'s fence to `token` if `rule` admits it; else the refusal.
-async fn claim_scope(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    token: FencingToken,
-    rule: Rule,
-) -> Result<Option<Stale>, StoreError> {
-    let claimed: Option<i32> = sqlx::query_scalar(&claim_sql(rule))
-        .bind(scope.as_str())
-        .bind(token.get())
-        .fetch_optional(&mut *conn)
-        .await?;
-    if claimed.is_some() {
-        return Ok(None);
-    }
-    let current: i64 = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
-        .bind(scope.as_str())
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(Some(Stale::reported(rule, token, token_from_db(current)?, Fenced::Scope(scope.clone()))))
 }
 
 /// Step 3: the row's fence. Returns whether the row exists, or the refusal. Afterwards this
