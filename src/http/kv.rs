@@ -36,7 +36,7 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
     let guard = guard(&state, token, scope);
-    match state.store.write(&Write::Put { key, value }, &guard).await? {
+    match state.store.write(Write::Put { key, value }, &guard).await? {
         Outcome::Accepted(written) => {
             let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
             let body = json!({
@@ -58,7 +58,7 @@ pub async fn delete(
     scope: ScopeHeader,
 ) -> Result<Response, ApiError> {
     let guard = guard(&state, token, scope);
-    match state.store.write(&Write::Delete { key }, &guard).await? {
+    match state.store.write(Write::Delete { key }, &guard).await? {
         Outcome::Accepted(written) => Ok(Json(json!({
             "key": written.key,
             "fence_token": guard.token,

@@ -227,14 +227,16 @@ impl Store {
 
     /// A fenced single-key write. The cache may refuse it outright; otherwise the database
     /// decides, and what it reports raises the cache.
-    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+    /// Takes the write by value: it moves onto the database task (and into the coalescer)
+    /// without copying the value.
+    pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let fence = HighWater::fence_of(guard, write.key());
         if let Some(stale) = self.high_water.refuse(&fence, guard.token, guard.rule) {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let (write, owned_guard) = (write.clone(), guard.clone());
-        let outcome = detached!(self, b => b.write(&write, &owned_guard).await)?;
+        let owned_guard = guard.clone();
+        let outcome = detached!(self, b => b.write(write, &owned_guard).await)?;
         self.learn(&outcome, &fence, guard.token);
         Ok(outcome)
     }

@@ -270,26 +270,25 @@ impl PgStore {
         Ok(())
     }
 
-    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
-        let (key, value, deleted) = match write {
-            Write::Put { key, value } => (key, Some(Json(value)), false),
-            Write::Delete { key } => (key, None, true),
+    pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        let (key, value) = match write {
+            Write::Put { key, value } => (key, Some(value)),
+            Write::Delete { key } => (key, None),
         };
+        let deleted = value.is_none();
         let sql = self.statements(guard.rule);
         let version: Option<i64> = match (&guard.target, &self.coalescer) {
-            (Target::Key, Some(coalescer)) => {
-                coalescer.write(key.clone(), value.map(|v| v.0.clone()), guard.token, guard.rule).await?
-            }
+            (Target::Key, Some(coalescer)) => coalescer.write(key.clone(), value, guard.token, guard.rule).await?,
             (Target::Key, None) => sqlx::query_scalar(&sql.put_key)
                 .bind(key.as_str())
-                .bind(value)
+                .bind(value.as_ref().map(Json))
                 .bind(deleted)
                 .bind(guard.token.get())
                 .fetch_optional(&self.pool)
                 .await?,
             (Target::Scope(scope), _) => sqlx::query_scalar(&sql.put_scope)
                 .bind(key.as_str())
-                .bind(value)
+                .bind(value.as_ref().map(Json))
                 .bind(deleted)
                 .bind(guard.token.get())
                 .bind(scope.as_str())
@@ -297,8 +296,8 @@ impl PgStore {
                 .await?,
         };
         match version {
-            Some(version) => Ok(Outcome::Accepted(Written { key: key.clone(), was_live: version != 1, version })),
-            None => Ok(Outcome::Stale(vec![self.refusal(std::slice::from_ref(key), guard).await?.remove(0)])),
+            Some(version) => Ok(Outcome::Accepted(Written { key, was_live: version != 1, version })),
+            None => Ok(Outcome::Stale(self.refusal(std::slice::from_ref(&key), guard).await?)),
         }
     }
 

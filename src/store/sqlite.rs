@@ -179,8 +179,8 @@ impl SqliteStore {
         Ok(version.is_some())
     }
 
-    pub async fn write(&self, write: &Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
-        match self.batch(std::slice::from_ref(write), guard).await? {
+    pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        match self.batch(std::slice::from_ref(&write), guard).await? {
             Outcome::Accepted(mut written) => Ok(Outcome::Accepted(written.remove(0))),
             Outcome::Stale(stale) => Ok(Outcome::Stale(stale)),
         }

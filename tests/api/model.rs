@@ -141,12 +141,12 @@ async fn check(store: &Store, rule: Rule, prefix: &str, ops: &[Op]) -> Result<()
             Op::Put { key: k, token, scope: sc } => {
                 let value = json!({"op": n});
                 let write = Write::Put { key: Key::parse(&key(*k), 512).unwrap(), value: value.clone() };
-                let got = seen(store.write(&write, &guard(*token, *sc)).await.unwrap());
+                let got = seen(store.write(write, &guard(*token, *sc)).await.unwrap());
                 (model.apply(&[(key(*k), Some(value))], *token, sc.map(scope)), got)
             }
             Op::Delete { key: k, token, scope: sc } => {
                 let write = Write::Delete { key: Key::parse(&key(*k), 512).unwrap() };
-                let got = seen(store.write(&write, &guard(*token, *sc)).await.unwrap());
+                let got = seen(store.write(write, &guard(*token, *sc)).await.unwrap());
                 (model.apply(&[(key(*k), None)], *token, sc.map(scope)), got)
             }
             Op::Batch { ops: items, token, scope: sc } => {
