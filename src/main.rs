@@ -59,14 +59,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("fencegate: cannot start the async runtime: {err}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli)) {
+    match start(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("fencegate: {err:#}");
@@ -75,13 +68,23 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Loads the settings first: they say how many threads the runtime gets.
+fn start(cli: Cli) -> anyhow::Result<()> {
     let listen = match &cli.command {
         Command::Serve { listen } => listen.clone(),
         _ => None,
     };
-    let overrides = Overrides { listen, database_url: cli.database_url };
-    let mut settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    let overrides = Overrides { listen, database_url: cli.database_url.clone() };
+    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.server.threads())
+        .enable_all()
+        .build()
+        .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
+    runtime.block_on(run(cli, settings))
+}
+
+async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
     if matches!(cli.command, Command::Demo { .. } | Command::DemoWorker { .. }) {
         // The demo's output is its timeline; logs would only interleave with it.
         settings.log.filter = "warn".into();

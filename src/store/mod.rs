@@ -235,8 +235,16 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let owned_guard = guard.clone();
-        let outcome = detached!(self, b => b.write(write, &owned_guard).await)?;
+        let outcome = match &self.backend {
+            // A coalesced write needs no task of its own: the coalescer's worker owns the
+            // statement (and any transaction) and finishes it whether or not this request is
+            // still waiting. Skipping the extra task saves a cross-thread hop per write.
+            Backend::Postgres(pg) if pg.coalesces(guard) => pg.write(write, guard).await?,
+            _ => {
+                let owned_guard = guard.clone();
+                detached!(self, b => b.write(write, &owned_guard).await)?
+            }
+        };
         self.learn(&outcome, &fence, guard.token);
         Ok(outcome)
     }

@@ -270,6 +270,15 @@ impl PgStore {
         Ok(())
     }
 
+    /// Whether `write` sends this guard's writes through the coalescer (unscoped, coalescing
+    /// on). Such a write is safe to run on the request's own task: see `Store::write`.
+    pub(super) fn coalesces(&self, guard: &Guard) -> bool {
+        matches!(guard.target, Target::Key) && self.coalescer.is_some()
+    }
+
+    /// Applies one fenced write. Coalesced writes may run on the request's task (the
+    /// statement runs on a coalescer worker; only the refusal's explanation, a plain read,
+    /// runs here); every other path must run detached (`Store` does both).
     pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let (key, value) = match write {
             Write::Put { key, value } => (key, Some(value)),
