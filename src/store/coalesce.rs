@@ -15,19 +15,16 @@
 //! - If a combined statement fails for a reason other than the connection, its writes are
 //!   retried one by one, so one bad value cannot fail its neighbours.
 //! - 2xx only after commit: replies are sent after the statement (autocommit) returned.
-//! - The workers keep their connections between batches (at most one each, most recently
-//!   used first) instead of taking one from the pool per batch; see [`Connections`].
 
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
-    time::{Duration, Instant},
 };
 
-use sqlx::{pool::PoolConnection, types::Json, Connection, PgConnection, PgPool, Postgres, Row};
+use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::StoreError;
+use super::{connections::Connections, StoreError};
 use crate::fence::{FencingToken, Key, Rule};
 
 /// One queued write. `value: None` is a delete (a tombstone).
@@ -72,10 +69,9 @@ impl Upserts {
 }
 
 impl Coalescer {
-    pub fn start(pool: PgPool, sql: Arc<Upserts>, workers: usize, max_rows: usize) -> Self {
+    pub(super) fn start(conns: Arc<Connections>, sql: Arc<Upserts>, workers: usize, max_rows: usize) -> Self {
         let (queue, rx) = mpsc::channel::<Job>(max_rows.max(1) * workers.max(1) * 4);
         let rx = Arc::new(Mutex::new(rx));
-        let conns = Arc::new(Connections { pool, idle: std::sync::Mutex::new(Vec::new()) });
         for _ in 0..workers.max(1) {
             tokio::spawn(worker(rx.clone(), conns.clone(), sql.clone(), max_rows.max(1)));
         }
@@ -90,44 +86,6 @@ impl Coalescer {
             return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
         }
         outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
-    }
-}
-
-/// How long the workers keep one pooled connection before giving it back and taking another:
-/// long enough that acquiring is off the per-write path, short enough that the pool still
-/// recycles connections (`max_lifetime_secs`) and follows a failover.
-const HOLD_FOR: Duration = Duration::from_secs(30);
-
-/// The connections the workers hold between batches, most recently used on top.
-///
-/// Why not take one from the pool for each batch: sqlx 0.8 pings every connection returned to
-/// its pool (an extra round trip, on a spawned task), which cost about as much CPU as the
-/// write itself. Why most recently used first: a lone writer then always lands on the same
-/// PostgreSQL backend, which is still on CPU and in cache; rotating over several idle
-/// backends measurably slowed single-connection writes.
-struct Connections {
-    pool: PgPool,
-    idle: std::sync::Mutex<Vec<Held>>,
-}
-
-struct Held {
-    conn: PoolConnection<Postgres>,
-    since: Instant,
-}
-
-impl Connections {
-    /// The most recently used held connection if still young, else a fresh one from the pool.
-    async fn take(&self) -> Result<Held, StoreError> {
-        let top = self.idle.lock().expect("poisoned").pop();
-        match top {
-            Some(held) if held.since.elapsed() < HOLD_FOR => Ok(held),
-            // An old one goes back to the pool (dropped), which closes it if past its lifetime.
-            _ => Ok(Held { conn: self.pool.acquire().await?, since: Instant::now() }),
-        }
-    }
-
-    fn put_back(&self, held: Held) {
-        self.idle.lock().expect("poisoned").push(held);
     }
 }
 
@@ -204,20 +162,11 @@ async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
 /// instead of paying an fsync each. Returns, per round, the version of every key applied.
-/// After any error the connection is closed, not reused: it may be broken or mid-transaction
-/// (errors are rare; a new connection is cheap by comparison).
 async fn apply(conns: &Connections, sql: &Upserts, rounds: &[(Rule, &[Job])]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
-    let mut held = conns.take().await?;
-    match apply_on(&mut held.conn, sql, rounds).await {
-        Ok(applied) => {
-            conns.put_back(held);
-            Ok(applied)
-        }
-        Err(err) => {
-            held.conn.close_on_drop();
-            Err(err)
-        }
-    }
+    let mut conn = conns.take().await?;
+    let applied = apply_on(&mut conn, sql, rounds).await?;
+    conn.done();
+    Ok(applied)
 }
 
 async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[(Rule, &[Job])]) -> Result<Vec<HashMap<String, i64>>, StoreError> {

@@ -6,6 +6,7 @@
 
 mod catalog;
 mod coalesce;
+mod connections;
 mod postgres;
 mod sqlite;
 mod tables;

@@ -19,11 +19,12 @@ use std::{
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     types::Json,
-    ConnectOptions, PgPool, Row,
+    ConnectOptions, Connection, PgPool, Row,
 };
 
 use super::{
     coalesce::{Coalescer, Upserts},
+    connections::Connections,
     scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
 };
 use crate::{
@@ -154,7 +155,10 @@ fn upsert_rows(rule: Rule) -> String {
 
 #[derive(Clone)]
 pub struct PgStore {
+    /// Opens, bounds and recycles connections; used directly only to start up (migrations,
+    /// catalog). Everything else takes its connection from `conns`.
     pub(super) pool: PgPool,
+    pub(super) conns: Arc<Connections>,
     inclusive: Arc<Statements>,
     strict: Arc<Statements>,
     upserts: Arc<Upserts>,
@@ -195,11 +199,17 @@ impl PgStore {
             rows: [upsert_rows(Rule::Inclusive), upsert_rows(Rule::Strict)],
             single: [inclusive.put_key.clone(), strict.put_key.clone()],
         });
+        let conns = Arc::new(Connections::new(
+            pool.clone(),
+            settings.max_connections,
+            Duration::from_millis(settings.acquire_timeout_ms),
+        ));
         let coalescer = (settings.coalesce_workers > 0).then(|| {
-            Coalescer::start(pool.clone(), upserts.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
+            Coalescer::start(conns.clone(), upserts.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
         });
         let store = PgStore {
             pool,
+            conns,
             inclusive: inclusive.into(),
             strict: strict.into(),
             upserts,
@@ -251,16 +261,16 @@ impl PgStore {
     }
 
     pub fn pool_stats(&self) -> (u32, usize) {
-        (self.pool.size(), self.pool.num_idle())
+        (self.pool.size(), self.pool.num_idle() + self.conns.idle_count())
     }
 
     /// Ready = reachable and every migration this binary knows is applied.
     pub async fn ready(&self) -> Result<(), StoreError> {
-        let applied: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM _sqlx_migrations WHERE success",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let mut conn = self.conns.take().await?;
+        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .fetch_one(&mut *conn)
+            .await?;
+        conn.done();
         let known = MIGRATOR.iter().count() as i64;
         if applied < known {
             return Err(StoreError::Corrupt(format!(
@@ -288,21 +298,31 @@ impl PgStore {
         let sql = self.statements(guard.rule);
         let version: Option<i64> = match (&guard.target, &self.coalescer) {
             (Target::Key, Some(coalescer)) => coalescer.write(key.clone(), value, guard.token, guard.rule).await?,
-            (Target::Key, None) => sqlx::query_scalar(&sql.put_key)
-                .bind(key.as_str())
-                .bind(value.as_ref().map(Json))
-                .bind(deleted)
-                .bind(guard.token.get())
-                .fetch_optional(&self.pool)
-                .await?,
-            (Target::Scope(scope), _) => sqlx::query_scalar(&sql.put_scope)
-                .bind(key.as_str())
-                .bind(value.as_ref().map(Json))
-                .bind(deleted)
-                .bind(guard.token.get())
-                .bind(scope.as_str())
-                .fetch_optional(&self.pool)
-                .await?,
+            (Target::Key, None) => {
+                let mut conn = self.conns.take().await?;
+                let version = sqlx::query_scalar(&sql.put_key)
+                    .bind(key.as_str())
+                    .bind(value.as_ref().map(Json))
+                    .bind(deleted)
+                    .bind(guard.token.get())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                conn.done();
+                version
+            }
+            (Target::Scope(scope), _) => {
+                let mut conn = self.conns.take().await?;
+                let version = sqlx::query_scalar(&sql.put_scope)
+                    .bind(key.as_str())
+                    .bind(value.as_ref().map(Json))
+                    .bind(deleted)
+                    .bind(guard.token.get())
+                    .bind(scope.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                conn.done();
+                version
+            }
         };
         match version {
             Some(version) => Ok(Outcome::Accepted(Written { key, was_live: version != 1, version })),
@@ -311,16 +331,17 @@ impl PgStore {
     }
 
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        match self.batch_in(&mut tx, writes, guard).await? {
-            Ok(written) => {
-                tx.commit().await?;
-                Ok(Outcome::Accepted(written))
-            }
-            Err(refused) => {
-                tx.rollback().await?;
-                Ok(Outcome::Stale(self.refusal(&refused, guard).await?))
-            }
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await?;
+        let outcome = self.batch_in(&mut tx, writes, guard).await?;
+        match &outcome {
+            Ok(_) => tx.commit().await?,
+            Err(_) => tx.rollback().await?,
+        }
+        conn.done();
+        match outcome {
+            Ok(written) => Ok(Outcome::Accepted(written)),
+            Err(refused) => Ok(Outcome::Stale(self.refusal(&refused, guard).await?)),
         }
     }
 
@@ -405,10 +426,12 @@ impl PgStore {
             }
             Target::Key => {
                 let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
+                let mut conn = self.conns.take().await?;
                 let rows = sqlx::query("SELECT key, key_fence FROM fencegate_kv WHERE key = ANY($1) ORDER BY key")
                     .bind(&names)
-                    .fetch_all(&self.pool)
+                    .fetch_all(&mut *conn)
                     .await?;
+                conn.done();
                 let by_name: HashMap<&str, &Key> = keys.iter().map(|k| (k.as_str(), k)).collect();
                 let mut stale = Vec::with_capacity(rows.len());
                 for row in rows {
@@ -428,10 +451,9 @@ impl PgStore {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let row = sqlx::query(KV_GET)
-        .bind(key.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
+        conn.done();
         let Some(row) = row else { return Ok(None) };
         let Json(value): Json<serde_json::Value> = row.try_get(0)?;
         Ok(Some(Entry {
@@ -445,19 +467,23 @@ impl PgStore {
 
     /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
+        let mut conn = self.conns.take().await?;
         let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.done();
         Ok(version.map(|version| Claimed { created: version == 1 }))
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        let mut conn = self.conns.take().await?;
         let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
             .bind(scope.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.done();
         current.map(token_from_db).transpose()
     }
 }
@@ -502,7 +528,8 @@ impl PgStore {
         // and our claim; then the claim refuses and we recompute. Bounded: each retry means
         // someone else made progress.
         for _ in 0..5 {
-            let mut tx = self.pool.begin().await?;
+            let mut conn = self.conns.take().await?;
+            let mut tx = conn.begin().await?;
             // Locks the fence row (if any) so claims of this scope wait for our grant.
             let fence: Option<i64> =
                 sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE")
@@ -518,6 +545,7 @@ impl PgStore {
                 .await?;
             let Some(row) = granted else {
                 tx.rollback().await?;
+                conn.done();
                 match self.holder(name).await? {
                     Some(holder) => return Ok(Acquired::Held(holder)),
                     None => continue, // expired or released just now: try again
@@ -532,9 +560,11 @@ impl PgStore {
                 .await?;
             if claimed.is_none() {
                 tx.rollback().await?;
+                conn.done();
                 continue;
             }
             tx.commit().await?;
+            conn.done();
             return Ok(Acquired::Granted(Lease {
                 name: name.clone(),
                 owner: owner.to_owned(),
@@ -548,24 +578,30 @@ impl PgStore {
     }
 
     pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
-        let row = sqlx::query(HOLDER).bind(name.as_str()).fetch_optional(&self.pool).await?;
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(HOLDER).bind(name.as_str()).fetch_optional(&mut *conn).await?;
+        conn.done();
         row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
     }
 
     /// `None` if `token` does not hold the lease (expired, released, taken over).
     pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Option<Lease>, StoreError> {
+        let mut conn = self.conns.take().await?;
         let row = sqlx::query(RENEW)
             .bind(name.as_str())
             .bind(token.get())
             .bind(ttl.ms())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
+        conn.done();
         lease_from(name, token, row)
     }
 
     /// `None` if `token` does not hold the lease.
     pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Option<Lease>, StoreError> {
-        let row = sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).fetch_optional(&self.pool).await?;
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).fetch_optional(&mut *conn).await?;
+        conn.done();
         lease_from(name, token, row)
     }
 }

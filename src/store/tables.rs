@@ -19,7 +19,7 @@ use std::{
 };
 
 use serde_json::value::RawValue;
-use sqlx::{postgres::PgDatabaseError, PgConnection, Row};
+use sqlx::{postgres::PgDatabaseError, Connection, PgConnection, Row};
 
 use super::{catalog, postgres::PgStore, sql_fence_op, token_from_db, Backend, Store, StoreError, Write, Written};
 use crate::{
@@ -274,10 +274,12 @@ impl PgStore {
         let resource = &*op.resource;
         check_token_fits(resource, guard.token, guard.scope().is_some())?;
         let key = self.canonical(resource, &op.key, &op.write).await?;
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await.map_err(StoreError::from)?;
         if let Some(scope) = guard.scope() {
             if let Some(stale) = self.claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
+                conn.done();
                 return Ok(Outcome::Stale(vec![stale]));
             }
         }
@@ -286,6 +288,7 @@ impl PgStore {
             Ok(existed) => existed,
             Err(stale) => {
                 tx.rollback().await.map_err(StoreError::from)?;
+                conn.done();
                 return Ok(Outcome::Stale(vec![stale]));
             }
         };
@@ -294,6 +297,7 @@ impl PgStore {
             return Err(self.explain(failure, resource, &op.write).await);
         }
         tx.commit().await.map_err(StoreError::from)?;
+        conn.done();
         Ok(Outcome::Accepted(RowWritten { key: key.text, existed }))
     }
 
@@ -338,7 +342,8 @@ impl PgStore {
             keys.push(self.canonical(&op.resource, &op.key, &op.write).await.map_err(in_op(i))?);
         }
 
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await.map_err(StoreError::from)?;
         let kv_guard = guard_for(kv_rule);
         let mut kv_written = Vec::new();
         let mut kv_refused = Vec::new();
@@ -348,6 +353,7 @@ impl PgStore {
                 Ok(written) => kv_written = written,
                 Err(refused) if scope.is_some() => {
                     tx.rollback().await.map_err(StoreError::from)?;
+                    conn.done();
                     return Ok(Outcome::Stale(self.refusal(&refused, &kv_guard).await?));
                 }
                 Err(refused) => kv_refused = refused,
@@ -355,6 +361,7 @@ impl PgStore {
         } else if let Some(scope) = scope {
             if let Some(stale) = self.claim_scope(&mut tx, scope, token, scope_rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
+                conn.done();
                 return Ok(Outcome::Stale(vec![stale]));
             }
         }
@@ -380,6 +387,7 @@ impl PgStore {
         }
         if !kv_refused.is_empty() || !stale.is_empty() {
             tx.rollback().await.map_err(StoreError::from)?;
+            conn.done();
             let mut all = if kv_refused.is_empty() { Vec::new() } else { self.refusal(&kv_refused, &kv_guard).await? };
             all.extend(stale);
             return Ok(Outcome::Stale(all));
@@ -398,6 +406,7 @@ impl PgStore {
             row_written.push(RowWritten { key: key.text.clone(), existed });
         }
         tx.commit().await.map_err(StoreError::from)?;
+        conn.done();
         Ok(Outcome::Accepted((kv_written, row_written)))
     }
 
@@ -415,13 +424,15 @@ impl PgStore {
             record = sql.record("$1", resource.key.iter().copied()),
             matches = sql.key_match(),
         );
+        let mut conn = self.conns.take().await?;
         let row = sqlx::query(&statement)
             .bind(serde_json::Value::Object(key.json).to_string())
             .bind(&resource.relation)
             .bind(&key.text)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(StoreError::from)?;
+        conn.done();
         let Some(row) = row else { return Ok(None) };
         let text: String = row.try_get(0).map_err(StoreError::from)?;
         let ledger: Option<i64> = row.try_get(1).map_err(StoreError::from)?;
@@ -467,13 +478,18 @@ impl PgStore {
             texts = texts.join(", "),
             record = sql.record("e.j", resource.key.iter().copied()),
         );
+        let mut conn = self.conns.take().await?;
         let rows = match sqlx::query(&statement)
             .bind(serde_json::Value::Array(objects).to_string())
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await
         {
-            Ok(rows) => rows,
+            Ok(rows) => {
+                conn.done();
+                rows
+            }
             Err(err) => {
+                drop(conn); // before explaining, which needs a connection of its own
                 return Err(match classify(err) {
                     Failure::Data(message) | Failure::Row(RowError::Value { detail: message, .. }) => {
                         self.key_culprit(resource, &url, echo.as_ref(), message).await?
@@ -578,7 +594,12 @@ impl PgStore {
         let sql = Sql(resource);
         let statement = format!("SELECT r.{c} IS NULL FROM {record}", c = sql.col(index), record = sql.record("$1", [index]));
         let object = format!("{{{}:{}}}", serde_json::Value::from(resource.columns[index].name.as_str()), value.get());
-        match sqlx::query(&statement).bind(object).fetch_one(&self.pool).await {
+        let mut conn = self.conns.take().await?;
+        let result = sqlx::query(&statement).bind(object).fetch_one(&mut *conn).await;
+        if result.is_ok() {
+            conn.done();
+        }
+        match result {
             Ok(_) => Ok(None),
             Err(err) => match classify(err) {
                 Failure::Data(detail) | Failure::Row(RowError::Value { detail, .. }) => Ok(Some(detail)),

@@ -1,0 +1,145 @@
+//! The PostgreSQL connections fencegate keeps between statements.
+//!
+//! Every database call takes a connection here rather than from the sqlx pool directly. The
+//! reason is measured, not taste: sqlx 0.8 pings every connection returned to its pool (an
+//! extra round trip, on a spawned task), which costs PostgreSQL and fencegate about as much as
+//! the statement itself. A connection that finished its work cleanly comes back here instead,
+//! to the top of a stack, and the next caller takes the most recently used one: at low
+//! concurrency every statement then lands on the same PostgreSQL backend, still on CPU and in
+//! cache (rotating over idle backends measurably slowed single-connection writes).
+//!
+//! The sqlx pool still opens connections, bounds their number (`database.max_connections`,
+//! `acquire_timeout_ms`) and closes the ones past `max_lifetime_secs`: each connection is
+//! handed back to it after [`HOLD_FOR`].
+//!
+//! Safety: a [`Borrowed`] goes back on the stack only if its user called [`Borrowed::done`]
+//! after the work succeeded. One dropped any other way (an error, or a caller that went away
+//! mid-statement) goes back to the sqlx pool instead, whose release check (that ping) flushes
+//! the ROLLBACK of a dropped transaction and closes a broken connection: errors pay the
+//! ping, the common path does not. What that check cannot see, a BEGIN abandoned half-way,
+//! cannot happen: transactions run on detached tasks or coalescer workers, which always
+//! finish them (see `store::run_detached`).
+
+use std::{
+    ops::{Deref, DerefMut},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use sqlx::{pool::PoolConnection, PgConnection, PgPool, Postgres};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::StoreError;
+
+/// How long fencegate keeps one connection before handing it back to the pool: long enough
+/// that the pool's costs are off the per-statement path, short enough that connections are
+/// recycled (`max_lifetime_secs`) and follow a failover.
+const HOLD_FOR: Duration = Duration::from_secs(30);
+
+pub(super) struct Connections {
+    pool: PgPool,
+    /// Connections not in use, most recently used last.
+    idle: Mutex<Vec<Held>>,
+    /// One permit per connection in use, `max_connections` in all. Callers wait here, not in
+    /// the pool: a connection that is done comes back to `idle`, which the pool's own waiters
+    /// would never hear of. Taking a permit first also means that whoever finds `idle` empty
+    /// finds room in the pool.
+    permits: Arc<Semaphore>,
+    acquire_timeout: Duration,
+}
+
+struct Held {
+    conn: PoolConnection<Postgres>,
+    since: Instant,
+}
+
+impl Held {
+    fn is_old(&self) -> bool {
+        self.since.elapsed() >= HOLD_FOR
+    }
+}
+
+/// One connection in use. Derefs to the connection; call [`Borrowed::done`] when the work
+/// succeeded, else it goes back to the sqlx pool (and its release check) on drop.
+pub(super) struct Borrowed<'a> {
+    conns: &'a Connections,
+    held: Option<Held>,
+    clean: bool,
+    /// Released after `drop` put the connection back (fields drop after `Drop::drop`).
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connections {
+    pub(super) fn new(pool: PgPool, max_connections: u32, acquire_timeout: Duration) -> Self {
+        Connections {
+            pool,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(max_connections.max(1) as usize)),
+            acquire_timeout,
+        }
+    }
+
+    /// The most recently used idle connection if it is still young, else one from the pool.
+    /// Waits at most `acquire_timeout_ms` for a free connection; then 503.
+    pub(super) async fn take(&self) -> Result<Borrowed<'_>, StoreError> {
+        let permit = match tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_closed)) => return Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
+            Err(_elapsed) => return Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+        };
+        let top = self.idle.lock().expect("idle connections lock").pop();
+        let held = match top {
+            Some(held) if !held.is_old() => held,
+            // An old one is dropped: back to the pool, which closes it if past its lifetime.
+            _ => Held { conn: self.pool.acquire().await?, since: Instant::now() },
+        };
+        Ok(Borrowed { conns: self, held: Some(held), clean: false, _permit: permit })
+    }
+
+    /// Connections kept here, not in use.
+    pub(super) fn idle_count(&self) -> usize {
+        self.idle.lock().expect("idle connections lock").len()
+    }
+
+    fn put_back(&self, held: Held) {
+        let aged = {
+            let mut idle = self.idle.lock().expect("idle connections lock");
+            idle.push(held);
+            // The bottom of the stack is the least recently used: hand it back once old, so
+            // connections a past burst opened do not stay held for good.
+            if idle.first().is_some_and(Held::is_old) { Some(idle.remove(0)) } else { None }
+        };
+        drop(aged); // outside the lock: dropping spawns the pool's return task
+    }
+}
+
+impl Borrowed<'_> {
+    /// The work on this connection succeeded: it goes back on the stack for the next caller.
+    pub(super) fn done(mut self) {
+        self.clean = true;
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            if self.clean {
+                self.conns.put_back(held);
+            }
+            // else: dropped here, back to the pool and its release check (module docs).
+        }
+    }
+}
+
+impl Deref for Borrowed<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.held.as_ref().expect("held until dropped").conn
+    }
+}
+
+impl DerefMut for Borrowed<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.held.as_mut().expect("held until dropped").conn
+    }
+}
