@@ -128,3 +128,59 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
     .unwrap();
     assert_eq!(stuck, 0, "a fencegate session was left idle in a transaction");
 }
+
+/// fencegate keeps its PostgreSQL connections between statements (store/connections.rs). With
+/// far more concurrent requests than connections, of every kind that takes one (coalesced and
+/// scoped writes, reads, claims, batches), every request must still succeed — a caller waits for
+/// a connection coming back, it is not refused — and fencegate must never hold more backends
+/// than `database.max_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_backends() {
+    const MAX_CONNECTIONS: i64 = 3;
+    let db = crate::pg::fresh_database().await;
+    let app = std::sync::Arc::new(
+        spawn_app_on(db.clone(), |s| {
+            s.database.max_connections = MAX_CONNECTIONS as u32;
+            s.database.min_connections = 1;
+            s.database.coalesce_workers = 1;
+        })
+        .await,
+    );
+    let mut admin = PgConnection::connect(&db).await.unwrap();
+    let backends = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' AND datname = current_database()";
+
+    let mut tasks = Vec::new();
+    for i in 0..48u32 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = unique(&format!("k{i}"));
+            let mut statuses = Vec::new();
+            for round in 1..=5u32 {
+                let token = (round * 10).to_string();
+                let status = match i % 4 {
+                    0 => app.kv_put(&key, &token, &json!(round)).await.status,
+                    1 => app.kv_put_scoped(&key, &token, &format!("s{i}"), &json!(round)).await.status,
+                    2 => app.claim(&format!("c{i}"), &token).await.status,
+                    _ => app.batch(Some(&token), None, &json!({"ops": [{"op": "put", "key": key, "value": round}]})).await.status,
+                };
+                statuses.push(status);
+                statuses.push(app.kv_get(&key).await.status);
+            }
+            statuses
+        }));
+    }
+    let mut peak = 0;
+    for task in tasks {
+        let seen: i64 = sqlx::query_scalar(backends).fetch_one(&mut admin).await.unwrap();
+        peak = peak.max(seen);
+        let statuses = task.await.unwrap();
+        for status in statuses {
+            assert!(
+                (200..300).contains(&status) || status == 404,
+                "a request got {status}: waiting for a connection must not fail it"
+            );
+        }
+    }
+    let after: i64 = sqlx::query_scalar(backends).fetch_one(&mut admin).await.unwrap();
+    assert!(peak.max(after) <= MAX_CONNECTIONS, "fencegate held {} backends; the limit is {MAX_CONNECTIONS}", peak.max(after));
+}
