@@ -276,9 +276,8 @@ impl Settings {
         if self.locks.max_ttl_ms == 0 {
             bail!("locks.max_ttl_ms must be at least 1");
         }
-        if self.database.coalesce_workers > 0 && self.database.coalesce_workers >= self.database.max_connections as usize {
-            bail!("database.coalesce_workers ({}) must be less than database.max_connections ({}): each worker keeps a \
-                   connection, and reads, batches, claims and locks need at least one more",
+        if self.database.coalesce_workers > self.database.max_connections as usize {
+            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
                 self.database.coalesce_workers, self.database.max_connections);
         }
         if self.database.coalesce_max_rows == 0 {

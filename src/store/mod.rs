@@ -8,6 +8,7 @@ mod catalog;
 mod coalesce;
 mod connections;
 mod postgres;
+mod reads;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -280,8 +281,14 @@ impl Store {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let key = key.clone();
-        detached!(self, b => b.get(&key).await)
+        match &self.backend {
+            // Like coalesced writes: a read worker owns the statement, no task of our own.
+            Backend::Postgres(pg) if pg.reads().is_some() => pg.get(key).await,
+            _ => {
+                let key = key.clone();
+                detached!(self, b => b.get(&key).await)
+            }
+        }
     }
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive

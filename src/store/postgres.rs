@@ -25,6 +25,7 @@ use sqlx::{
 use super::{
     coalesce::{Coalescer, Upserts},
     connections::Connections,
+    reads::Reads,
     scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
 };
 use crate::{
@@ -79,6 +80,13 @@ fn scope_claim_cte(rule: Rule, scope_param: &str, token_param: &str) -> String {
 pub const KV_GET: &str = concat!(
     "SELECT value, fence_token, scope, version, ", utc!("updated_at"),
     " FROM fencegate_kv WHERE key = $1 AND NOT deleted"
+);
+
+/// The live values of several keys at once (`$1` the keys): `KV_GET`'s columns, key first.
+/// Used by read coalescing (`store::reads`).
+pub(super) const KV_GET_MANY: &str = concat!(
+    "SELECT key, value, fence_token, scope, version, ", utc!("updated_at"),
+    " FROM fencegate_kv WHERE key = ANY($1) AND NOT deleted"
 );
 
 /// The fenced single-key upsert of an unscoped write (`$1` key, `$2` value, `$3` deleted,
@@ -164,6 +172,8 @@ pub struct PgStore {
     upserts: Arc<Upserts>,
     /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
     coalescer: Option<Coalescer>,
+    /// `None` when `database.coalesce_workers = 0`: each read is its own statement.
+    reads: Option<Reads>,
 }
 
 impl PgStore {
@@ -207,9 +217,12 @@ impl PgStore {
         let coalescer = (settings.coalesce_workers > 0).then(|| {
             Coalescer::start(conns.clone(), upserts.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
         });
+        let reads = (settings.coalesce_workers > 0)
+            .then(|| Reads::start(conns.clone(), settings.coalesce_workers, settings.coalesce_max_rows));
         let store = PgStore {
             pool,
             conns,
+            reads,
             inclusive: inclusive.into(),
             strict: strict.into(),
             upserts,
@@ -450,19 +463,20 @@ impl PgStore {
         }
     }
 
+    /// The coalescing reader, if on (`database.coalesce_workers > 0`). A read through it is
+    /// safe to run on the request's own task: a worker owns the statement.
+    pub(super) fn reads(&self) -> Option<&Reads> {
+        self.reads.as_ref()
+    }
+
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        if let Some(reads) = &self.reads {
+            return reads.get(key.clone()).await;
+        }
         let mut conn = self.conns.take().await?;
         let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
         conn.done();
-        let Some(row) = row else { return Ok(None) };
-        let Json(value): Json<serde_json::Value> = row.try_get(0)?;
-        Ok(Some(Entry {
-            value,
-            fence_token: token_from_db(row.try_get(1)?)?,
-            scope: row.try_get(2)?,
-            version: row.try_get(3)?,
-            updated_at: row.try_get(4)?,
-        }))
+        row.map(|row| entry_from(&row, 0)).transpose()
     }
 
     /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
@@ -610,4 +624,17 @@ impl PgStore {
 fn lease_from(name: &Scope, token: FencingToken, row: Option<sqlx::postgres::PgRow>) -> Result<Option<Lease>, StoreError> {
     row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
         .transpose()
+}
+
+/// An [`Entry`] from a row of `KV_GET` (`first` = 0) or `KV_GET_MANY` (`first` = 1, after
+/// the key): value, fence_token, scope, version, updated_at.
+pub(super) fn entry_from(row: &sqlx::postgres::PgRow, first: usize) -> Result<Entry, StoreError> {
+    let Json(value): Json<serde_json::Value> = row.try_get(first)?;
+    Ok(Entry {
+        value,
+        fence_token: token_from_db(row.try_get(first + 1)?)?,
+        scope: row.try_get(first + 2)?,
+        version: row.try_get(first + 3)?,
+        updated_at: row.try_get(first + 4)?,
+    })
 }

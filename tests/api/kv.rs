@@ -294,3 +294,38 @@ async fn numbers_in_values_round_trip_exactly() {
         assert!(got.text.contains(digits), "{digits} was not kept exactly: {}", got.text);
     }
 }
+
+/// Many GETs at once. On PostgreSQL, reads that wait together are coalesced into one
+/// `SELECT .. WHERE key = ANY(..)`: each must still get exactly its own key's value, a deleted
+/// or never-written key a 404, and a key read by many at once the same value for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reads_each_get_their_own_key() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    let live: Vec<String> = (0..16).map(|i| crate::helpers::unique(&format!("live{i}"))).collect();
+    for (i, key) in live.iter().enumerate() {
+        app.kv_put(key, "1", &json!({"i": i})).await.expect(201);
+    }
+    let gone = crate::helpers::unique("gone");
+    app.kv_put(&gone, "1", &json!("soon deleted")).await.expect(201);
+    app.kv_delete(&gone, "2").await.expect(200);
+    let never = crate::helpers::unique("never");
+
+    let mut reads = Vec::new();
+    for _ in 0..8 {
+        for (i, key) in live.iter().enumerate().chain([(0, &live[0]), (0, &live[0])]) {
+            let (app, key) = (app.clone(), key.clone());
+            reads.push(tokio::spawn(async move {
+                let body = app.kv_get(&key).await.expect(200);
+                assert_eq!(body["key"], json!(key), "{body}");
+                assert_eq!(body["value"], json!({"i": i}), "{key} got another key's value: {body}");
+            }));
+        }
+        for key in [&gone, &never] {
+            let (app, key) = (app.clone(), key.clone());
+            reads.push(tokio::spawn(async move { app.assert_absent(&key).await }));
+        }
+    }
+    for read in reads {
+        read.await.expect("read task");
+    }
+}
