@@ -10,8 +10,15 @@
 //!   sent at once, and batches grow only while the database is busy.
 //! - Bounded: at most `max_rows` writes per statement, and a bounded queue (callers wait).
 //! - A key that appears twice goes in the next statement (ON CONFLICT cannot touch a row twice
-//!   in one statement), so writes to one key still apply in arrival order; such statements run
-//!   in one transaction and share one commit, which is what makes a hot key fast.
+//!   in one statement); such statements run in one transaction and share one commit, which is
+//!   what makes a hot key fast.
+//! - Writes to one key that wait together are applied in token order (equal tokens in arrival
+//!   order). Every write in a drained batch is in flight at once, none has been answered, so
+//!   any order among them is a valid (linearizable) history; token order is the one in which
+//!   the fence refuses the fewest. In arrival order, concurrent writers with climbing tokens
+//!   (a hot key) saw most of their writes refused only because a higher token overtook them in
+//!   the queue. A write answered before another was sent is still applied before it: it was in
+//!   an earlier batch. Each write is still checked by the fence in the database.
 //! - If a combined statement fails for a reason other than the connection, its writes are
 //!   retried one by one, so one bad value cannot fail its neighbours.
 //! - 2xx only after commit: replies are sent after the statement (autocommit) returned.
@@ -112,9 +119,10 @@ async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, conns: Arc<Connections>, sq
 /// A statement's worth of writes: one rule, each key at most once.
 type Round = (Rule, Vec<Job>);
 
-/// Splits waiting writes into rounds, each taking one write per (rule, key) in arrival order,
-/// so writes to one key apply in the order they arrived.
+/// Splits waiting writes into rounds, each taking one write per (rule, key), so that writes
+/// to one key apply in token order (module docs: why that order is a valid one).
 fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
+    jobs.sort_by_key(|job| job.token); // stable: equal tokens keep their arrival order
     let mut rounds = Vec::new();
     while !jobs.is_empty() {
         let rule = jobs[0].rule;
@@ -204,4 +212,43 @@ async fn execute(conn: &mut PgConnection, sql: &Upserts, rule: Rule, jobs: &[Job
         applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(key: &str, token: i64) -> Job {
+        let (reply, _) = oneshot::channel();
+        Job {
+            key: Key::parse(key, 64).unwrap(),
+            value: Some(serde_json::json!(token)),
+            token: FencingToken::from_db(token).unwrap(),
+            rule: Rule::Inclusive,
+            reply,
+        }
+    }
+
+    fn shape(rounds: &[Round]) -> Vec<Vec<(String, i64)>> {
+        rounds
+            .iter()
+            .map(|(_, jobs)| jobs.iter().map(|j| (j.key.as_str().to_owned(), j.token.get())).collect())
+            .collect()
+    }
+
+    #[test]
+    fn one_key_per_round_in_token_order() {
+        // Arrival order: the hot key's tokens overtook each other in the queue.
+        let jobs = vec![job("hot", 9), job("a", 5), job("hot", 3), job("hot", 7), job("b", 1), job("hot", 3)];
+        let rounds = split_rounds(jobs);
+        assert_eq!(
+            shape(&rounds),
+            vec![
+                vec![("b".into(), 1), ("hot".into(), 3), ("a".into(), 5)],
+                vec![("hot".into(), 3)],
+                vec![("hot".into(), 7)],
+                vec![("hot".into(), 9)],
+            ]
+        );
+    }
 }

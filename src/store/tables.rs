@@ -294,6 +294,9 @@ impl PgStore {
         };
         if let Err(failure) = write_row(&mut tx, resource, &key, &op.write, guard, existed).await {
             drop(tx); // rolls back
+            // Give the connection back before explaining, which takes one of its own: holding
+            // both could exhaust max_connections under concurrent failing writes.
+            drop(conn);
             return Err(self.explain(failure, resource, &op.write).await);
         }
         tx.commit().await.map_err(StoreError::from)?;
@@ -400,6 +403,7 @@ impl PgStore {
             let guard = guard_for(op.resource.rule);
             if let Err(failure) = write_row(&mut tx, &op.resource, key, &op.write, &guard, existed).await {
                 drop(tx);
+                drop(conn); // before explaining, as in `table_write`
                 return Err(in_op(i)(self.explain(failure, &op.resource, &op.write).await));
             }
             live.insert(row, !matches!(op.write, RowWrite::Delete));
