@@ -90,8 +90,13 @@ impl Connections {
         let top = self.idle.lock().expect("idle connections lock").pop();
         let held = match top {
             Some(held) if !held.is_old() => held,
-            // An old one is dropped: back to the pool, which closes it if past its lifetime.
-            _ => Held { conn: self.pool.acquire().await?, since: Instant::now() },
+            old => {
+                // An old one goes back to the pool (which closes it if past its lifetime)
+                // BEFORE asking the pool for another: held, it could be the very connection the
+                // pool is waiting for, and after an idle spell every stacked one is old.
+                drop(old);
+                Held { conn: self.pool.acquire().await?, since: Instant::now() }
+            }
         };
         Ok(Borrowed { conns: self, held: Some(held), clean: false, _permit: permit })
     }

@@ -71,7 +71,12 @@ async fn worker(rx: Arc<Mutex<mpsc::Receiver<ReadJob>>>, conns: Arc<Connections>
             Ok(found) => {
                 for job in jobs {
                     // A key read twice in one batch: each read gets its copy.
-                    let _ = job.reply.send(Ok(found.get(job.key.as_str()).cloned()));
+                    let answer = match found.get(job.key.as_str()) {
+                        None => Ok(None),
+                        Some(Ok(entry)) => Ok(Some(entry.clone())),
+                        Some(Err(err)) => Err(err.duplicate()),
+                    };
+                    let _ = job.reply.send(answer);
                 }
             }
             Err(err) => {
@@ -83,23 +88,26 @@ async fn worker(rx: Arc<Mutex<mpsc::Receiver<ReadJob>>>, conns: Arc<Connections>
     }
 }
 
-/// The live entries of the jobs' keys, by key.
-async fn fetch(conns: &Connections, jobs: &[ReadJob]) -> Result<HashMap<String, Entry>, StoreError> {
+/// The live entries of the jobs' keys, by key. A row that cannot be decoded fails only the
+/// reads of its own key, as it would uncoalesced.
+type Found = HashMap<String, Result<Entry, StoreError>>;
+
+async fn fetch(conns: &Connections, jobs: &[ReadJob]) -> Result<Found, StoreError> {
     let mut conn = conns.take().await?;
     let found = fetch_on(&mut conn, jobs).await?;
     conn.done();
     Ok(found)
 }
 
-async fn fetch_on(conn: &mut PgConnection, jobs: &[ReadJob]) -> Result<HashMap<String, Entry>, StoreError> {
+async fn fetch_on(conn: &mut PgConnection, jobs: &[ReadJob]) -> Result<Found, StoreError> {
     if let [job] = jobs {
         // Alone: the one-key statement, exactly what an uncoalesced GET runs.
         let row = sqlx::query(KV_GET).bind(job.key.as_str()).fetch_optional(&mut *conn).await?;
-        return row.map(|row| Ok((job.key.as_str().to_owned(), entry_from(&row, 0)?))).into_iter().collect();
+        return Ok(row.map(|row| (job.key.as_str().to_owned(), entry_from(&row, 0))).into_iter().collect());
     }
     let mut keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
     let rows = sqlx::query(KV_GET_MANY).bind(&keys).fetch_all(&mut *conn).await?;
-    rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, entry_from(row, 1)?))).collect()
+    rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, entry_from(row, 1)))).collect()
 }
