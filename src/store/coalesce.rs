@@ -96,21 +96,24 @@ impl Coalescer {
     }
 }
 
-async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, conns: Arc<Connections>, sql: Arc<Upserts>, max_rows: usize) {
-    loop {
-        let mut jobs = Vec::with_capacity(max_rows);
-        {
-            // Whoever holds the receiver collects the next batch; the others are executing.
-            let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            jobs.push(first);
-            while jobs.len() < max_rows {
-                match rx.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
-                }
-            }
+/// The next batch for a worker: waits for one request, then takes whatever else is already
+/// queued, up to `max`; `None` once the queue is closed. Whoever holds the receiver collects
+/// the next batch while the other workers execute theirs. Shared by write and read coalescing.
+pub(super) async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
+    let mut rx = rx.lock().await;
+    let mut batch = Vec::with_capacity(max);
+    batch.push(rx.recv().await?);
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
         }
+    }
+    Some(batch)
+}
+
+async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, conns: Arc<Connections>, sql: Arc<Upserts>, max_rows: usize) {
+    while let Some(jobs) = next_batch(&rx, max_rows).await {
         metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
         run_rounds(&conns, &sql, split_rounds(jobs)).await;
     }

@@ -14,6 +14,7 @@ use sqlx::{PgConnection, Row};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{
+    coalesce::next_batch,
     connections::Connections,
     postgres::{entry_from, KV_GET, KV_GET_MANY},
     Entry, StoreError,
@@ -52,20 +53,7 @@ impl Reads {
 }
 
 async fn worker(rx: Arc<Mutex<mpsc::Receiver<ReadJob>>>, conns: Arc<Connections>, max_rows: usize) {
-    loop {
-        let mut jobs = Vec::with_capacity(max_rows);
-        {
-            // Whoever holds the receiver collects the next batch; the others are executing.
-            let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            jobs.push(first);
-            while jobs.len() < max_rows {
-                match rx.try_recv() {
-                    Ok(job) => jobs.push(job),
-                    Err(_) => break,
-                }
-            }
-        }
+    while let Some(jobs) = next_batch(&rx, max_rows).await {
         metrics::histogram!("fencegate_coalesced_reads").record(jobs.len() as f64);
         match fetch(&conns, &jobs).await {
             Ok(found) => {
