@@ -42,8 +42,9 @@ pub(super) struct Connections {
     idle: Mutex<Vec<Held>>,
     /// One permit per connection in use, `max_connections` in all. Callers wait here, not in
     /// the pool: a connection that is done comes back to `idle`, which the pool's own waiters
-    /// would never hear of. Taking a permit first also means that whoever finds `idle` empty
-    /// finds room in the pool.
+    /// would never hear of. A permit holder that finds `idle` empty can ask the pool: the other
+    /// holders use at most `max_connections - 1` connections, so the pool has room, or will
+    /// as soon as a connection on its way back to it (an error's, an old one's) arrives.
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
 }
@@ -82,10 +83,15 @@ impl Connections {
     /// The most recently used idle connection if it is still young, else one from the pool.
     /// Waits at most `acquire_timeout_ms` for a free connection; then 503.
     pub(super) async fn take(&self) -> Result<Borrowed<'_>, StoreError> {
-        let permit = match tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            Ok(Err(_closed)) => return Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
-            Err(_elapsed) => return Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+        // A free permit is taken at once; only a caller that must wait arms a timer (this runs
+        // for every statement).
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => match tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_closed)) => return Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
+                Err(_elapsed) => return Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+            },
         };
         let top = self.idle.lock().expect("idle connections lock").pop();
         let held = match top {
