@@ -6,9 +6,8 @@
 //! (`unnest` arrays, per-row tokens), committed once. Each request still gets its own outcome:
 //! a row comes back for each key the fence admitted; a missing row means that write was stale.
 //!
-//! - No timer: a worker takes whatever is queued the moment it is free, so a lone request is
-//!   sent at once, and batches grow only while the database is busy.
-//! - Bounded: at most `max_rows` writes per statement, and a bounded queue (callers wait).
+//! - Batches come from [`super::batching::WorkQueue`]: no timer (a lone write goes out at once,
+//!   as a one-row statement), at most `max_rows` writes per batch, a bounded queue.
 //! - A key that appears twice goes in the next statement (ON CONFLICT cannot touch a row twice
 //!   in one statement); such statements run in one transaction and share one commit, which is
 //!   what makes a hot key fast.
@@ -29,9 +28,9 @@ use std::{
 };
 
 use sqlx::{types::Json, Connection, PgConnection, Row};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::oneshot;
 
-use super::{connections::Connections, StoreError};
+use super::{batching::WorkQueue, connections::Connections, StoreError};
 use crate::fence::{FencingToken, Key, Rule};
 
 /// One queued write. `value: None` is a delete (a tombstone).
@@ -46,7 +45,7 @@ pub struct Job {
 
 #[derive(Clone)]
 pub struct Coalescer {
-    queue: mpsc::Sender<Job>,
+    queue: WorkQueue<Job>,
 }
 
 /// The fenced upserts, per rule. `rows`: the multi-row form, `$1` keys, `$2` values, `$3`
@@ -77,45 +76,19 @@ impl Upserts {
 
 impl Coalescer {
     pub(super) fn start(conns: Arc<Connections>, sql: Arc<Upserts>, workers: usize, max_rows: usize) -> Self {
-        let (queue, rx) = mpsc::channel::<Job>(max_rows.max(1) * workers.max(1) * 4);
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..workers.max(1) {
-            tokio::spawn(worker(rx.clone(), conns.clone(), sql.clone(), max_rows.max(1)));
-        }
+        let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<Job>| {
+            let (conns, sql) = (conns.clone(), sql.clone());
+            async move {
+                metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
+                run_rounds(&conns, &sql, split_rounds(jobs)).await;
+            }
+        });
         Coalescer { queue }
     }
 
     /// Queues a write and waits for its outcome.
     pub async fn write(&self, key: Key, value: Option<serde_json::Value>, token: FencingToken, rule: Rule) -> Result<Option<i64>, StoreError> {
-        let (reply, outcome) = oneshot::channel();
-        let job = Job { key, value, token, rule, reply };
-        if self.queue.send(job).await.is_err() {
-            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
-        }
-        outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
-    }
-}
-
-/// The next batch for a worker: waits for one request, then takes whatever else is already
-/// queued, up to `max`; `None` once the queue is closed. Whoever holds the receiver collects
-/// the next batch while the other workers execute theirs. Shared by write and read coalescing.
-pub(super) async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
-    let mut rx = rx.lock().await;
-    let mut batch = Vec::with_capacity(max);
-    batch.push(rx.recv().await?);
-    while batch.len() < max {
-        match rx.try_recv() {
-            Ok(job) => batch.push(job),
-            Err(_) => break,
-        }
-    }
-    Some(batch)
-}
-
-async fn worker(rx: Arc<Mutex<mpsc::Receiver<Job>>>, conns: Arc<Connections>, sql: Arc<Upserts>, max_rows: usize) {
-    while let Some(jobs) = next_batch(&rx, max_rows).await {
-        metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
-        run_rounds(&conns, &sql, split_rounds(jobs)).await;
+        self.queue.ask(|reply| Job { key, value, token, rule, reply }).await
     }
 }
 

@@ -11,10 +11,10 @@
 use std::{collections::HashMap, sync::Arc};
 
 use sqlx::{PgConnection, Row};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::oneshot;
 
 use super::{
-    coalesce::next_batch,
+    batching::WorkQueue,
     connections::Connections,
     postgres::{entry_from, KV_GET, KV_GET_MANY},
     Entry, StoreError,
@@ -28,49 +28,45 @@ struct ReadJob {
 
 #[derive(Clone)]
 pub(super) struct Reads {
-    queue: mpsc::Sender<ReadJob>,
+    queue: WorkQueue<ReadJob>,
 }
 
 impl Reads {
     pub(super) fn start(conns: Arc<Connections>, workers: usize, max_rows: usize) -> Self {
-        let (queue, rx) = mpsc::channel::<ReadJob>(max_rows.max(1) * workers.max(1) * 4);
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..workers.max(1) {
-            tokio::spawn(worker(rx.clone(), conns.clone(), max_rows.max(1)));
-        }
+        let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<ReadJob>| {
+            let conns = conns.clone();
+            async move {
+                metrics::histogram!("fencegate_coalesced_reads").record(jobs.len() as f64);
+                answer(&conns, jobs).await;
+            }
+        });
         Reads { queue }
     }
 
     /// Queues a read and waits for its row. Safe to drop at any point: the worker owns the
     /// statement.
     pub(super) async fn get(&self, key: Key) -> Result<Option<Entry>, StoreError> {
-        let (reply, outcome) = oneshot::channel();
-        if self.queue.send(ReadJob { key, reply }).await.is_err() {
-            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
-        }
-        outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+        self.queue.ask(|reply| ReadJob { key, reply }).await
     }
 }
 
-async fn worker(rx: Arc<Mutex<mpsc::Receiver<ReadJob>>>, conns: Arc<Connections>, max_rows: usize) {
-    while let Some(jobs) = next_batch(&rx, max_rows).await {
-        metrics::histogram!("fencegate_coalesced_reads").record(jobs.len() as f64);
-        match fetch(&conns, &jobs).await {
-            Ok(found) => {
-                for job in jobs {
-                    // A key read twice in one batch: each read gets its copy.
-                    let answer = match found.get(job.key.as_str()) {
-                        None => Ok(None),
-                        Some(Ok(entry)) => Ok(Some(entry.clone())),
-                        Some(Err(err)) => Err(err.duplicate()),
-                    };
-                    let _ = job.reply.send(answer);
-                }
+/// Reads the batch's keys in one statement and answers every read.
+async fn answer(conns: &Connections, jobs: Vec<ReadJob>) {
+    match fetch(conns, &jobs).await {
+        Ok(found) => {
+            for job in jobs {
+                // A key read twice in one batch: each read gets its copy.
+                let answer = match found.get(job.key.as_str()) {
+                    None => Ok(None),
+                    Some(Ok(entry)) => Ok(Some(entry.clone())),
+                    Some(Err(err)) => Err(err.duplicate()),
+                };
+                let _ = job.reply.send(answer);
             }
-            Err(err) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(err.duplicate()));
-                }
+        }
+        Err(err) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(err.duplicate()));
             }
         }
     }

@@ -105,7 +105,6 @@ async fn spawn_legacy() -> Legacy {
         s.resources = vec![orders(), accounts(), tickets_strict()];
         // Many tests run at once against one PostgreSQL server: keep each one's pool small.
         s.database.max_connections = 4;
-        s.database.coalesce_workers = 2;
     })
     .await;
     Legacy { app, db }

@@ -1,0 +1,71 @@
+//! The queue behind write and read coalescing: callers queue a request and wait for its reply;
+//! a few worker tasks each take whole batches of waiting requests and serve them together.
+//!
+//! No timer: a worker takes whatever is queued the moment it is free, so a lone request goes
+//! out at once and batches grow only while the database is busy. The queue is bounded (callers
+//! wait when it is full) and so is a batch (`max_rows`). A worker owns the database work of its
+//! batch, so a caller that goes away (timeout, disconnect) abandons nothing.
+
+use std::{future::Future, sync::Arc};
+
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::StoreError;
+
+pub(super) struct WorkQueue<J> {
+    queue: mpsc::Sender<J>,
+}
+
+impl<J> Clone for WorkQueue<J> {
+    fn clone(&self) -> Self {
+        WorkQueue { queue: self.queue.clone() }
+    }
+}
+
+impl<J: Send + 'static> WorkQueue<J> {
+    /// Starts `workers` tasks, each calling `serve` with up to `max_rows` waiting requests.
+    /// `serve` must answer every request of its batch.
+    pub(super) fn start<F, Fut>(workers: usize, max_rows: usize, serve: F) -> Self
+    where
+        F: Fn(Vec<J>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let (workers, max_rows) = (workers.max(1), max_rows.max(1));
+        let (queue, rx) = mpsc::channel::<J>(max_rows * workers * 4);
+        let (rx, serve) = (Arc::new(Mutex::new(rx)), Arc::new(serve));
+        for _ in 0..workers {
+            let (rx, serve) = (rx.clone(), serve.clone());
+            tokio::spawn(async move {
+                while let Some(batch) = next_batch(&rx, max_rows).await {
+                    serve(batch).await;
+                }
+            });
+        }
+        WorkQueue { queue }
+    }
+
+    /// Queues the request `job` builds around its reply channel, and waits for the reply.
+    pub(super) async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J) -> Result<T, StoreError> {
+        let (reply, outcome) = oneshot::channel();
+        if self.queue.send(job(reply)).await.is_err() {
+            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+        }
+        outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+/// The next batch for a worker: waits for one request, then takes whatever else is already
+/// queued, up to `max`; `None` once the queue is closed. Whoever holds the receiver collects
+/// the next batch while the other workers execute theirs.
+async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
+    let mut rx = rx.lock().await;
+    let mut batch = Vec::with_capacity(max);
+    batch.push(rx.recv().await?);
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(batch)
+}
