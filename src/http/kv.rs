@@ -6,6 +6,7 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
+use serde::Serialize;
 use serde_json::json;
 
 use super::{
@@ -14,7 +15,7 @@ use super::{
     AppState,
 };
 use crate::{
-    fence::{Guard, Outcome, Target},
+    fence::{FencingToken, Guard, Key, Outcome, Scope, Target},
     store::Write,
 };
 
@@ -25,6 +26,30 @@ pub(super) fn guard(state: &AppState, token: Token, scope: ScopeHeader) -> Guard
         target: scope.0.map_or(Target::Key, Target::Scope),
         rule: state.kv.rule(),
     }
+}
+
+// Response bodies as structs rather than `json!`: built straight into the response buffer
+// instead of through a map of owned `Value`s (~4% of a lone PUT's instructions). Fields in
+// alphabetical order, as `json!` wrote them.
+
+/// The body of an accepted PUT.
+#[derive(Serialize)]
+struct Written<'a> {
+    fence_token: FencingToken,
+    key: &'a Key,
+    scope: Option<&'a Scope>,
+    version: i64,
+}
+
+/// The body of a GET.
+#[derive(Serialize)]
+struct Read<'a> {
+    fence_token: FencingToken,
+    key: &'a Key,
+    scope: Option<&'a str>,
+    updated_at: &'a str,
+    value: &'a serde_json::Value,
+    version: i64,
 }
 
 pub async fn put(
@@ -39,12 +64,7 @@ pub async fn put(
     match state.store.write(Write::Put { key, value }, &guard).await? {
         Outcome::Accepted(written) => {
             let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
-            let body = json!({
-                "key": written.key,
-                "fence_token": guard.token,
-                "scope": guard.scope(),
-                "version": written.version,
-            });
+            let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
             Ok((status, Json(body)).into_response())
         }
         Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
@@ -79,13 +99,13 @@ pub async fn get(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result
         super::extract::TOKEN_HEADER,
         HeaderValue::from_str(&entry.fence_token.to_string()).expect("digits are a valid header value"),
     );
-    let body = json!({
-        "key": key,
-        "value": entry.value,
-        "fence_token": entry.fence_token,
-        "scope": entry.scope,
-        "version": entry.version,
-        "updated_at": entry.updated_at,
-    });
+    let body = Read {
+        fence_token: entry.fence_token,
+        key: &key,
+        scope: entry.scope.as_deref(),
+        updated_at: &entry.updated_at,
+        value: &entry.value,
+        version: entry.version,
+    };
     Ok((headers, Json(body)).into_response())
 }

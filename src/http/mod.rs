@@ -24,7 +24,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tower::{limit::GlobalConcurrencyLimitLayer, ServiceBuilder};
 use tower_http::{
     catch_panic::CatchPanicLayer,
-    request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer},
+    request_id::{PropagateRequestIdLayer, SetRequestIdLayer},
     trace::TraceLayer,
 };
 
@@ -82,7 +82,7 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     // in-flight limit, timeout, body limit. The limit is global (one semaphore for all routes).
     api.layer(
         ServiceBuilder::new()
-            .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+            .layer(SetRequestIdLayer::new(REQUEST_ID, crate::telemetry::RequestIds::new()))
             .layer(PropagateRequestIdLayer::new(REQUEST_ID))
             .layer(TraceLayer::new_for_http().make_span_with(crate::telemetry::request_span))
             .layer(middleware::from_fn(crate::telemetry::track_request))
