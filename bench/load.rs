@@ -9,7 +9,9 @@
 //!    `PUT /v1/kv/{key}` with a token from a global, increasing counter;
 //! 3. runs pgbench with the identical fenced statement (`fencegate::store::kv_put_sql`, the
 //!    function the store itself builds it with) at the same concurrency against the same database;
-//! 4. adds a hot-key run, a 90% GET / 10% PUT mix and an RSS soak, and prints one markdown table.
+//! 4. adds a hot-key run, a hot-scope run (one lock holder, one token, random keys; pgbench runs
+//!    the scoped statement with the same fixed token), a 90% GET / 10% PUT mix and an RSS soak,
+//!    and prints one markdown table.
 //!
 //! Environment: `DATABASE_URL` (admin URL), `BENCH_SECONDS` (per step, default 10),
 //! `BENCH_SOAK_SECONDS` (default 60), `PGBENCH` (path to pgbench; default: PATH, then
@@ -49,6 +51,8 @@ use tokio::{
 const KEYS: u64 = 10_000;
 /// The hot key of the hot-key steps.
 const HOT_KEY: u64 = 1;
+/// The scope of the hot-scope step: one lock whose holder writes random keys from many tasks.
+const HOT_SCOPE: &str = "bench-lock";
 /// The value every PUT writes, as the HTTP body and as pgbench's jsonb literal.
 const VALUE: &str = r#"{"n": 42, "by": "bench"}"#;
 /// Per-request bound; a request that takes longer counts as a transport error.
@@ -84,7 +88,7 @@ struct Settings {
     step: Duration,
     warmup: Duration,
     soak: Duration,
-    /// BENCH_ONLY: run only these steps (ids: random1 random16 random64 hot mix soak).
+    /// BENCH_ONLY: run only these steps (ids: random1 random16 random64 hot scope mix soak).
     only: Option<Vec<String>>,
     /// BENCH_SCRAPE_SECONDS: GET /metrics this often during the soak, as Prometheus would.
     scrape_every: Option<Duration>,
@@ -302,7 +306,26 @@ fn pgbench_put(put_key: &str) -> String {
     format!("{sql};\n")
 }
 
-fn pgbench_scripts(put_key: &str, dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
+/// The scoped put as pgbench runs it: the holder's token is `:t` (pgbench `-D t=..`), fixed
+/// for the step as it is for the HTTP clients, and the scope is [`HOT_SCOPE`].
+fn pgbench_put_scoped(put_scoped: &str) -> String {
+    let sql = one_line(put_scoped)
+        .replace("$1", ":k")
+        .replace("$2", &format!("'{VALUE}'::jsonb"))
+        .replace("$3", "false")
+        .replace("$4", ":t")
+        .replace("$5", &format!("'{HOT_SCOPE}'"));
+    format!("{sql};\n")
+}
+
+struct Scripts {
+    random: PathBuf,
+    hot: PathBuf,
+    mix: PathBuf,
+    scope: PathBuf,
+}
+
+fn pgbench_scripts(put_key: &str, put_scoped: &str, dir: &Path) -> Result<Scripts> {
     let put = pgbench_put(put_key);
     let random = dir.join("put_random.sql");
     std::fs::write(&random, format!("\\set k random(1, {KEYS})\n{put}"))?;
@@ -318,7 +341,9 @@ fn pgbench_scripts(put_key: &str, dir: &Path) -> Result<(PathBuf, PathBuf, PathB
         &mix,
         format!("\\set k random(1, {KEYS})\n\\set r random(1, 100)\n\\if :r <= 90\n{get};\n\\else\n{put}\\endif\n"),
     )?;
-    Ok((random, hot, mix))
+    let scope = dir.join("put_scope.sql");
+    std::fs::write(&scope, format!("\\set k random(1, {KEYS})\n{}", pgbench_put_scoped(put_scoped)))?;
+    Ok(Scripts { random, hot, mix, scope })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,6 +432,9 @@ enum Workload {
     Hot,
     /// `read_pct`% GET, the rest PUT, on random keys.
     Mix { read_pct: u64 },
+    /// PUT on a random key under [`HOT_SCOPE`], every request with the same token: one lock
+    /// holder writing from many tasks. `token` is set when the step starts.
+    Scope { token: i64 },
 }
 
 #[derive(Default)]
@@ -518,12 +546,19 @@ async fn drive(ctx: &Ctx, conn: &mut Option<Sender>, rng: &mut Rng, until: Insta
             Workload::Random => (false, r % KEYS + 1),
             Workload::Hot => (false, HOT_KEY),
             Workload::Mix { read_pct } => ((r >> 32) % 100 < read_pct, r % KEYS + 1),
+            Workload::Scope { .. } => (false, r % KEYS + 1),
         };
-        let builder = Request::builder().uri(format!("/v1/kv/{key}")).header(HOST, &ctx.host);
+        let mut builder = Request::builder().uri(format!("/v1/kv/{key}")).header(HOST, &ctx.host);
+        if let Workload::Scope { .. } = ctx.workload {
+            builder = builder.header("x-fencing-scope", HOT_SCOPE);
+        }
         let req = if is_get {
             builder.method(Method::GET).body(Full::new(Bytes::new()))
         } else {
-            let token = TOKENS.next();
+            let token = match ctx.workload {
+                Workload::Scope { token } => token,
+                _ => TOKENS.next(),
+            };
             builder
                 .method(Method::PUT)
                 .header(CONTENT_TYPE, "application/json")
@@ -640,7 +675,18 @@ struct PgRun {
     db_applied: i64,
 }
 
-async fn pgbench_step(s: &Settings, label: &str, conns: usize, script: &Path, db_url: &str, dur: Duration, db: &mut PgConnection) -> Result<PgRun> {
+/// `defines`: pgbench `-D name=value` variables for the script.
+#[allow(clippy::too_many_arguments)]
+async fn pgbench_step(
+    s: &Settings,
+    label: &str,
+    conns: usize,
+    script: &Path,
+    defines: &[String],
+    db_url: &str,
+    dur: Duration,
+    db: &mut PgConnection,
+) -> Result<PgRun> {
     let prefix = format!("pgbench_{label}");
     for entry in std::fs::read_dir(&s.out_dir)?.flatten() {
         if entry.file_name().to_string_lossy().starts_with(&format!("{prefix}.")) {
@@ -656,6 +702,7 @@ async fn pgbench_step(s: &Settings, label: &str, conns: usize, script: &Path, db
             .args(["-c", &conns.to_string(), "-j", &conns.min(2).to_string()])
             .args(["-T", &dur.as_secs().to_string()])
             .args(["--log", &format!("--log-prefix={prefix}")])
+            .args(defines.iter().flat_map(|d| ["-D", d.as_str()]))
             .arg("-f")
             .arg(script)
             .arg(db_url)
@@ -858,20 +905,21 @@ async fn run() -> Result<()> {
 async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnection) -> Result<()> {
     // The very statement fencegate runs for an unscoped PUT (kv.strict = false).
     let put_key = fencegate::store::kv_put_sql(fencegate::fence::Rule::Inclusive);
-    let (script_random, script_hot, script_mix) = pgbench_scripts(&put_key, &s.out_dir)?;
+    let put_scoped = fencegate::store::kv_put_scoped_sql(fencegate::fence::Rule::Inclusive);
+    let scripts = pgbench_scripts(&put_key, &put_scoped, &s.out_dir)?;
 
     println!("fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s", s.step.as_secs(), s.warmup.as_secs_f64(), s.soak.as_secs());
     println!("  binary   {}", env!("CARGO_BIN_EXE_fencegate"));
     println!("  pgbench  {} ({})", s.pgbench.display(), m.pgbench_version);
     println!("  database {}", redact(db_url));
-    println!("  pgbench statement (fencegate::store::kv_put_sql):\n    {}", std::fs::read_to_string(&script_random)?.trim().replace('\n', "\n    "));
+    println!("  pgbench statement (fencegate::store::kv_put_sql):\n    {}", std::fs::read_to_string(&scripts.random)?.trim().replace('\n', "\n    "));
     println!("  files    {}", s.out_dir.display());
 
     let fg = start_fencegate(db_url, &s.out_dir).await?;
     println!("  fencegate pid {} listening on {}", fg.pid, fg.addr);
     let mut db = PgConnection::connect(db_url).await.context("connecting to the bench database")?;
 
-    let outcome = measure(s, &fg, db_url, &mut db, admin, &script_random, &script_hot, &script_mix).await;
+    let outcome = measure(s, &fg, db_url, &mut db, admin, &scripts).await;
     let (_, hwm_end) = rss_kib(fg.pid);
     stop_fencegate(fg).await;
     let (rows, soak) = outcome?;
@@ -988,24 +1036,22 @@ async fn scrape_metrics(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn measure(
     s: &Settings,
     fg: &Fencegate,
     db_url: &str,
     db: &mut PgConnection,
     admin: &mut PgConnection,
-    script_random: &Path,
-    script_hot: &Path,
-    script_mix: &Path,
+    scripts: &Scripts,
 ) -> Result<(Vec<Row>, Option<Soak>)> {
     let mut rows = Vec::new();
-    let steps: [(&str, &str, usize, Workload, &Path); 5] = [
-        ("random", "random key, writes/s", 1, Workload::Random, script_random),
-        ("random", "random key, writes/s", 16, Workload::Random, script_random),
-        ("random", "random key, writes/s", 64, Workload::Random, script_random),
-        ("hot", "one hot key, writes/s", 64, Workload::Hot, script_hot),
-        ("mix", "90% GET / 10% PUT, ops/s", 64, Workload::Mix { read_pct: 90 }, script_mix),
+    let steps: [(&str, &str, usize, Workload, &Path); 6] = [
+        ("random", "random key, writes/s", 1, Workload::Random, &scripts.random),
+        ("random", "random key, writes/s", 16, Workload::Random, &scripts.random),
+        ("random", "random key, writes/s", 64, Workload::Random, &scripts.random),
+        ("hot", "one hot key, writes/s", 64, Workload::Hot, &scripts.hot),
+        ("scope", "one hot scope (random keys), writes/s", 64, Workload::Scope { token: 0 }, &scripts.scope),
+        ("mix", "90% GET / 10% PUT, ops/s", 64, Workload::Mix { read_pct: 90 }, &scripts.mix),
     ];
     println!();
     for (name, title, conns, workload, script) in steps {
@@ -1014,11 +1060,20 @@ async fn measure(
             continue;
         }
         let (workload_name, unit) = title.split_once(", ").expect("title");
+        // The hot scope's holder presents one token for the whole step, above every earlier one.
+        let workload = match workload {
+            Workload::Scope { .. } => Workload::Scope { token: TOKENS.next() },
+            other => other,
+        };
         reset_table(db, admin).await?;
         let r = fencegate_step(fg.addr, conns, workload, s, s.step, db).await?;
         let (fg_rate, fg_lat) = report_fg(name, conns, &r);
         reset_table(db, admin).await?;
-        let p = pgbench_step(s, &format!("{name}_c{conns}"), conns, script, db_url, s.step, db).await?;
+        let defines = match workload {
+            Workload::Scope { .. } => vec![format!("t={}", TOKENS.next())],
+            _ => Vec::new(),
+        };
+        let p = pgbench_step(s, &format!("{name}_c{conns}"), conns, script, &defines, db_url, s.step, db).await?;
         let pg = report_pg(name, conns, &p, workload != (Workload::Mix { read_pct: 90 }));
         println!(
             "  ratio      fencegate/pgbench: ok/s {:.2}×, p99 {:.2}×   (fencegate VmRSS {})\n",

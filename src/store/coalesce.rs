@@ -1,4 +1,4 @@
-//! Write coalescing: concurrent unscoped single-key writes share one statement.
+//! Write coalescing: concurrent single-key writes, unscoped and scoped, share statements.
 //!
 //! A PostgreSQL client that sends one upsert per request pays one round trip and one commit
 //! (an fsync) per write. fencegate sees many concurrent writers at once, so it can do what no
@@ -8,22 +8,31 @@
 //!
 //! - Batches come from [`super::batching::WorkQueue`]: no timer (a lone write goes out at once,
 //!   as a one-row statement), at most `max_rows` writes per batch, a bounded queue.
-//! - A key that appears twice goes in the next statement (ON CONFLICT cannot touch a row twice
-//!   in one statement); such statements run in one transaction and share one commit, which is
-//!   what makes a hot key fast.
-//! - Writes to one key that wait together are applied in token order (equal tokens in arrival
-//!   order). Every write in a drained batch is in flight at once, none has been answered, so
-//!   any order among them is a valid (linearizable) history; token order is the one in which
-//!   the fence refuses the fewest. In arrival order, concurrent writers with climbing tokens
-//!   (a hot key) saw most of their writes refused only because a higher token overtook them in
-//!   the queue. A write answered before another was sent is still applied before it: it was in
-//!   an earlier batch. Each write is still checked by the fence in the database.
+//! - A batch is split into rounds, one statement each. A round holds each key at most once (ON
+//!   CONFLICT cannot touch a row twice in one statement), and each scope with one token: the
+//!   statement claims that scope's fence once, and every write of the group is applied iff the
+//!   claim was. Under the inclusive rule that is what applying them one by one would do (the
+//!   first raises the fence to the token, the rest are equal to it); under the strict rule a
+//!   token writes once, so there a scope takes one write per round.
+//! - Unscoped rounds run in one transaction and share one commit, which is what makes a hot
+//!   key fast. Scoped rounds run each as its own statement (autocommit): a hot scope needs only
+//!   one round, and a statement of its own keeps the lock order of every statement "fences,
+//!   then rows", so no two can deadlock.
+//! - Writes to one key or scope that wait together are applied in token order (equal tokens
+//!   in arrival order). Every write in a drained batch is in flight at once, none has been
+//!   answered, so any order among them is a valid (linearizable) history; token order is the
+//!   one in which the fence refuses the fewest. In arrival order, concurrent writers with
+//!   climbing tokens (a hot key) saw most of their writes refused only because a higher token
+//!   overtook them in the queue. A write answered before another was sent is still applied
+//!   before it: it was in an earlier batch. Each write is still checked by the fence in the
+//!   database.
 //! - If a combined statement fails for a reason other than the connection, its writes are
-//!   retried one by one, so one bad value cannot fail its neighbours.
-//! - 2xx only after commit: replies are sent after the statement (autocommit) returned.
+//!   retried one by one, so one bad value cannot fail its neighbours. Only work that was not
+//!   committed is retried: a failed transaction or statement committed nothing.
+//! - 2xx only after commit: replies are sent after the statement or transaction committed.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{hash_map::Entry, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -31,7 +40,7 @@ use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::oneshot;
 
 use super::{batching::WorkQueue, connections::Connections, StoreError};
-use crate::fence::{FencingToken, Key, Rule};
+use crate::fence::{FencingToken, Key, Rule, Scope};
 
 /// One queued write. `value: None` is a delete (a tombstone).
 pub struct Job {
@@ -39,7 +48,9 @@ pub struct Job {
     pub value: Option<serde_json::Value>,
     pub token: FencingToken,
     pub rule: Rule,
-    /// `Some(version)` if applied, `None` if the key's fence refused it.
+    /// The scope whose fence guards the write; `None`: the key's own fence.
+    pub scope: Option<Scope>,
+    /// `Some(version)` if applied, `None` if the fence refused it.
     pub reply: oneshot::Sender<Result<Option<i64>, StoreError>>,
 }
 
@@ -51,10 +62,13 @@ pub struct Coalescer {
 /// The fenced upserts, per rule. `rows`: the multi-row form, `$1` keys, `$2` values, `$3`
 /// deleted flags, `$4` tokens (shared with `POST /v1/batch`, which passes one token for every
 /// row). `single`: the one-row form (`$1` key, `$2` value, `$3` deleted, `$4` token), cheaper to
-/// plan and execute when only one write is waiting.
+/// plan and execute when only one write is waiting. `scoped_rows` and `scoped_single`: the
+/// same for scoped writes, with the scopes (or scope) as `$5`.
 pub struct Upserts {
     pub rows: [String; 2],
     pub single: [String; 2],
+    pub scoped_rows: [String; 2],
+    pub scoped_single: [String; 2],
 }
 
 fn index(rule: Rule) -> usize {
@@ -69,8 +83,15 @@ impl Upserts {
         &self.rows[index(rule)]
     }
 
-    fn single_for_rule(&self, rule: Rule) -> &str {
-        &self.single[index(rule)]
+    /// The statement for `jobs` of one round.
+    fn for_round(&self, round: &Round, jobs: usize) -> &str {
+        let i = index(round.rule);
+        match (round.scoped, jobs) {
+            (false, 1) => &self.single[i],
+            (false, _) => &self.rows[i],
+            (true, 1) => &self.scoped_single[i],
+            (true, _) => &self.scoped_rows[i],
+        }
     }
 }
 
@@ -87,60 +108,101 @@ impl Coalescer {
     }
 
     /// Queues a write and waits for its outcome.
-    pub async fn write(&self, key: Key, value: Option<serde_json::Value>, token: FencingToken, rule: Rule) -> Result<Option<i64>, StoreError> {
-        self.queue.ask(|reply| Job { key, value, token, rule, reply }).await
+    pub async fn write(
+        &self,
+        key: Key,
+        value: Option<serde_json::Value>,
+        token: FencingToken,
+        rule: Rule,
+        scope: Option<Scope>,
+    ) -> Result<Option<i64>, StoreError> {
+        self.queue.ask(|reply| Job { key, value, token, rule, scope, reply }).await
     }
 }
 
-/// A statement's worth of writes: one rule, each key at most once.
-type Round = (Rule, Vec<Job>);
+/// A statement's worth of writes: one rule, all scoped or all unscoped, each key at most once
+/// and each scope with one token.
+struct Round {
+    rule: Rule,
+    scoped: bool,
+    jobs: Vec<Job>,
+}
 
-/// Splits waiting writes into rounds, each taking one write per (rule, key), so that writes
-/// to one key apply in token order (module docs: why that order is a valid one).
+/// Splits waiting writes into rounds (module docs: what a round may hold), so that writes to
+/// one key or scope apply in token order (module docs: why that order is a valid one).
 fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
     if jobs.len() == 1 {
         // A lone write, the usual case at low load: nothing to order or split.
-        return vec![(jobs[0].rule, jobs)];
+        return vec![Round { rule: jobs[0].rule, scoped: jobs[0].scope.is_some(), jobs }];
     }
     jobs.sort_by_key(|job| job.token); // stable: equal tokens keep their arrival order
     let mut rounds = Vec::new();
     while !jobs.is_empty() {
-        let rule = jobs[0].rule;
-        let mut seen = HashSet::new();
-        let (round, rest): (Vec<Job>, Vec<Job>) =
-            jobs.into_iter().partition(|j| j.rule == rule && seen.insert(j.key.clone()));
-        rounds.push((rule, round));
+        let (rule, scoped) = (jobs[0].rule, jobs[0].scope.is_some());
+        let mut keys = HashSet::new();
+        let mut claims: HashMap<Scope, FencingToken> = HashMap::new();
+        let (round, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| {
+            if job.rule != rule || job.scope.is_some() != scoped || keys.contains(&job.key) {
+                return false;
+            }
+            if let Some(scope) = &job.scope {
+                match claims.entry(scope.clone()) {
+                    Entry::Vacant(claim) => {
+                        claim.insert(job.token);
+                    }
+                    // The scope's claim in this round is for this token: one more write under
+                    // it, if the inclusive rule lets a token write more than once.
+                    Entry::Occupied(claim) if rule == Rule::Inclusive && *claim.get() == job.token => {}
+                    Entry::Occupied(_) => return false,
+                }
+            }
+            keys.insert(job.key.clone());
+            true
+        });
+        rounds.push(Round { rule, scoped, jobs: round });
         jobs = rest;
     }
     rounds
 }
 
-/// Applies the rounds and replies to every write, only after the commit.
+/// Applies the rounds and replies to every write, each only after its commit: the unscoped
+/// rounds together (one transaction), then each scoped round on its own.
 async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
-    let writes: usize = rounds.iter().map(|(_, jobs)| jobs.len()).sum();
-    let views: Vec<(Rule, &[Job])> = rounds.iter().map(|(rule, jobs)| (*rule, jobs.as_slice())).collect();
-    let outcome = apply(conns, sql, &views).await;
-    match outcome {
+    let (unscoped, scoped): (Vec<Round>, Vec<Round>) = rounds.into_iter().partition(|round| !round.scoped);
+    if !unscoped.is_empty() {
+        settle(conns, sql, unscoped).await;
+    }
+    for round in scoped {
+        settle(conns, sql, vec![round]).await;
+    }
+}
+
+/// Applies `rounds` atomically (one statement, or one transaction) and replies to their writes.
+/// If that fails for a reason other than the connection, nothing was committed, and each write
+/// is tried again on its own so that one bad write cannot fail the others.
+async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
+    let writes: usize = rounds.iter().map(|round| round.jobs.len()).sum();
+    match apply(conns, sql, &rounds).await {
         Ok(applied) => {
-            for ((_, jobs), applied) in rounds.into_iter().zip(applied) {
-                for job in jobs {
+            for (round, applied) in rounds.into_iter().zip(applied) {
+                for job in round.jobs {
                     let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
                 }
             }
         }
         Err(err) if writes > 1 && !matches!(err, StoreError::Unavailable(_)) => {
             tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
-            for (rule, jobs) in rounds {
-                for job in jobs {
-                    let result = apply(conns, sql, &[(rule, std::slice::from_ref(&job))])
-                        .await
-                        .map(|applied| applied[0].get(job.key.as_str()).copied());
-                    let _ = job.reply.send(result);
+            for round in rounds {
+                for job in round.jobs {
+                    let alone = [Round { rule: round.rule, scoped: round.scoped, jobs: vec![job] }];
+                    let result = apply(conns, sql, &alone).await.map(|applied| applied[0].values().next().copied());
+                    let [Round { mut jobs, .. }] = alone;
+                    let _ = jobs.pop().expect("one job").reply.send(result);
                 }
             }
         }
         Err(err) => {
-            for job in rounds.into_iter().flat_map(|(_, jobs)| jobs) {
+            for job in rounds.into_iter().flat_map(|round| round.jobs) {
                 let _ = job.reply.send(Err(err.duplicate()));
             }
         }
@@ -150,43 +212,53 @@ async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
 /// instead of paying an fsync each. Returns, per round, the version of every key applied.
-async fn apply(conns: &Connections, sql: &Upserts, rounds: &[(Rule, &[Job])]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply(conns: &Connections, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     let mut conn = conns.take().await?;
     let applied = apply_on(&mut conn, sql, rounds).await?;
     conn.done();
     Ok(applied)
 }
 
-async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[(Rule, &[Job])]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
-    if let [(rule, jobs)] = rounds {
-        return Ok(vec![execute(conn, sql, *rule, jobs).await?]);
+async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+    if let [round] = rounds {
+        return Ok(vec![execute(conn, sql, round).await?]);
     }
     let mut tx = conn.begin().await?;
     let mut applied = Vec::with_capacity(rounds.len());
-    for (rule, jobs) in rounds {
-        applied.push(execute(&mut tx, sql, *rule, jobs).await?);
+    for round in rounds {
+        applied.push(execute(&mut tx, sql, round).await?);
     }
     tx.commit().await?;
     Ok(applied)
 }
 
-/// Runs the statement for `jobs`; returns the version of every key it applied.
-async fn execute(conn: &mut PgConnection, sql: &Upserts, rule: Rule, jobs: &[Job]) -> Result<HashMap<String, i64>, StoreError> {
-    if let [job] = jobs {
-        let version: Option<i64> = sqlx::query_scalar(sql.single_for_rule(rule))
+/// Runs the statement for one round; returns the version of every key it applied.
+async fn execute(conn: &mut PgConnection, sql: &Upserts, round: &Round) -> Result<HashMap<String, i64>, StoreError> {
+    let statement = sql.for_round(round, round.jobs.len());
+    if let [job] = round.jobs.as_slice() {
+        let mut query = sqlx::query_scalar(statement)
             .bind(job.key.as_str())
             .bind(job.value.as_ref().map(Json))
             .bind(job.value.is_none())
-            .bind(job.token.get())
-            .fetch_optional(&mut *conn)
-            .await?;
+            .bind(job.token.get());
+        if let Some(scope) = &job.scope {
+            query = query.bind(scope.as_str());
+        }
+        let version: Option<i64> = query.fetch_optional(&mut *conn).await?;
         return Ok(version.map(|v| (job.key.as_str().to_owned(), v)).into_iter().collect());
     }
+    let jobs = &round.jobs;
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     let values: Vec<Option<Json<&serde_json::Value>>> = jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
-    let rows = sqlx::query(sql.for_rule(rule)).bind(&keys).bind(&values).bind(&deleted).bind(&tokens).fetch_all(&mut *conn).await?;
+    let mut query = sqlx::query(statement).bind(&keys).bind(&values).bind(&deleted).bind(&tokens);
+    let scopes: Vec<&str>;
+    if round.scoped {
+        scopes = jobs.iter().map(|j| j.scope.as_ref().map_or("", Scope::as_str)).collect();
+        query = query.bind(&scopes);
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
         applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
@@ -198,21 +270,26 @@ async fn execute(conn: &mut PgConnection, sql: &Upserts, rule: Rule, jobs: &[Job
 mod tests {
     use super::*;
 
-    fn job(key: &str, token: i64) -> Job {
+    fn write(key: &str, token: i64, scope: Option<&str>, rule: Rule) -> Job {
         let (reply, _) = oneshot::channel();
         Job {
             key: Key::parse(key, 64).unwrap(),
             value: Some(serde_json::json!(token)),
             token: FencingToken::from_db(token).unwrap(),
-            rule: Rule::Inclusive,
+            rule,
+            scope: scope.map(|s| Scope::parse(s, 64).unwrap()),
             reply,
         }
+    }
+
+    fn job(key: &str, token: i64) -> Job {
+        write(key, token, None, Rule::Inclusive)
     }
 
     fn shape(rounds: &[Round]) -> Vec<Vec<(String, i64)>> {
         rounds
             .iter()
-            .map(|(_, jobs)| jobs.iter().map(|j| (j.key.as_str().to_owned(), j.token.get())).collect())
+            .map(|round| round.jobs.iter().map(|j| (j.key.as_str().to_owned(), j.token.get())).collect())
             .collect()
     }
 
@@ -230,5 +307,40 @@ mod tests {
                 vec![("hot".into(), 9)],
             ]
         );
+    }
+
+    #[test]
+    fn a_scope_takes_one_token_per_round() {
+        let s = Some("lock");
+        let jobs = vec![
+            write("a", 7, s, Rule::Inclusive),
+            write("b", 5, s, Rule::Inclusive),
+            write("c", 5, s, Rule::Inclusive),
+            write("a", 5, s, Rule::Inclusive),
+            write("d", 5, Some("other"), Rule::Inclusive),
+            write("e", 5, None, Rule::Inclusive),
+        ];
+        let rounds = split_rounds(jobs);
+        // Token 5's writes share one claim of "lock"; "a" twice, and token 7, wait for later
+        // rounds; the unscoped write goes in a round of its own kind.
+        assert_eq!(
+            shape(&rounds),
+            vec![
+                vec![("b".into(), 5), ("c".into(), 5), ("a".into(), 5), ("d".into(), 5)],
+                vec![("e".into(), 5)],
+                vec![("a".into(), 7)],
+            ]
+        );
+        assert_eq!(rounds.iter().map(|r| r.scoped).collect::<Vec<_>>(), [true, false, true]);
+    }
+
+    #[test]
+    fn strict_scope_takes_one_write_per_round() {
+        // Under the strict rule a token writes once: applied one by one, the second write with
+        // token 5 is refused, so the two must not share a claim.
+        let s = Some("lock");
+        let jobs = vec![write("a", 5, s, Rule::Strict), write("b", 5, s, Rule::Strict), write("c", 6, Some("x"), Rule::Strict)];
+        let rounds = split_rounds(jobs);
+        assert_eq!(shape(&rounds), vec![vec![("a".into(), 5), ("c".into(), 6)], vec![("b".into(), 5)]]);
     }
 }

@@ -21,7 +21,7 @@ use crate::{
     locks::{Acquired, Held, Ttl},
 };
 
-pub use postgres::{kv_put_sql, PgStore, KV_GET};
+pub use postgres::{kv_put_scoped_sql, kv_put_sql, PgStore, KV_GET};
 pub use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
@@ -242,7 +242,7 @@ impl Store {
             // A coalesced write needs no task of its own: the coalescer's worker owns the
             // statement (and any transaction) and finishes it whether or not this request is
             // still waiting. Skipping the extra task saves a cross-thread hop per write.
-            Backend::Postgres(pg) if pg.coalesces(guard) => pg.write(write, guard).await?,
+            Backend::Postgres(pg) if pg.coalesces() => pg.write(write, guard).await?,
             _ => {
                 let owned_guard = guard.clone();
                 detached!(self, b => b.write(write, &owned_guard).await)?

@@ -60,12 +60,19 @@ const KV_ON_CONFLICT: &str = "
 /// and scoped table writes all use it. Raises the fence to the token if `rule` admits it and
 /// returns one row (the fence's version) iff it did.
 fn scope_claim(rule: Rule, scope_param: &str, token_param: &str) -> String {
+    scope_claim_rows(rule, &format!("VALUES ({scope_param}, {token_param})"), "version")
+}
+
+/// [`scope_claim`] for several scopes at once: `rows` yields `(scope, token)` pairs, each
+/// scope at most once (ON CONFLICT cannot touch a row twice), and the statement returns
+/// `returning` for every fence it raised.
+fn scope_claim_rows(rule: Rule, rows: &str, returning: &str) -> String {
     format!(
-        "INSERT INTO fencegate_fences AS f (scope, fence_token) VALUES ({scope_param}, {token_param})
+        "INSERT INTO fencegate_fences AS f (scope, fence_token) {rows}
          ON CONFLICT (scope) DO UPDATE SET
              fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
          WHERE f.fence_token {op} EXCLUDED.fence_token
-         RETURNING version",
+         RETURNING {returning}",
         op = sql_fence_op(rule)
     )
 }
@@ -94,6 +101,12 @@ pub(super) const KV_GET_MANY: &str = concat!(
 /// runs exactly this against PostgreSQL directly.
 pub fn kv_put_sql(rule: Rule) -> String {
     Statements::new(rule).put_key
+}
+
+/// The fenced one-key write under a scope (`$1` key, `$2` value, `$3` deleted, `$4` token,
+/// `$5` scope): what fencegate runs for a lone scoped `PUT /v1/kv/{key}`. Public for the bench.
+pub fn kv_put_scoped_sql(rule: Rule) -> String {
+    Statements::new(rule).put_scope
 }
 
 /// The fenced statements for one rule, built once from fixed text (no request data).
@@ -160,6 +173,28 @@ fn upsert_rows(rule: Rule) -> String {
     )
 }
 
+/// The fenced multi-row upsert of scoped writes, used by the coalescer: `$1` keys, `$2` values,
+/// `$3` deleted flags, `$4` tokens, `$5` scopes, one row per write. Each scope appears with
+/// one token (the coalescer groups writes that way), so each fence is claimed once; a write is
+/// applied iff its scope's claim was admitted, exactly as [`Statements::put_scope`] decides one.
+/// Lock order: the fences, by scope (the claim's ORDER BY), then the rows, by key: the sort
+/// before the insert consumes every claim before the first row is written. Every other
+/// statement that takes both kinds of lock also takes the fence first, so none can deadlock.
+fn upsert_scoped_rows(rule: Rule) -> String {
+    format!(
+        "WITH w AS (
+             SELECT * FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
+                 AS w(key, value, deleted, token, scope)
+         ), claim AS ({claim})
+         INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+         SELECT w.key, w.value, w.deleted, 0, w.token, w.scope
+         FROM w JOIN claim ON claim.scope = w.scope
+         ORDER BY w.key
+         {KV_ON_CONFLICT}
+         RETURNING key, version",
+        claim = scope_claim_rows(rule, "SELECT DISTINCT scope, token FROM w ORDER BY scope", "scope"),
+    )
+}
 
 #[derive(Clone)]
 pub struct PgStore {
@@ -208,6 +243,8 @@ impl PgStore {
         let upserts = Arc::new(Upserts {
             rows: [upsert_rows(Rule::Inclusive), upsert_rows(Rule::Strict)],
             single: [inclusive.put_key.clone(), strict.put_key.clone()],
+            scoped_rows: [upsert_scoped_rows(Rule::Inclusive), upsert_scoped_rows(Rule::Strict)],
+            scoped_single: [inclusive.put_scope.clone(), strict.put_scope.clone()],
         });
         let conns = Arc::new(Connections::new(
             pool.clone(),
@@ -293,10 +330,10 @@ impl PgStore {
         Ok(())
     }
 
-    /// Whether `write` sends this guard's writes through the coalescer (unscoped, coalescing
-    /// on). Such a write is safe to run on the request's own task: see `Store::write`.
-    pub(super) fn coalesces(&self, guard: &Guard) -> bool {
-        matches!(guard.target, Target::Key) && self.coalescer.is_some()
+    /// Whether `write` sends writes through the coalescer (coalescing on). Such a write is
+    /// safe to run on the request's own task: see `Store::write`.
+    pub(super) fn coalesces(&self) -> bool {
+        self.coalescer.is_some()
     }
 
     /// Applies one fenced write. Coalesced writes may run on the request's task (the
@@ -310,7 +347,9 @@ impl PgStore {
         let deleted = value.is_none();
         let sql = self.statements(guard.rule);
         let version: Option<i64> = match (&guard.target, &self.coalescer) {
-            (Target::Key, Some(coalescer)) => coalescer.write(key.clone(), value, guard.token, guard.rule).await?,
+            (_, Some(coalescer)) => {
+                coalescer.write(key.clone(), value, guard.token, guard.rule, guard.scope().cloned()).await?
+            }
             (Target::Key, None) => {
                 let mut conn = self.conns.take().await?;
                 let version = sqlx::query_scalar(&sql.put_key)
@@ -323,7 +362,7 @@ impl PgStore {
                 conn.done();
                 version
             }
-            (Target::Scope(scope), _) => {
+            (Target::Scope(scope), None) => {
                 let mut conn = self.conns.take().await?;
                 let version = sqlx::query_scalar(&sql.put_scope)
                     .bind(key.as_str())

@@ -269,6 +269,13 @@ impl Resp {
         self.json()
     }
 
+    /// Asserts one of `statuses` and a JSON body; returns the body.
+    #[track_caller]
+    pub fn expect_any(&self, statuses: &[u16]) -> Value {
+        assert!(statuses.contains(&self.status), "unexpected status, wanted one of {statuses:?}\n{}", self.ctx());
+        self.json()
+    }
+
     /// Asserts an RFC 9457 problem of the given status and type slug; returns the body.
     #[track_caller]
     pub fn problem(&self, status: u16, slug: &str) -> Value {
