@@ -6,7 +6,7 @@
 //! wait when it is full) and so is a batch (`max_rows`). A worker owns the database work of its
 //! batch, so a caller that goes away (timeout, disconnect) abandons nothing.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, task::Poll};
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
@@ -37,7 +37,7 @@ impl<J: Send + 'static> WorkQueue<J> {
             let (rx, serve) = (rx.clone(), serve.clone());
             tokio::spawn(async move {
                 while let Some(batch) = next_batch(&rx, max_rows).await {
-                    serve(batch).await;
+                    survive_panic(serve(batch)).await;
                 }
             });
         }
@@ -51,6 +51,31 @@ impl<J: Send + 'static> WorkQueue<J> {
             return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
         }
         outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+/// Runs a batch's work; a panic inside it ends that batch, not the worker. The batch's callers
+/// whose replies were not sent yet get 503 (their replies are dropped with the work), and
+/// whatever connection the work held goes back through the pool's check (which rolls back an
+/// open transaction). Without this, each panic would leave one worker fewer until a restart.
+async fn survive_panic(work: impl Future<Output = ()>) {
+    let mut work = std::pin::pin!(work);
+    let outcome = std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await;
+    if let Err(panic) = outcome {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic".into());
+        metrics::counter!("fencegate_worker_panics_total").increment(1);
+        tracing::error!(panic = %what, "a coalescing worker panicked in a batch; its waiting requests got 503, the worker goes on");
     }
 }
 
@@ -68,4 +93,26 @@ async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<
         }
     }
     Some(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_batch_fails_its_callers_and_the_worker_serves_the_next() {
+        // One worker: if the panic killed it, the second ask would never be answered.
+        let queue = WorkQueue::start(1, 8, |jobs: Vec<(u32, oneshot::Sender<Result<u32, StoreError>>)>| async move {
+            for (n, reply) in jobs {
+                if n == 0 {
+                    panic!("job 0 panics");
+                }
+                let _ = reply.send(Ok(n * 2));
+            }
+        });
+        let failed = queue.ask(|reply| (0, reply)).await;
+        assert!(matches!(failed, Err(StoreError::Unavailable(_))), "{failed:?}");
+        let served = tokio::time::timeout(std::time::Duration::from_secs(5), queue.ask(|reply| (21, reply))).await;
+        assert_eq!(served.expect("the worker survived the panic").expect("served"), 42);
+    }
 }
