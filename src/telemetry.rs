@@ -1,23 +1,9 @@
 //! Logs (tracing) and metrics (Prometheus). Labels are bounded: route templates, method names
 //! from a fixed set, status codes, outcomes; never a key, scope or raw path.
 
-use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, OnceLock,
-    },
-    time::Instant,
-};
+use std::sync::OnceLock;
 
-use axum::{
-    extract::Request,
-    http::{HeaderValue, Method},
-    middleware::Next,
-    response::Response,
-};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tower_http::request_id::{MakeRequestId, RequestId};
-use tracing::Span;
 
 use crate::{config::LogSettings, store::Store};
 
@@ -62,105 +48,6 @@ pub fn metrics_handle() -> PrometheusHandle {
             handle
         })
         .clone()
-}
-
-/// Request ids: a random prefix chosen at start-up, then a counter (`1b4e28ba2fa1-42`).
-/// Unique within a process and, with 48 random bits, across processes in practice; a UUID per
-/// request cost a `getrandom` system call per request, which a lone write pays in full.
-#[derive(Clone)]
-pub struct RequestIds {
-    prefix: Arc<str>,
-    next: Arc<AtomicU64>,
-}
-
-impl RequestIds {
-    pub fn new() -> Self {
-        let random = uuid::Uuid::new_v4().simple().to_string();
-        RequestIds { prefix: random[..12].into(), next: Arc::new(AtomicU64::new(1)) }
-    }
-}
-
-impl Default for RequestIds {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl MakeRequestId for RequestIds {
-    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let id = HeaderValue::from_str(&format!("{}-{n}", self.prefix)).expect("hex digits and a dash are a valid header value");
-        Some(RequestId::new(id))
-    }
-}
-
-pub fn request_span(req: &Request) -> Span {
-    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-    // Display (`%`) rather than Debug for the strings: no quoting and escaping to do, per request.
-    tracing::info_span!(
-        "request",
-        method = %req.method(),
-        route = %crate::http::route_of(req),
-        request_id = %request_id,
-    )
-}
-
-/// Counts requests and writes by outcome and records latency, for every request.
-pub async fn track_request(req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = method_label(req.method());
-    let route = crate::http::route_of(&req).to_owned();
-    let op = write_op(method, &route);
-    let response = next.run(req).await;
-    let status = response.status();
-    let elapsed = started.elapsed().as_secs_f64();
-
-    metrics::counter!("fencegate_http_requests_total",
-        "method" => method, "route" => route.clone(), "status" => status.as_str().to_owned())
-    .increment(1);
-    metrics::histogram!("fencegate_http_request_duration_seconds", "method" => method, "route" => route)
-        .record(elapsed);
-    if let Some(op) = op {
-        let outcome = match status.as_u16() {
-            200..=299 => "accepted",
-            412 => "stale",
-            409 => "conflict",
-            500..=599 => "error",
-            _ => "invalid",
-        };
-        metrics::counter!("fencegate_writes_total", "op" => op, "outcome" => outcome).increment(1);
-    }
-    response
-}
-
-fn method_label(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::PUT => "PUT",
-        Method::POST => "POST",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
-}
-
-/// Which fenced write a request is, if any.
-fn write_op(method: &str, route: &str) -> Option<&'static str> {
-    match (method, route) {
-        ("PUT", "/v1/kv/{key}") => Some("put"),
-        ("DELETE", "/v1/kv/{key}") => Some("delete"),
-        ("POST", "/v1/batch") => Some("batch"),
-        ("POST", "/v1/fences/{scope}") => Some("claim"),
-        ("PUT", "/v1/tables/{resource}/{key}") => Some("table_put"),
-        ("PATCH", "/v1/tables/{resource}/{key}") => Some("table_patch"),
-        ("DELETE", "/v1/tables/{resource}/{key}") => Some("table_delete"),
-        ("POST", "/v1/locks/{name}") => Some("lock_acquire"),
-        ("POST", "/v1/locks/{name}/renew") => Some("lock_renew"),
-        ("DELETE", "/v1/locks/{name}") => Some("lock_release"),
-        _ => None,
-    }
 }
 
 pub fn record_pool(store: &Store) {

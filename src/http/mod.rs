@@ -5,6 +5,7 @@ mod extract;
 mod fences;
 mod kv;
 mod locks;
+mod observe;
 mod ops;
 mod tables;
 pub mod problem;
@@ -13,20 +14,14 @@ use std::{sync::Arc, time::Duration};
 
 use axum::{
     error_handling::HandleErrorLayer,
-    extract::{DefaultBodyLimit, MatchedPath, Request},
-    http::HeaderName,
-    middleware,
+    extract::DefaultBodyLimit,
     response::{IntoResponse, Response},
     routing::{get, post, put},
     BoxError, Extension, Router,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower::{limit::GlobalConcurrencyLimitLayer, ServiceBuilder};
-use tower_http::{
-    catch_panic::CatchPanicLayer,
-    request_id::{PropagateRequestIdLayer, SetRequestIdLayer},
-    trace::TraceLayer,
-};
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     config::{KvSettings, LockSettings},
@@ -34,6 +29,7 @@ use crate::{
     tables::Resources,
 };
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
+pub use observe::ServerFailure;
 use problem::ApiError;
 
 /// What every handler can reach. Cheap to clone.
@@ -57,35 +53,43 @@ pub struct Limits {
     pub max_in_flight: usize,
 }
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The route templates: the router's paths and the `route` label of metrics and logs.
+mod routes {
+    pub const KV: &str = "/v1/kv/{key}";
+    pub const TABLES: &str = "/v1/tables/{resource}/{key}";
+    pub const BATCH: &str = "/v1/batch";
+    pub const FENCES: &str = "/v1/fences/{scope}";
+    pub const LOCKS: &str = "/v1/locks/{name}";
+    pub const LOCK_RENEW: &str = "/v1/locks/{name}/renew";
+    pub const HEALTHZ: &str = "/healthz";
+    pub const READYZ: &str = "/readyz";
+    pub const METRICS: &str = "/metrics";
+    pub const ALL: &[&str] = &[KV, TABLES, BATCH, FENCES, LOCKS, LOCK_RENEW, HEALTHZ, READYZ, METRICS];
+}
 
 /// The whole application as a `Router`; tests build exactly this.
 pub fn app(state: AppState, limits: Limits) -> Router {
+    use routes::*;
     let api = Router::new()
-        .route("/v1/kv/{key}", put(kv::put).get(kv::get).delete(kv::delete))
-        .route(
-            "/v1/tables/{resource}/{key}",
-            put(tables::put).patch(tables::patch).get(tables::get).delete(tables::delete),
-        )
-        .route("/v1/batch", post(batch::batch))
-        .route("/v1/fences/{scope}", post(fences::claim).get(fences::get))
-        .route("/v1/locks/{name}", post(locks::acquire).delete(locks::release))
-        .route("/v1/locks/{name}/renew", post(locks::renew))
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+        .route(KV, put(kv::put).get(kv::get).delete(kv::delete))
+        .route(TABLES, put(tables::put).patch(tables::patch).get(tables::get).delete(tables::delete))
+        .route(BATCH, post(batch::batch))
+        .route(FENCES, post(fences::claim).get(fences::get))
+        .route(LOCKS, post(locks::acquire).delete(locks::release))
+        .route(LOCK_RENEW, post(locks::renew))
+        .route(HEALTHZ, get(ops::healthz))
+        .route(READYZ, get(ops::readyz))
+        .route(METRICS, get(ops::metrics))
         .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state);
 
-    // Outermost first: request id, trace span, metrics, panic guard, load shedding and the
-    // in-flight limit, timeout, body limit. The limit is global (one semaphore for all routes).
+    // Outermost first: request id, span, metrics and error log (`observe`), panic guard, load
+    // shedding and the in-flight limit, timeout, body limit. The limit is global (one
+    // semaphore for all routes).
     api.layer(
         ServiceBuilder::new()
-            .layer(SetRequestIdLayer::new(REQUEST_ID, crate::telemetry::RequestIds::new()))
-            .layer(PropagateRequestIdLayer::new(REQUEST_ID))
-            .layer(TraceLayer::new_for_http().make_span_with(crate::telemetry::request_span))
-            .layer(middleware::from_fn(crate::telemetry::track_request))
+            .layer(observe::ObserveLayer::new(routes::ALL))
             .layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
             .layer(HandleErrorLayer::new(middleware_error))
             .load_shed()
@@ -105,9 +109,4 @@ async fn middleware_error(err: BoxError) -> Response {
     } else {
         ApiError::Internal(err.to_string()).into_response()
     }
-}
-
-/// The route template a request matched, for bounded metric and span labels.
-pub(crate) fn route_of(req: &Request) -> &str {
-    req.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str)
 }

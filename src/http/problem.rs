@@ -154,9 +154,11 @@ fn describe_stale(stale: &[Stale]) -> String {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.parts();
-        if status.is_server_error() {
-            tracing::error!(error = %self, source = ?std::error::Error::source(&self), "request failed");
-        }
+        // Never sent: the request's log line (`observe`) carries it, under the request id.
+        let failure = status.is_server_error().then(|| match std::error::Error::source(&self) {
+            Some(source) => super::ServerFailure(format!("{self}: {source}")),
+            None => super::ServerFailure(self.to_string()),
+        });
         let mut body = Map::new();
         body.insert("type".into(), json!(format!("{TYPE_BASE}{slug}")));
         body.insert("title".into(), json!(title));
@@ -187,6 +189,9 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Some(failure) = failure {
+            response.extensions_mut().insert(failure);
         }
         response
     }

@@ -184,3 +184,29 @@ async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_b
     let after: i64 = sqlx::query_scalar(backends).fetch_one(&mut admin).await.unwrap();
     assert!(peak.max(after) <= MAX_CONNECTIONS, "fencegate held {} backends; the limit is {MAX_CONNECTIONS}", peak.max(after));
 }
+
+#[tokio::test]
+async fn a_server_error_is_logged_with_its_request_id_method_and_route() {
+    // The detail of a 5xx goes to the log, never to the client: the log line must be findable
+    // by the id the client got.
+    let db = crate::pg::fresh_database().await;
+    let config = std::env::temp_dir().join(format!("{}.toml", unique("fencegate-timeout")));
+    std::fs::write(&config, "[server]\nrequest_timeout_ms = 300\n").unwrap();
+    let bin = crate::helpers::spawn_binary_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let app = bin.view();
+    let key = unique("k");
+    app.kv_put(&key, "1", &json!("before")).await.expect(201);
+
+    let holder = lock_row(&db, &key).await;
+    let stuck = app.kv_put(&key, "2", &json!("after")).await;
+    stuck.problem(503, "unavailable");
+    let id = stuck.header("x-request-id").expect("a request id").to_owned();
+    drop(holder);
+    let (_, stderr) = bin.terminate().await;
+    std::fs::remove_file(&config).ok();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("request failed") && l.contains(&id))
+        .unwrap_or_else(|| panic!("no `request failed` line with request id {id}:\n{stderr}"));
+    assert!(line.contains("PUT") && line.contains("/v1/kv/{key}"), "method and route: {line}");
+}

@@ -57,3 +57,17 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
     assert!(!text.contains("metrickey"), "a key name leaked into /metrics:\n{text}");
     assert!(!text.contains("metricscope"), "a scope name leaked into /metrics:\n{text}");
 }
+
+#[tokio::test]
+async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
+    let app = spawn_app().await;
+    let first = app.get("/healthz").await;
+    let second = app.kv_put(&unique("k"), "1", &json!(1)).await;
+    let (a, b) = (first.header("x-request-id").expect("an id"), second.header("x-request-id").expect("an id"));
+    assert!(!a.is_empty() && a != b, "two requests, two ids: {a:?} {b:?}");
+    let absent = app.get("/v1/kv/never-written").await;
+    assert!(absent.header("x-request-id").is_some(), "errors carry an id too");
+
+    let mine = app.send(app.req(reqwest::Method::GET, "/healthz").header("x-request-id", "trace-42")).await;
+    assert_eq!(mine.header("x-request-id"), Some("trace-42"), "the caller's id is kept for its logs");
+}

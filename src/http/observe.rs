@@ -1,0 +1,262 @@
+//! The outermost layer of every request: its id, its log span, its metrics, and the log line of
+//! a server error, in one service.
+//!
+//! This was four layers (tower-http's request-id pair and `TraceLayer`, and an axum `from_fn`
+//! middleware). Each boxed or wrapped the request, the response or its body again; together
+//! with an INFO span formatted for every request they came to about a sixth of the
+//! instructions of a lone PUT (callgrind, bench/README.md). Here: one boxed future per request,
+//! static metric labels, and the span only when DEBUG logging is on.
+//!
+//! - **Request id**: the client's `x-request-id` if it sent one, else `<prefix>-<counter>`;
+//!   echoed on the response.
+//! - **Server errors** (5xx) are logged at ERROR with the request id, method, route and the
+//!   error's detail (which [`super::problem`] leaves in the response's extensions and never
+//!   sends to the client).
+//! - **DEBUG**: a `request` span (method, route, request id) around the handler, so every event
+//!   logged while serving carries them, and one event per response with status and latency.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use axum::{
+    extract::{MatchedPath, Request},
+    http::{HeaderName, HeaderValue, Method, Response, StatusCode},
+};
+use tower::{Layer, Service};
+use tracing::Instrument;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What a 5xx response's handler knew about the failure, for the log line only.
+#[derive(Clone, Debug)]
+pub struct ServerFailure(pub String);
+
+#[derive(Clone)]
+pub struct ObserveLayer {
+    ids: RequestIds,
+    routes: &'static [&'static str],
+}
+
+impl ObserveLayer {
+    /// `routes`: every route template of the router, so that metric labels are static strings.
+    pub fn new(routes: &'static [&'static str]) -> Self {
+        ObserveLayer { ids: RequestIds::new(), routes }
+    }
+}
+
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe { inner, ids: self.ids.clone(), routes: self.routes }
+    }
+}
+
+#[derive(Clone)]
+pub struct Observe<S> {
+    inner: S,
+    ids: RequestIds,
+    routes: &'static [&'static str],
+}
+
+impl<S, B> Service<Request> for Observe<S>
+where
+    S: Service<Request, Response = Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let started = Instant::now();
+        let id = match req.headers().get(REQUEST_ID) {
+            Some(id) => id.clone(),
+            None => {
+                let id = self.ids.next();
+                req.headers_mut().insert(REQUEST_ID, id.clone());
+                id
+            }
+        };
+        let method = method_label(req.method());
+        let route = route_label(&req, self.routes);
+        let span = tracing::debug_span!(
+            "request",
+            method,
+            route,
+            request_id = %String::from_utf8_lossy(id.as_bytes()),
+        );
+        // The clone that was made ready serves this request; the fresh one waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let Ok(mut response) = inner.call(req).instrument(span.clone()).await;
+            let status = response.status();
+            let elapsed = started.elapsed();
+            if status.is_server_error() {
+                let detail = response.extensions().get::<ServerFailure>().map_or("", |f| f.0.as_str());
+                tracing::error!(
+                    request_id = %String::from_utf8_lossy(id.as_bytes()),
+                    method,
+                    route,
+                    status = status.as_u16(),
+                    error = detail,
+                    "request failed"
+                );
+            }
+            span.in_scope(|| tracing::debug!(status = status.as_u16(), latency_us = elapsed.as_micros() as u64, "response"));
+            response.headers_mut().insert(REQUEST_ID, id);
+            record(method, route, status, elapsed.as_secs_f64());
+            Ok(response)
+        })
+    }
+}
+
+/// Counts requests and writes by outcome and records latency.
+fn record(method: &'static str, route: &'static str, status: StatusCode, seconds: f64) {
+    metrics::counter!("fencegate_http_requests_total",
+        "method" => method, "route" => route, "status" => status_label(status))
+    .increment(1);
+    metrics::histogram!("fencegate_http_request_duration_seconds", "method" => method, "route" => route)
+        .record(seconds);
+    if let Some(op) = write_op(method, route) {
+        let outcome = match status.as_u16() {
+            200..=299 => "accepted",
+            412 => "stale",
+            409 => "conflict",
+            500..=599 => "error",
+            _ => "invalid",
+        };
+        metrics::counter!("fencegate_writes_total", "op" => op, "outcome" => outcome).increment(1);
+    }
+}
+
+/// The route template a request matched, as the router's own static string.
+fn route_label(req: &Request, routes: &'static [&'static str]) -> &'static str {
+    match req.extensions().get::<MatchedPath>() {
+        None => "unmatched",
+        Some(matched) => routes.iter().copied().find(|r| *r == matched.as_str()).unwrap_or("other"),
+    }
+}
+
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// The status as a label: the codes fencegate answers with are static strings.
+fn status_label(status: StatusCode) -> metrics::SharedString {
+    const KNOWN: [&str; 17] = [
+        "200", "201", "204", "400", "404", "405", "409", "412", "413", "415", "422", "423", "428", "431",
+        "500", "503", "504",
+    ];
+    let code = status.as_str();
+    match KNOWN.iter().find(|k| **k == code) {
+        Some(known) => metrics::SharedString::const_str(known),
+        None => metrics::SharedString::from_owned(code.to_owned()),
+    }
+}
+
+/// Which fenced write a request is, if any.
+fn write_op(method: &str, route: &str) -> Option<&'static str> {
+    use super::routes::*;
+    match (method, route) {
+        ("PUT", KV) => Some("put"),
+        ("DELETE", KV) => Some("delete"),
+        ("POST", BATCH) => Some("batch"),
+        ("POST", FENCES) => Some("claim"),
+        ("PUT", TABLES) => Some("table_put"),
+        ("PATCH", TABLES) => Some("table_patch"),
+        ("DELETE", TABLES) => Some("table_delete"),
+        ("POST", LOCKS) => Some("lock_acquire"),
+        ("POST", LOCK_RENEW) => Some("lock_renew"),
+        ("DELETE", LOCKS) => Some("lock_release"),
+        _ => None,
+    }
+}
+
+/// Request ids: a random prefix chosen at start-up, then a counter (`1b4e28ba2fa1-42`).
+/// Unique within a process and, with 48 random bits, across processes in practice; a UUID per
+/// request cost a `getrandom` system call per request, which a lone write pays in full.
+#[derive(Clone)]
+struct RequestIds {
+    prefix: Arc<str>,
+    next: Arc<AtomicU64>,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let random = uuid::Uuid::new_v4().simple().to_string();
+        RequestIds { prefix: random[..12].into(), next: Arc::new(AtomicU64::new(1)) }
+    }
+
+    fn next(&self) -> HeaderValue {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut id = String::with_capacity(self.prefix.len() + 21);
+        id.push_str(&self.prefix);
+        id.push('-');
+        id.push_str(itoa_u64(n, &mut [0u8; 20]));
+        HeaderValue::try_from(id).expect("hex digits, a dash and decimal digits are a valid header value")
+    }
+}
+
+/// `n` in decimal, written into `buf` (no formatting machinery, no allocation).
+fn itoa_u64(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[at..]).expect("ASCII digits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_count_up_under_one_prefix() {
+        let ids = RequestIds::new();
+        let (a, b) = (ids.next(), ids.next());
+        let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+        let (prefix_a, n_a) = a.split_once('-').unwrap();
+        let (prefix_b, n_b) = b.split_once('-').unwrap();
+        assert_eq!(prefix_a, prefix_b);
+        assert_eq!(prefix_a.len(), 12);
+        assert_eq!(n_b.parse::<u64>().unwrap(), n_a.parse::<u64>().unwrap() + 1);
+        assert_ne!(RequestIds::new().prefix, ids.prefix, "each process (layer) draws its own prefix");
+    }
+
+    #[test]
+    fn decimal_digits() {
+        for n in [0, 7, 10, 99, 100, 12345, u64::MAX] {
+            assert_eq!(itoa_u64(n, &mut [0; 20]), n.to_string());
+        }
+    }
+}
