@@ -64,7 +64,9 @@ pub async fn serve_announced(
     tracing::info!(%addr, "listening");
     ready();
 
-    let ticker = tokio::spawn(tick(state_store));
+    // Aborted when this function returns or its future is dropped (an embedding caller may
+    // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
+    let _ticker = AbortOnDrop(tokio::spawn(tick(state_store)));
     let draining = Arc::new(Notify::new());
     let signal = draining.clone();
     let server = axum::serve(listener, router).with_graceful_shutdown(async move {
@@ -73,15 +75,22 @@ pub async fn serve_announced(
         signal.notify_one();
     });
     let grace = settings.shutdown_grace();
-    let result = tokio::select! {
+    tokio::select! {
         result = std::future::IntoFuture::into_future(server) => result.context("server error"),
         () = async { draining.notified().await; tokio::time::sleep(grace).await } => {
             tracing::warn!(?grace, "in-flight requests did not finish within the shutdown grace period; exiting anyway");
             Ok(())
         }
-    };
-    ticker.abort();
-    result
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Once a second: refreshes the pool gauges, and keeps the timer driver's next wake-up

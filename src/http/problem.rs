@@ -1,7 +1,7 @@
 //! Every error a client can see, as RFC 9457 `application/problem+json`.
 //!
-//! 5xx details are logged (inside the request span) and never sent: a client learns that the
-//! database is unavailable, not the text of a driver error.
+//! 5xx details are logged (`observe` logs them with the request id) and never sent: a client
+//! learns that the database is unavailable, not the text of a driver error.
 
 use axum::{
     http::{header, HeaderValue, StatusCode},
@@ -89,7 +89,7 @@ impl ApiError {
             MalformedToken(_) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
             InvalidKey(_) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
             InvalidScope(_) => (StatusCode::BAD_REQUEST, "invalid-scope", "Invalid scope"),
-            InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid-json", "Invalid JSON body"),
+            InvalidJson(_) | Store(StoreError::Refused(_)) => (StatusCode::BAD_REQUEST, "invalid-json", "Invalid JSON body"),
             InvalidBatch(_) => (StatusCode::BAD_REQUEST, "invalid-batch", "Invalid batch"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
@@ -118,6 +118,9 @@ impl ApiError {
             ApiError::Stale(stale) => describe_stale(stale),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
             ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
+            ApiError::Store(StoreError::Refused(why)) => {
+                format!("the value cannot be stored ({why}); nothing was written")
+            }
             ApiError::Store(StoreError::Unavailable(_)) => {
                 "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
             }
@@ -155,9 +158,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.parts();
         // Never sent: the request's log line (`observe`) carries it, under the request id.
-        let failure = status.is_server_error().then(|| match std::error::Error::source(&self) {
-            Some(source) => super::ServerFailure(format!("{self}: {source}")),
-            None => super::ServerFailure(self.to_string()),
+        let failure = status.is_server_error().then(|| {
+            let text = self.to_string();
+            // The source's text, unless the message already quotes it (most do).
+            match std::error::Error::source(&self).map(|source| source.to_string()) {
+                Some(source) if !text.contains(&source) => super::ServerFailure(format!("{text}: {source}")),
+                _ => super::ServerFailure(text),
+            }
         });
         let mut body = Map::new();
         body.insert("type".into(), json!(format!("{TYPE_BASE}{slug}")));

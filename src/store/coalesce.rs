@@ -26,9 +26,9 @@
 //!   overtook them in the queue. A write answered before another was sent is still applied
 //!   before it: it was in an earlier batch. Each write is still checked by the fence in the
 //!   database.
-//! - If a combined statement fails for a reason other than the connection, its writes are
-//!   retried one by one, so one bad value cannot fail its neighbours. Only work that was not
-//!   committed is retried: a failed transaction or statement committed nothing.
+//! - If the database refuses a combined statement, its writes are retried one by one, so one
+//!   bad value cannot fail its neighbours. Only a refusal is retried: it committed nothing,
+//!   whereas after a lost connection or an undecodable reply the writes may have been applied.
 //! - 2xx only after commit: replies are sent after the statement or transaction committed.
 
 use std::{
@@ -178,8 +178,8 @@ async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
 }
 
 /// Applies `rounds` atomically (one statement, or one transaction) and replies to their writes.
-/// If that fails for a reason other than the connection, nothing was committed, and each write
-/// is tried again on its own so that one bad write cannot fail the others.
+/// If the database refuses it, nothing was committed, and each write is tried again on its own
+/// so that one bad write cannot fail the others.
 async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
     let writes: usize = rounds.iter().map(|round| round.jobs.len()).sum();
     match apply(conns, sql, &rounds).await {
@@ -190,7 +190,11 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
                 }
             }
         }
-        Err(err) if writes > 1 && !matches!(err, StoreError::Unavailable(_)) => {
+        // Only a statement the database refused is retried: then nothing of it was committed.
+        // Any other failure (the connection, or decoding the reply of an autocommit statement
+        // that did commit) may have applied the writes, and a retry could apply them twice or,
+        // under the strict rule, refuse a write that is in fact applied.
+        Err(err) if writes > 1 && matches!(err, StoreError::Internal(sqlx::Error::Database(_)) | StoreError::Refused(_)) => {
             tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
             for round in rounds {
                 for job in round.jobs {
@@ -202,8 +206,15 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
             }
         }
         Err(err) => {
-            for job in rounds.into_iter().flat_map(|round| round.jobs) {
+            let mut jobs: Vec<Job> = rounds.into_iter().flat_map(|round| round.jobs).collect();
+            // The last caller gets the error itself (sqlx errors are not Clone; a copy keeps
+            // only the class and the text), so a lone write keeps every detail of its error.
+            let last = jobs.pop();
+            for job in jobs {
                 let _ = job.reply.send(Err(err.duplicate()));
+            }
+            if let Some(job) = last {
+                let _ = job.reply.send(Err(err));
             }
         }
     }

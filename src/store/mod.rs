@@ -146,6 +146,10 @@ pub enum StoreError {
     Internal(#[source] sqlx::Error),
     #[error("the database holds an invalid value: {0}")]
     Corrupt(String),
+    /// The database refused a value the request sent (SQLSTATE class 22, a data exception:
+    /// e.g. a JSON number beyond PostgreSQL's numeric range). The client's to fix: 400.
+    #[error("the database cannot store this value: {0}")]
+    Refused(String),
     /// The task running the database work panicked. Logged, never sent to clients.
     #[error("database task failed: {0}")]
     Task(String),
@@ -159,6 +163,7 @@ impl StoreError {
             StoreError::Unavailable(e) => StoreError::Unavailable(sqlx::Error::Protocol(e.to_string())),
             StoreError::Internal(e) => StoreError::Internal(sqlx::Error::Protocol(e.to_string())),
             StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+            StoreError::Refused(m) => StoreError::Refused(m.clone()),
             StoreError::Task(m) => StoreError::Task(m.clone()),
         }
     }
@@ -166,7 +171,15 @@ impl StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
-        if is_transient(&err) { StoreError::Unavailable(err) } else { StoreError::Internal(err) }
+        if is_transient(&err) {
+            return StoreError::Unavailable(err);
+        }
+        match &err {
+            sqlx::Error::Database(db) if db.code().is_some_and(|code| code.starts_with("22")) => {
+                StoreError::Refused(db.message().to_owned())
+            }
+            _ => StoreError::Internal(err),
+        }
     }
 }
 
