@@ -350,28 +350,21 @@ impl PgStore {
             (_, Some(coalescer)) => {
                 coalescer.write(key.clone(), value, guard.token, guard.rule, guard.scope().cloned()).await?
             }
-            (Target::Key, None) => {
-                let mut conn = self.conns.take().await?;
-                let version = sqlx::query_scalar(&sql.put_key)
+            (target, None) => {
+                let (statement, scope) = match target {
+                    Target::Key => (&sql.put_key, None),
+                    Target::Scope(scope) => (&sql.put_scope, Some(scope)),
+                };
+                let mut query = sqlx::query_scalar(statement)
                     .bind(key.as_str())
                     .bind(value.as_ref().map(Json))
                     .bind(deleted)
-                    .bind(guard.token.get())
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                conn.done();
-                version
-            }
-            (Target::Scope(scope), None) => {
+                    .bind(guard.token.get());
+                if let Some(scope) = scope {
+                    query = query.bind(scope.as_str());
+                }
                 let mut conn = self.conns.take().await?;
-                let version = sqlx::query_scalar(&sql.put_scope)
-                    .bind(key.as_str())
-                    .bind(value.as_ref().map(Json))
-                    .bind(deleted)
-                    .bind(guard.token.get())
-                    .bind(scope.as_str())
-                    .fetch_optional(&mut *conn)
-                    .await?;
+                let version = query.fetch_optional(&mut *conn).await?;
                 conn.done();
                 version
             }
