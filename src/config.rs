@@ -100,8 +100,9 @@ pub struct DatabaseSettings {
     pub max_lifetime_secs: u64,
     /// Run pending migrations at start-up (`fencegate migrate` runs them on demand).
     pub migrate_on_start: bool,
-    /// PostgreSQL: tasks that combine concurrent unscoped writes into multi-row statements
-    /// (0: one statement per write). Each holds a connection only while its statement runs.
+    /// PostgreSQL: tasks that combine concurrent kv writes (unscoped and scoped), and GETs,
+    /// into multi-row statements (0: one statement per request). Each holds a connection only
+    /// while its statement runs.
     pub coalesce_workers: usize,
     /// Most writes combined into one statement.
     pub coalesce_max_rows: usize,
