@@ -45,7 +45,6 @@ pub async fn serve_announced(
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
-    let state_store = store.clone();
     let state = AppState {
         store,
         kv: Arc::new(settings.kv.clone()),
@@ -58,15 +57,15 @@ pub async fn serve_announced(
         request_timeout: settings.request_timeout(),
         max_in_flight: settings.server.max_in_flight,
     };
+    // Aborted when this function returns or its future is dropped (an embedding caller may
+    // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
+    let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
     let router = app(state, limits);
 
     let addr = listener.local_addr().context("listener has no local address")?;
     tracing::info!(%addr, "listening");
     ready();
 
-    // Aborted when this function returns or its future is dropped (an embedding caller may
-    // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
-    let _ticker = AbortOnDrop(tokio::spawn(tick(state_store)));
     let draining = Arc::new(Notify::new());
     let signal = draining.clone();
     let server = axum::serve(listener, router).with_graceful_shutdown(async move {

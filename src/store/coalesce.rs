@@ -83,10 +83,10 @@ impl Upserts {
         &self.rows[index(rule)]
     }
 
-    /// The statement for `jobs` of one round.
-    fn for_round(&self, round: &Round, jobs: usize) -> &str {
+    /// The statement for one round.
+    fn for_round(&self, round: &Round) -> &str {
         let i = index(round.rule);
-        match (round.scoped, jobs) {
+        match (round.scoped(), round.jobs.len()) {
             (false, 1) => &self.single[i],
             (false, _) => &self.rows[i],
             (true, 1) => &self.scoped_single[i],
@@ -121,11 +121,16 @@ impl Coalescer {
 }
 
 /// A statement's worth of writes: one rule, all scoped or all unscoped, each key at most once
-/// and each scope with one token.
+/// and each scope with one token. Never empty.
 struct Round {
     rule: Rule,
-    scoped: bool,
     jobs: Vec<Job>,
+}
+
+impl Round {
+    fn scoped(&self) -> bool {
+        self.jobs[0].scope.is_some()
+    }
 }
 
 /// Splits waiting writes into rounds (module docs: what a round may hold), so that writes to
@@ -133,7 +138,7 @@ struct Round {
 fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
     if jobs.len() == 1 {
         // A lone write, the usual case at low load: nothing to order or split.
-        return vec![Round { rule: jobs[0].rule, scoped: jobs[0].scope.is_some(), jobs }];
+        return vec![Round { rule: jobs[0].rule, jobs }];
     }
     jobs.sort_by_key(|job| job.token); // stable: equal tokens keep their arrival order
     let mut rounds = Vec::new();
@@ -159,7 +164,7 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
             keys.insert(job.key.clone());
             true
         });
-        rounds.push(Round { rule, scoped, jobs: round });
+        rounds.push(Round { rule, jobs: round });
         jobs = rest;
     }
     rounds
@@ -168,7 +173,7 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
 /// Applies the rounds and replies to every write, each only after its commit: the unscoped
 /// rounds together (one transaction), then each scoped round on its own.
 async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
-    let (unscoped, scoped): (Vec<Round>, Vec<Round>) = rounds.into_iter().partition(|round| !round.scoped);
+    let (unscoped, scoped): (Vec<Round>, Vec<Round>) = rounds.into_iter().partition(|round| !round.scoped());
     if !unscoped.is_empty() {
         settle(conns, sql, unscoped).await;
     }
@@ -198,10 +203,8 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
             tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
             for round in rounds {
                 for job in round.jobs {
-                    let alone = [Round { rule: round.rule, scoped: round.scoped, jobs: vec![job] }];
-                    let result = apply(conns, sql, &alone).await.map(|applied| applied[0].values().next().copied());
-                    let [Round { mut jobs, .. }] = alone;
-                    let _ = jobs.pop().expect("one job").reply.send(result);
+                    // A lone write is never retried again: this recursion is one level deep.
+                    Box::pin(settle(conns, sql, vec![Round { rule: round.rule, jobs: vec![job] }])).await;
                 }
             }
         }
@@ -245,7 +248,7 @@ async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[Round]) -> R
 
 /// Runs the statement for one round; returns the version of every key it applied.
 async fn execute(conn: &mut PgConnection, sql: &Upserts, round: &Round) -> Result<HashMap<String, i64>, StoreError> {
-    let statement = sql.for_round(round, round.jobs.len());
+    let statement = sql.for_round(round);
     if let [job] = round.jobs.as_slice() {
         let mut query = sqlx::query_scalar(statement)
             .bind(job.key.as_str())
@@ -265,7 +268,7 @@ async fn execute(conn: &mut PgConnection, sql: &Upserts, round: &Round) -> Resul
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
     let mut query = sqlx::query(statement).bind(&keys).bind(&values).bind(&deleted).bind(&tokens);
     let scopes: Vec<&str>;
-    if round.scoped {
+    if round.scoped() {
         scopes = jobs.iter().map(|j| j.scope.as_ref().map_or("", Scope::as_str)).collect();
         query = query.bind(&scopes);
     }
@@ -342,7 +345,7 @@ mod tests {
                 vec![("a".into(), 7)],
             ]
         );
-        assert_eq!(rounds.iter().map(|r| r.scoped).collect::<Vec<_>>(), [true, false, true]);
+        assert_eq!(rounds.iter().map(Round::scoped).collect::<Vec<_>>(), [true, false, true]);
     }
 
     #[test]
