@@ -9,7 +9,7 @@ use std::{fmt, net::SocketAddr, path::Path, time::Duration};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use crate::fence::Rule;
+use crate::fence::{Bindings, Rule, Scope, ScopeRule};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +22,20 @@ pub struct Settings {
     /// `[[resources]]`: legacy PostgreSQL tables served under `/v1/tables/{name}/{key}`
     /// (see config/tables.example.toml and docs/tables.md).
     pub resources: Vec<crate::tables::ResourceSettings>,
+    /// `[[scopes]]`: key prefixes whose writes are always under a given scope, whatever the
+    /// client sends (see [`ScopeBinding`]).
+    pub scopes: Vec<ScopeBinding>,
+}
+
+/// One `[[scopes]]` entry: every key starting with one of `keys` is written under the scope
+/// `name` (normally a lock's name), with or without an `X-Fencing-Scope` header; a different
+/// header is 409 `scope-mismatch`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeBinding {
+    pub name: String,
+    /// Key prefixes (`""` binds every key). Prefixes of two different scopes must not overlap.
+    pub keys: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -181,17 +195,32 @@ pub struct KvSettings {
     /// refuses tokens below a fence it has seen; it never accepts, so it is safe with any number
     /// of fencegate processes.
     pub fence_cache_capacity: usize,
+    /// `true` (the default): a key, and a legacy-table row, stays bound to the scope of its
+    /// last accepted write (none for unscoped); a write under another scope, or without the one
+    /// it is bound to, is 409 `scope-mismatch`. `false`: any scope may write any key (then a
+    /// zombie can step around a scope fence by leaving the scope out).
+    pub sticky_scope: bool,
 }
 
 impl Default for KvSettings {
     fn default() -> Self {
-        KvSettings { strict: false, max_key_bytes: 512, max_batch_ops: 1000, fence_cache_capacity: 100_000 }
+        KvSettings {
+            strict: false,
+            max_key_bytes: 512,
+            max_batch_ops: 1000,
+            fence_cache_capacity: 100_000,
+            sticky_scope: true,
+        }
     }
 }
 
 impl KvSettings {
     pub fn rule(&self) -> Rule {
         Rule::from_strict(self.strict)
+    }
+
+    pub fn scope_rule(&self) -> ScopeRule {
+        ScopeRule::from_sticky(self.sticky_scope)
     }
 }
 
@@ -299,8 +328,29 @@ impl Settings {
         if !matches!(self.log.format.as_str(), "text" | "json") {
             bail!("log.format must be \"text\" or \"json\", got {:?}", self.log.format);
         }
-        crate::tables::validate(&self.resources, !self.database.is_sqlite())?;
+        crate::tables::validate(&self.resources, !self.database.is_sqlite(), self.kv.max_key_bytes)?;
+        self.bindings()?;
         Ok(())
+    }
+
+    /// The `[[scopes]]` bindings, validated: each name is a valid scope, each prefix fits a key,
+    /// and no key is bound to two scopes.
+    pub fn bindings(&self) -> anyhow::Result<Bindings> {
+        let mut parsed = Vec::with_capacity(self.scopes.len());
+        for (i, binding) in self.scopes.iter().enumerate() {
+            let scope = Scope::parse(&binding.name, self.kv.max_key_bytes)
+                .map_err(|e| anyhow::anyhow!("scopes[{i}]: the name {:?} {e}", binding.name))?;
+            for prefix in &binding.keys {
+                if prefix.len() > self.kv.max_key_bytes || prefix.chars().any(char::is_control) {
+                    bail!(
+                        "scopes[{i}] ({:?}): key prefix {prefix:?} is longer than kv.max_key_bytes or holds a control character",
+                        binding.name
+                    );
+                }
+            }
+            parsed.push((scope, binding.keys.clone()));
+        }
+        Bindings::new(parsed).map_err(|e| anyhow::anyhow!("[[scopes]]: {e}"))
     }
 
     pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
@@ -359,6 +409,24 @@ mod tests {
         let cli = Overrides { listen: Some("nonsense".into()), ..Default::default() };
         let err = format!("{:#}", Settings::load(None, no_env, cli).unwrap_err());
         assert!(err.contains("--listen"), "{err}");
+    }
+
+    #[test]
+    fn scope_bindings_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Settings::load(Some(&path), no_env, Overrides::default())
+        };
+        let ok = load("[[scopes]]\nname = \"billing\"\nkeys = [\"invoice-\", \"billing/\"]\n").unwrap();
+        let bound = ok.bindings().unwrap();
+        assert_eq!(bound.of("invoice-7").map(|s| s.as_str()), Some("billing"));
+        let overlap = "[[scopes]]\nname = \"a\"\nkeys = [\"inv\"]\n[[scopes]]\nname = \"b\"\nkeys = [\"invoice\"]\n";
+        let err = format!("{:#}", load(overlap).unwrap_err());
+        assert!(err.contains("overlaps"), "{err}");
+        let err = format!("{:#}", load("[[scopes]]\nname = \"\"\nkeys = [\"x\"]\n").unwrap_err());
+        assert!(err.contains("scopes[0]"), "{err}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod demo;
 pub mod fence;
 pub mod http;
 pub mod locks;
+pub mod percent;
 pub mod server;
 pub mod store;
 pub mod tables;

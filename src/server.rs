@@ -17,9 +17,9 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let url = settings.database.effective_url();
     let backend = if settings.database.is_sqlite() {
         tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-        Backend::Sqlite(SqliteStore::connect(&settings.database, &url).await?)
+        Backend::Sqlite(SqliteStore::connect(&settings.database, &url, settings.kv.scope_rule()).await?)
     } else {
-        Backend::Postgres(PgStore::connect(&settings.database, &url).await?)
+        Backend::Postgres(PgStore::connect(&settings.database, &url, settings.kv.scope_rule()).await?)
     };
     Ok(Store::new(backend, settings.kv.fence_cache_capacity))
 }
@@ -50,6 +50,7 @@ pub async fn serve_announced(
         kv: Arc::new(settings.kv.clone()),
         locks: Arc::new(settings.locks.clone()),
         tables,
+        bindings: Arc::new(settings.bindings()?),
         metrics: telemetry::metrics_handle(),
     };
     let limits = Limits {

@@ -1,6 +1,6 @@
 //! The accept rule and the outcomes of a fenced write.
 
-use super::{FencingToken, Key, Scope};
+use super::{FencingToken, Key, Scope, ScopeMismatch};
 
 /// How a presented token is compared with a fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -19,7 +19,7 @@ impl Rule {
     }
 
     /// THE fencing decision. The store evaluates exactly this comparison inside the database
-    /// (see `store::sql_accepts`), so it can be applied atomically with the write; this Rust
+    /// (see `store::sql_fence_op`), so it can be applied atomically with the write; this Rust
     /// form is used by anything that decides outside SQL (a reject-only cache, tests) and to
     /// double-check what the database reported.
     pub fn accepts(self, presented: FencingToken, fence: FencingToken) -> bool {
@@ -81,6 +81,10 @@ pub enum Outcome<T> {
     /// Nothing was applied. One entry per fence that refused (several for a batch of keys);
     /// never empty.
     Stale(Vec<Stale>),
+    /// Nothing was applied: the write's scope is not the one its key or row is bound to
+    /// (sticky scope or a configured binding; see `fence::scoping`). Decided before any token
+    /// is compared, so a batch with both kinds of refusal reports this one.
+    Mismatch(ScopeMismatch),
 }
 
 impl Stale {

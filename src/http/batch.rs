@@ -7,11 +7,12 @@ use serde_json::{json, Value};
 use super::{
     extract::{JsonBody, ScopeHeader, Token},
     kv::guard,
-    problem::ApiError,
+    problem::{accepted, ApiError},
+    tables::table_scope,
     AppState,
 };
 use crate::{
-    fence::{Key, Outcome},
+    fence::{Key, Scope},
     store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
@@ -49,15 +50,13 @@ pub async fn batch(
     JsonBody(request): JsonBody<BatchRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let ops = parse_ops(&state, request)?;
+    let scope = batch_scope(&state, &ops, scope.0)?;
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {
         return batch_tables(&state, token, scope, ops).await;
     }
     let writes: Vec<Write> = ops.into_iter().filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None }).collect();
     let guard = guard(&state, token, scope);
-    let written = match state.store.batch(&writes, &guard).await? {
-        Outcome::Accepted(written) => written,
-        Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
-    };
+    let written = accepted(state.store.batch(&writes, &guard).await?)?;
     Ok(Json(json!({
         "fence_token": guard.token,
         "scope": guard.scope(),
@@ -65,14 +64,33 @@ pub async fn batch(
     })))
 }
 
+/// The one scope a batch is under: the header's if sent, else the scope its bound keys and
+/// tables share (`[[scopes]]`, a resource's `scope`), else none. An op bound to another scope
+/// is a mismatch: a batch has one token, and tokens of different scopes are never compared.
+/// Unbound keys in a batch are written under the batch's scope, as with the header.
+fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> Result<Option<Scope>, ApiError> {
+    let bound = |op: &Op| match op {
+        Op::Kv(write) => state.bindings.of(write.key().as_str()).cloned(),
+        Op::Row(op) => op.resource.scope.clone(),
+    };
+    let scope = header.or_else(|| ops.iter().find_map(bound));
+    for op in ops {
+        match op {
+            Op::Kv(write) => {
+                state.bindings.resolve(write.key(), scope.clone())?;
+            }
+            Op::Row(op) => {
+                table_scope(&op.resource, &op.key, scope.clone())?;
+            }
+        }
+    }
+    Ok(scope)
+}
+
 /// A batch with table ops: kv and table writes in one transaction.
-async fn batch_tables(state: &AppState, token: Token, scope: ScopeHeader, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
-    let scope = scope.0;
+async fn batch_tables(state: &AppState, token: Token, scope: Option<Scope>, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
     let (kv_written, rows_written) =
-        match state.store.batch_tables(&ops, token.0, scope.as_ref(), state.kv.rule()).await? {
-            Outcome::Accepted(written) => written,
-            Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
-        };
+        accepted(state.store.batch_tables(&ops, token.0, scope.as_ref(), state.kv.rule()).await?)?;
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
     let kv: Vec<Write> = ops.iter().filter_map(|op| if let Op::Kv(w) = op { Some(w.clone()) } else { None }).collect();
     let rows = ops.iter().filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });

@@ -3,7 +3,7 @@
 
 use axum::{
     body::Bytes,
-    extract::{FromRequest, FromRequestParts, Path, Request},
+    extract::{FromRequest, FromRequestParts, MatchedPath, Request},
     http::{request::Parts, HeaderMap},
 };
 
@@ -30,7 +30,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Token {
     }
 }
 
-/// The optional `X-Fencing-Scope` header.
+/// The optional `X-Fencing-Scope` header, percent-decoded exactly like a path segment
+/// (`crate::percent`), so `caf%C3%A9` names the scope of `/v1/locks/caf%C3%A9`.
 pub struct ScopeHeader(pub Option<Scope>);
 
 impl FromRequestParts<AppState> for ScopeHeader {
@@ -43,9 +44,9 @@ impl FromRequestParts<AppState> for ScopeHeader {
                 "the X-Fencing-Scope header appears more than once; send exactly one".into(),
             )),
             Header::One(raw) => {
-                let text = std::str::from_utf8(raw)
-                    .map_err(|_| ApiError::InvalidScope("the scope header is not valid UTF-8".into()))?;
-                Scope::parse(text, state.kv.max_key_bytes).map(|s| ScopeHeader(Some(s))).map_err(ApiError::invalid_scope)
+                let text = crate::percent::decode_strict(raw)
+                    .map_err(|why| ApiError::InvalidScope(format!("the X-Fencing-Scope header: {why}")))?;
+                Scope::parse(&text, state.kv.max_key_bytes).map(|s| ScopeHeader(Some(s))).map_err(ApiError::invalid_scope)
             }
         }
     }
@@ -90,11 +91,18 @@ impl FromRequestParts<AppState> for ScopePath {
     }
 }
 
-async fn path_segment(parts: &mut Parts, state: &AppState) -> Result<String, String> {
-    Path::<String>::from_request_parts(parts, state)
-        .await
-        .map(|Path(raw)| raw)
-        .map_err(|rejection| format!("the path segment could not be decoded ({}); percent-encode UTF-8", rejection.body_text()))
+/// The route's `{...}` parameter, strictly percent-decoded (`crate::percent`): an invalid
+/// escape is refused rather than kept as literal text, so a name has one spelling. Taken from
+/// the raw request path at the position of the parameter in the route's template: axum's own
+/// extractors (even `RawPathParams`) hand out leniently decoded text.
+async fn path_segment(parts: &mut Parts, _: &AppState) -> Result<String, String> {
+    let template = parts.extensions.get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or_default();
+    let raw = template
+        .split('/')
+        .position(|segment| segment.starts_with('{'))
+        .and_then(|index| parts.uri.path().split('/').nth(index))
+        .ok_or_else(|| "this route has no path parameter".to_owned())?;
+    crate::percent::decode_strict(raw.as_bytes()).map_err(|why| format!("the path segment: {why}"))
 }
 
 /// A JSON body of any shape. Over the body limit -> 413; not JSON -> 400.

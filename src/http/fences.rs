@@ -10,23 +10,18 @@ use serde_json::json;
 
 use super::{
     extract::{ScopePath, Token},
-    problem::ApiError,
+    problem::{accepted, ApiError},
     AppState,
 };
-use crate::fence::Outcome;
 
 pub async fn claim(
     State(state): State<AppState>,
     ScopePath(scope): ScopePath,
     Token(token): Token,
 ) -> Result<Response, ApiError> {
-    match state.store.claim(&scope, token).await? {
-        Outcome::Accepted(claimed) => {
-            let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())
-        }
-        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
-    }
+    let claimed = accepted(state.store.claim(&scope, token).await?)?;
+    let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())
 }
 
 pub async fn get(State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {

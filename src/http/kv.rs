@@ -11,21 +11,24 @@ use serde_json::json;
 
 use super::{
     extract::{JsonBody, KeyPath, ScopeHeader, Token},
-    problem::ApiError,
+    problem::{accepted, ApiError},
     AppState,
 };
 use crate::{
-    fence::{FencingToken, Guard, Key, Outcome, Scope, Target},
+    fence::{FencingToken, Guard, Key, Scope, Target},
     store::Write,
 };
 
-/// Builds the guard for a kv write: the scope's fence if a scope was sent, else the key's own.
-pub(super) fn guard(state: &AppState, token: Token, scope: ScopeHeader) -> Guard {
-    Guard {
-        token: token.0,
-        target: scope.0.map_or(Target::Key, Target::Scope),
-        rule: state.kv.rule(),
-    }
+/// Builds the guard for a kv write under `scope` (already resolved against the bindings):
+/// the scope's fence, or the key's own.
+pub(super) fn guard(state: &AppState, token: Token, scope: Option<Scope>) -> Guard {
+    Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: state.kv.rule() }
+}
+
+/// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it (a
+/// different header is a mismatch), else under the header's scope, if any.
+fn key_guard(state: &AppState, key: &Key, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
+    Ok(guard(state, token, state.bindings.resolve(key, scope.0)?))
 }
 
 // Response bodies as structs rather than `json!`: built straight into the response buffer
@@ -60,15 +63,11 @@ pub async fn put(
     JsonBody(value): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
-    let guard = guard(&state, token, scope);
-    match state.store.write(Write::Put { key, value }, &guard).await? {
-        Outcome::Accepted(written) => {
-            let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
-            let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
-            Ok((status, Json(body)).into_response())
-        }
-        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
-    }
+    let guard = key_guard(&state, &key, token, scope)?;
+    let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
+    let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
+    let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
+    Ok((status, Json(body)).into_response())
 }
 
 pub async fn delete(
@@ -77,17 +76,15 @@ pub async fn delete(
     token: Token,
     scope: ScopeHeader,
 ) -> Result<Response, ApiError> {
-    let guard = guard(&state, token, scope);
-    match state.store.write(Write::Delete { key }, &guard).await? {
-        Outcome::Accepted(written) => Ok(Json(json!({
-            "key": written.key,
-            "fence_token": guard.token,
-            "scope": guard.scope(),
-            "deleted": true,
-        }))
-        .into_response()),
-        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
-    }
+    let guard = key_guard(&state, &key, token, scope)?;
+    let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
+    Ok(Json(json!({
+        "key": written.key,
+        "fence_token": guard.token,
+        "scope": guard.scope(),
+        "deleted": true,
+    }))
+    .into_response())
 }
 
 pub async fn get(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {

@@ -25,6 +25,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
     config::{KvSettings, LockSettings},
+    fence::Bindings,
     store::Store,
     tables::Resources,
 };
@@ -40,6 +41,8 @@ pub struct AppState {
     pub locks: Arc<LockSettings>,
     /// The legacy tables of `[[resources]]`, validated against the catalog at start-up.
     pub tables: Resources,
+    /// `[[scopes]]`: the scope of bound keys, decided by configuration, not by the client.
+    pub bindings: Arc<Bindings>,
     pub metrics: PrometheusHandle,
 }
 

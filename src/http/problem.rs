@@ -10,7 +10,7 @@ use axum::{
 use serde_json::{json, Map, Value};
 
 use crate::{
-    fence::{Fenced, NameError, Stale, TokenError},
+    fence::{Fenced, NameError, Outcome, ScopeMismatch, Stale, TokenError},
     store::{StoreError, TableError},
     tables::RowError,
 };
@@ -39,6 +39,8 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("stale fencing token")]
     Stale(Vec<Stale>),
+    #[error("scope mismatch")]
+    ScopeMismatch(ScopeMismatch),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
@@ -73,6 +75,21 @@ impl From<TableError> for ApiError {
     }
 }
 
+impl From<ScopeMismatch> for ApiError {
+    fn from(mismatch: ScopeMismatch) -> Self {
+        ApiError::ScopeMismatch(mismatch)
+    }
+}
+
+/// What was accepted, or the refusal as the client sees it (412 stale, 409 scope mismatch).
+pub fn accepted<T>(outcome: Outcome<T>) -> Result<T, ApiError> {
+    match outcome {
+        Outcome::Accepted(done) => Ok(done),
+        Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
+        Outcome::Mismatch(mismatch) => Err(ApiError::ScopeMismatch(mismatch)),
+    }
+}
+
 impl ApiError {
     pub fn invalid_key(err: NameError) -> Self {
         ApiError::InvalidKey(format!("the key {err}"))
@@ -95,6 +112,7 @@ impl ApiError {
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
             Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
+            ScopeMismatch(_) => (StatusCode::CONFLICT, "scope-mismatch", "Scope mismatch"),
             Row(RowError::Key { .. }) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
             Row(RowError::Row { .. }) => (StatusCode::BAD_REQUEST, "invalid-row", "Invalid row"),
             Row(RowError::Value { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-value", "Value refused by the table"),
@@ -116,6 +134,7 @@ impl ApiError {
                 "every write needs the X-Fencing-Token header: the fencing token of the lock you hold".into()
             }
             ApiError::Stale(stale) => describe_stale(stale),
+            ApiError::ScopeMismatch(mismatch) => describe_mismatch(mismatch),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
             ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
             ApiError::Store(StoreError::Refused(why)) => {
@@ -154,6 +173,25 @@ fn describe_stale(stale: &[Stale]) -> String {
     }
 }
 
+fn describe_mismatch(m: &ScopeMismatch) -> String {
+    let what = match &m.fenced {
+        Fenced::Key(key) => format!("key {:?}", key.as_str()),
+        Fenced::Row { resource, key } => format!("row {key:?} of {resource:?}"),
+        Fenced::Scope(scope) => format!("scope {:?}", scope.as_str()),
+    };
+    let name = |scope: Option<&str>| match scope {
+        Some(scope) => format!("scope {scope:?}"),
+        None => "no scope".to_owned(),
+    };
+    format!(
+        "{what} is bound to {} but the write came under {}: send X-Fencing-Scope: {} with that lock's token \
+         (an admin reset rebinds a key); nothing was written",
+        name(m.scope.as_deref()),
+        name(m.presented.as_ref().map(|s| s.as_str())),
+        m.scope.as_deref().unwrap_or("(none: leave the header out)"),
+    )
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.parts();
@@ -173,6 +211,18 @@ impl IntoResponse for ApiError {
         body.insert("detail".into(), json!(self.detail()));
         match &self {
             ApiError::Stale(stale) => add_stale_fields(&mut body, stale),
+            ApiError::ScopeMismatch(m) => {
+                match &m.fenced {
+                    Fenced::Key(key) => body.insert("key".into(), json!(key)),
+                    Fenced::Row { resource, key } => {
+                        body.insert("resource".into(), json!(resource));
+                        body.insert("key".into(), json!(key))
+                    }
+                    Fenced::Scope(scope) => body.insert("key".into(), json!(scope)),
+                };
+                body.insert("scope".into(), json!(m.scope));
+                body.insert("presented_scope".into(), json!(m.presented));
+            }
             ApiError::Row(err) => {
                 if let Some(column) = err.column() {
                     body.insert("column".into(), json!(column));

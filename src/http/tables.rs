@@ -14,12 +14,12 @@ use serde_json::{json, value::RawValue};
 
 use super::{
     extract::{JsonBody, ScopeHeader, Token},
-    problem::ApiError,
+    problem::{accepted, ApiError},
     AppState,
 };
 use crate::{
-    fence::{FencingToken, Guard, Outcome, Target},
-    tables::{Resource, RowBody, RowKey, RowWrite, TableOp},
+    fence::{bound_scope, Fenced, FencingToken, Guard, Scope, Target},
+    tables::{canonical_key, Resource, RowBody, RowKey, RowWrite, TableOp},
 };
 
 /// The configured resource called `name`, or 404.
@@ -54,17 +54,22 @@ impl FromRequestParts<AppState> for RowPath {
     }
 }
 
-/// The guard of a table write: the scope's fence if a scope was sent, else the row's own, under
-/// the resource's rule.
-fn guard(resource: &Resource, token: Token, scope: ScopeHeader) -> Guard {
-    Guard { token: token.0, target: scope.0.map_or(Target::Key, Target::Scope), rule: resource.rule }
+/// The scope of a write to `resource`: its bound `scope` if configured (a different header is
+/// a mismatch, named by `key`), else the header's.
+pub(super) fn table_scope(resource: &Resource, key: &RowKey, scope: Option<Scope>) -> Result<Option<Scope>, ApiError> {
+    let fenced = || Fenced::Row { resource: resource.name.clone(), key: canonical_key(key.values()) };
+    Ok(bound_scope(resource.scope.as_ref(), scope, fenced)?)
+}
+
+/// The guard of a table write: the scope's fence if the write is under one, else the row's own,
+/// under the resource's rule.
+fn guard(resource: &Resource, key: &RowKey, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
+    let scope = table_scope(resource, key, scope.0)?;
+    Ok(Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: resource.rule })
 }
 
 async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, ApiError> {
-    let written = match state.store.table_write(&op, &guard).await? {
-        Outcome::Accepted(written) => written,
-        Outcome::Stale(stale) => return Err(ApiError::Stale(stale)),
-    };
+    let written = accepted(state.store.table_write(&op, &guard).await?)?;
     let mut body = json!({
         "resource": op.resource.name,
         "key": written.key,
@@ -91,7 +96,7 @@ pub async fn put(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
-    let guard = guard(&resource, token, scope);
+    let guard = guard(&resource, &key, token, scope)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -104,7 +109,7 @@ pub async fn patch(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
-    let guard = guard(&resource, token, scope);
+    let guard = guard(&resource, &key, token, scope)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -115,7 +120,7 @@ pub async fn delete(
     token: Token,
     scope: ScopeHeader,
 ) -> Result<Response, ApiError> {
-    let guard = guard(&resource, token, scope);
+    let guard = guard(&resource, &key, token, scope)?;
     self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
 }
 

@@ -184,6 +184,8 @@ async fn inspect(conn: &mut PgConnection, settings: &ResourceSettings) -> anyhow
         key,
         fence,
         rule: Rule::from_strict(settings.strict),
+        // Its length was checked against kv.max_key_bytes by `tables::validate`.
+        scope: settings.bound_scope(usize::MAX).map_err(|e| anyhow::anyhow!(e))?,
     }))
 }
 

@@ -17,7 +17,7 @@ pub mod unfenced;
 use std::sync::Arc;
 
 use crate::{
-    fence::{Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, Stale},
+    fence::{Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, ScopeMismatch, ScopeRule, Stale},
     locks::{Acquired, Held, Ttl},
 };
 
@@ -215,6 +215,103 @@ pub(crate) fn sql_fence_op(rule: Rule) -> &'static str {
     }
 }
 
+/// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's
+/// scope column, `presented` the write's scope (NULL: unscoped). The one place the scope rule
+/// is turned into SQL; every fenced statement that writes a key or a row is built with it,
+/// next to [`sql_fence_op`]. `IS NOT DISTINCT FROM` is NULL-safe equality on PostgreSQL and on
+/// SQLite (3.39+), so both backends share the spelling.
+pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &str) -> String {
+    match scopes {
+        ScopeRule::Sticky => format!("{remembered} IS NOT DISTINCT FROM {presented}"),
+        ScopeRule::Free => "TRUE".to_owned(),
+    }
+}
+
+/// What a refused key looked like when the refusal was explained: the scope of its last
+/// accepted write and its own fence.
+pub(crate) struct KeyState {
+    pub scope: Option<String>,
+    pub key_fence: FencingToken,
+}
+
+/// Why the writes of `keys` under `guard` were refused, decided from what the database holds
+/// after the refused statement: each key's state (`states`: only keys that have a row) and,
+/// for a scoped write, the scope's fence. Both backends explain through this.
+///
+/// The fence comes first: a token the fence refuses is stale whatever its scope, which is also
+/// what the reject-only cache answers without asking the database, so the answer does not
+/// depend on what the cache happens to hold. Only then the scope: a write whose token passes
+/// but whose key is bound to another scope is a mismatch. Fences never go down and a key's
+/// scope changes only under the rule that refused, so what is read still refuses the write.
+pub(crate) fn explain_refusal(
+    keys: &[Key],
+    states: &std::collections::HashMap<&str, KeyState>,
+    guard: &Guard,
+    scopes: ScopeRule,
+    scope_fence: Option<FencingToken>,
+) -> Result<Refusal, StoreError> {
+    let (token, rule) = (guard.token, guard.rule);
+    let stale: Vec<Stale> = match guard.scope() {
+        Some(scope) => scope_fence
+            .filter(|&fence| !rule.accepts(token, fence))
+            .map(|current| Stale { presented: token, current, fenced: Fenced::Scope(scope.clone()) })
+            .into_iter()
+            .collect(),
+        None => keys
+            .iter()
+            .filter_map(|key| {
+                let state = states.get(key.as_str()).filter(|s| !rule.accepts(token, s.key_fence))?;
+                Some(Stale { presented: token, current: state.key_fence, fenced: Fenced::Key(key.clone()) })
+            })
+            .collect(),
+    };
+    if !stale.is_empty() {
+        return Ok(Refusal::Stale(stale));
+    }
+    let presented = guard.scope().map(Scope::as_str);
+    for key in keys {
+        let remembered = states.get(key.as_str()).map(|s| s.scope.as_deref());
+        if !scopes.admits(remembered, presented) {
+            return Ok(Refusal::Mismatch(ScopeMismatch {
+                fenced: Fenced::Key(key.clone()),
+                scope: remembered.flatten().map(str::to_owned),
+                presented: guard.scope().cloned(),
+            }));
+        }
+    }
+    // Neither rule refuses what the database refused: a bug. Still a refusal (nothing was
+    // written); `Stale::reported` logs it loudly.
+    match guard.scope() {
+        Some(scope) => Ok(Refusal::Stale(vec![scope_refusal(scope, scope_fence, token, rule)?])),
+        None => keys
+            .iter()
+            .map(|key| {
+                let state = states
+                    .get(key.as_str())
+                    .ok_or_else(|| StoreError::Corrupt(format!("refused key {:?} has no fence row", key.as_str())))?;
+                Ok(Stale::reported(rule, token, state.key_fence, Fenced::Key(key.clone())))
+            })
+            .collect::<Result<_, _>>()
+            .map(Refusal::Stale),
+    }
+}
+
+/// A refused write, explained: what the client is told. Nothing was applied.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    Mismatch(ScopeMismatch),
+    Stale(Vec<Stale>),
+}
+
+impl Refusal {
+    pub fn outcome<T>(self) -> Outcome<T> {
+        match self {
+            Refusal::Mismatch(mismatch) => Outcome::Mismatch(mismatch),
+            Refusal::Stale(stale) => Outcome::Stale(stale),
+        }
+    }
+}
+
 /// The refusal by `scope`'s fence, explained with the fence read after the refused statement
 /// (fences never go down, so the value read still refuses the token).
 pub(crate) fn scope_refusal(scope: &Scope, current: Option<FencingToken>, token: FencingToken, rule: Rule) -> Result<Stale, StoreError> {
@@ -277,6 +374,8 @@ impl Store {
                 }
             }
             Outcome::Stale(stale) => self.learn_refusals(stale),
+            // A scope mismatch says nothing about any fence's value.
+            Outcome::Mismatch(_) => {}
         }
         Ok(outcome)
     }
@@ -285,6 +384,7 @@ impl Store {
         match outcome {
             Outcome::Accepted(_) => self.high_water.observe(fence, token),
             Outcome::Stale(stale) => self.learn_refusals(stale),
+            Outcome::Mismatch(_) => {}
         }
     }
 

@@ -1,12 +1,15 @@
 //! The PostgreSQL backend.
 //!
-//! Every fenced write is a single statement whose `WHERE` clause is the fence check, so the
-//! check and the write are atomic without explicit locking:
-//! - unscoped write: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE kv.key_fence <= $token`;
-//!   no row back means the key's fence refused it;
+//! Every fenced write is a single statement whose `WHERE` clause is the fence check (and the
+//! sticky-scope check, `fence::scoping`), so the checks and the write are atomic without
+//! explicit locking:
+//! - unscoped write: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE kv.key_fence <= $token
+//!   AND kv.scope IS NOT DISTINCT FROM NULL`; no row back means the key refused it;
 //! - scoped write: a data-modifying CTE raises the scope's fence (with the same kind of `WHERE`),
 //!   and the kv upsert selects `FROM` that CTE, so it writes nothing if the claim was refused.
-//!   The fence row stays locked until commit, which serializes writers of one scope;
+//!   The claim itself only runs if the key is not bound to another scope, and the upsert's
+//!   `WHERE` checks the binding again on the row it locked. The fence row stays locked until
+//!   commit, which serializes writers of one scope;
 //! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
 //!   transaction that is rolled back if any key was refused (all or nothing).
 
@@ -26,11 +29,12 @@ use super::{
     coalesce::{Coalescer, Upserts},
     connections::Connections,
     reads::Reads,
-    scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written,
+    explain_refusal, scope_refusal, sql_fence_op, sql_scope_check, token_from_db, Claimed, Entry, KeyState, Refusal,
+    StoreError, Write, Written,
 };
 use crate::{
     config::DatabaseSettings,
-    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
+    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Stale, Target},
     locks::{Acquired, Holder, Lease, Ttl},
 };
 
@@ -100,13 +104,13 @@ pub(super) const KV_GET_MANY: &str = concat!(
 /// `$4` token): the statement fencegate runs for `PUT /v1/kv/{key}`. Public so the load bench
 /// runs exactly this against PostgreSQL directly.
 pub fn kv_put_sql(rule: Rule) -> String {
-    Statements::new(rule).put_key
+    Statements::new(rule, ScopeRule::default()).put_key
 }
 
 /// The fenced one-key write under a scope (`$1` key, `$2` value, `$3` deleted, `$4` token,
 /// `$5` scope): what fencegate runs for a lone scoped `PUT /v1/kv/{key}`. Public for the bench.
 pub fn kv_put_scoped_sql(rule: Rule) -> String {
-    Statements::new(rule).put_scope
+    Statements::new(rule, ScopeRule::default()).put_scope
 }
 
 /// The fenced statements for one rule, built once from fixed text (no request data).
@@ -121,28 +125,58 @@ struct Statements {
     claim: String,
 }
 
+/// `WHERE` of a kv upsert's `DO UPDATE`: the row's scope admits the write's ([`sql_scope_check`]).
+fn kv_scope_check(scopes: ScopeRule) -> String {
+    sql_scope_check(scopes, "kv.scope", "EXCLUDED.scope")
+}
+
+/// A condition that holds unless the kv row `key_expr` exists and is bound to another scope
+/// than `scope_expr`: it gates the scope claim of a write in an autocommit statement, so a
+/// write refused for its scope does not raise the scope's fence either. (The upsert checks the
+/// binding again on the row it locks: this is the part that keeps the claim from happening.)
+/// A row created by another transaction after this statement's snapshot is not seen here; the
+/// upsert then refuses the write, and the claim, made with the client's own token for its own
+/// scope, is what `POST /v1/fences` would have done.
+fn kv_unbound(scopes: ScopeRule, key_expr: &str, scope_expr: &str) -> String {
+    match scopes {
+        ScopeRule::Free => "TRUE".to_owned(),
+        ScopeRule::Sticky => format!(
+            "NOT EXISTS (SELECT 1 FROM fencegate_kv AS b WHERE b.key = {key_expr} AND NOT ({check}))",
+            check = sql_scope_check(scopes, "b.scope", scope_expr)
+        ),
+    }
+}
+
 impl Statements {
-    fn new(rule: Rule) -> Self {
+    fn new(rule: Rule, scopes: ScopeRule) -> Self {
         let op = sql_fence_op(rule);
+        let scope_check = kv_scope_check(scopes);
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // `key_fence <op> token`, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
         let put_key = format!(
             "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              VALUES ($1, $2, $3, $4, $4, NULL)
              {KV_ON_CONFLICT}
-             WHERE kv.key_fence {op} EXCLUDED.key_fence
+             WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
              RETURNING version"
         );
         // A scoped write leaves the key's own fence alone (key_fence 0 on insert, GREATEST on
         // update): tokens of different fences are never compared.
         let put_scope = format!(
-            "{claim}
+            "WITH claim AS ({claim})
              INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              SELECT $1, $2, $3, 0, $4, $5 FROM claim
              {KV_ON_CONFLICT}
+             WHERE {scope_check}
              RETURNING version",
-            claim = scope_claim_cte(rule, "$5", "$4"),
+            claim = scope_claim_rows(
+                rule,
+                &format!("SELECT $5::text, $4::int8 WHERE {}", kv_unbound(scopes, "$1", "$5::text")),
+                "version"
+            ),
         );
+        // Runs in a transaction that is rolled back unless every key was written, so the claim
+        // needs no gate: a refused key undoes it.
         let batch_scope = format!(
             "{claim}
              INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
@@ -150,6 +184,7 @@ impl Statements {
              FROM unnest($1::text[], $2::jsonb[], $3::bool[]) AS w(key, value, deleted), claim
              ORDER BY w.key
              {KV_ON_CONFLICT}
+             WHERE {scope_check}
              RETURNING key, version",
             claim = scope_claim_cte(rule, "$5", "$4"),
         );
@@ -160,15 +195,16 @@ impl Statements {
 /// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
 /// coalescer (per-row outcomes) and by unscoped batches (in a transaction, all or nothing).
 /// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
-fn upsert_rows(rule: Rule) -> String {
+fn upsert_rows(rule: Rule, scopes: ScopeRule) -> String {
     let op = sql_fence_op(rule);
+    let scope_check = kv_scope_check(scopes);
     format!(
         "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
          FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token)
          ORDER BY w.key
          {KV_ON_CONFLICT}
-         WHERE kv.key_fence {op} EXCLUDED.key_fence
+         WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
          RETURNING key, version"
     )
 }
@@ -180,7 +216,10 @@ fn upsert_rows(rule: Rule) -> String {
 /// Lock order: the fences, by scope (the claim's ORDER BY), then the rows, by key: the sort
 /// before the insert consumes every claim before the first row is written. Every other
 /// statement that takes both kinds of lock also takes the fence first, so none can deadlock.
-fn upsert_scoped_rows(rule: Rule) -> String {
+/// A scope is claimed only for writes whose keys are not bound to another scope
+/// ([`kv_unbound`]): a round whose every write under a scope is refused for its scope leaves
+/// that fence alone.
+fn upsert_scoped_rows(rule: Rule, scopes: ScopeRule) -> String {
     format!(
         "WITH w AS (
              SELECT * FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
@@ -191,8 +230,14 @@ fn upsert_scoped_rows(rule: Rule) -> String {
          FROM w JOIN claim ON claim.scope = w.scope
          ORDER BY w.key
          {KV_ON_CONFLICT}
+         WHERE {scope_check}
          RETURNING key, version",
-        claim = scope_claim_rows(rule, "SELECT DISTINCT scope, token FROM w ORDER BY scope", "scope"),
+        claim = scope_claim_rows(
+            rule,
+            &format!("SELECT DISTINCT scope, token FROM w WHERE {} ORDER BY scope", kv_unbound(scopes, "w.key", "w.scope")),
+            "scope"
+        ),
+        scope_check = kv_scope_check(scopes),
     )
 }
 
@@ -209,11 +254,13 @@ pub struct PgStore {
     coalescer: Option<Coalescer>,
     /// `None` when `database.coalesce_workers = 0`: each read is its own statement.
     reads: Option<Reads>,
+    /// `kv.sticky_scope`: built into the statements; needed again to explain a refusal.
+    scopes: ScopeRule,
 }
 
 impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
-    pub async fn connect(settings: &DatabaseSettings, url: &str) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &DatabaseSettings, url: &str, scopes: ScopeRule) -> anyhow::Result<Self> {
         let shown = crate::config::redact_url(url);
         let options: PgConnectOptions = url
             .parse::<PgConnectOptions>()
@@ -239,11 +286,11 @@ impl PgStore {
                 "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
                  (set DATABASE_URL or --database-url)"
             ))?;
-        let (inclusive, strict) = (Statements::new(Rule::Inclusive), Statements::new(Rule::Strict));
+        let (inclusive, strict) = (Statements::new(Rule::Inclusive, scopes), Statements::new(Rule::Strict, scopes));
         let upserts = Arc::new(Upserts {
-            rows: [upsert_rows(Rule::Inclusive), upsert_rows(Rule::Strict)],
+            rows: [upsert_rows(Rule::Inclusive, scopes), upsert_rows(Rule::Strict, scopes)],
             single: [inclusive.put_key.clone(), strict.put_key.clone()],
-            scoped_rows: [upsert_scoped_rows(Rule::Inclusive), upsert_scoped_rows(Rule::Strict)],
+            scoped_rows: [upsert_scoped_rows(Rule::Inclusive, scopes), upsert_scoped_rows(Rule::Strict, scopes)],
             scoped_single: [inclusive.put_scope.clone(), strict.put_scope.clone()],
         });
         let conns = Arc::new(Connections::new(
@@ -264,6 +311,7 @@ impl PgStore {
             strict: strict.into(),
             upserts,
             coalescer,
+            scopes,
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -277,6 +325,11 @@ impl PgStore {
             .run(&self.pool)
             .await
             .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    /// `kv.sticky_scope`, which the legacy-table statements follow too.
+    pub(super) fn scopes(&self) -> ScopeRule {
+        self.scopes
     }
 
     fn statements(&self, rule: Rule) -> &Statements {
@@ -371,7 +424,7 @@ impl PgStore {
         };
         match version {
             Some(version) => Ok(Outcome::Accepted(Written { key, was_live: version != 1, version })),
-            None => Ok(Outcome::Stale(self.refusal(std::slice::from_ref(&key), guard).await?)),
+            None => Ok(self.refusal(std::slice::from_ref(&key), guard).await?.outcome()),
         }
     }
 
@@ -386,7 +439,7 @@ impl PgStore {
         conn.done();
         match outcome {
             Ok(written) => Ok(Outcome::Accepted(written)),
-            Err(refused) => Ok(Outcome::Stale(self.refusal(&refused, guard).await?)),
+            Err(refused) => Ok(self.refusal(&refused, guard).await?.outcome()),
         }
     }
 
@@ -462,37 +515,26 @@ impl PgStore {
         Ok(Ok(written))
     }
 
-    /// Explains a refusal: reads the fence(s) that refused. Runs after the refused statement;
-    /// fences never go down, so what it reads still refuses the presented token.
-    pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
-        match &guard.target {
-            Target::Scope(scope) => {
-                Ok(vec![scope_refusal(scope, self.fence(scope).await?, guard.token, guard.rule)?])
-            }
-            Target::Key => {
-                let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
-                let mut conn = self.conns.take().await?;
-                let rows = sqlx::query("SELECT key, key_fence FROM fencegate_kv WHERE key = ANY($1) ORDER BY key")
-                    .bind(&names)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                conn.done();
-                let by_name: HashMap<&str, &Key> = keys.iter().map(|k| (k.as_str(), k)).collect();
-                let mut stale = Vec::with_capacity(rows.len());
-                for row in rows {
-                    let key: &str = row.try_get(0)?;
-                    let current = token_from_db(row.try_get(1)?)?;
-                    let key = by_name.get(key).map(|k| (*k).clone()).ok_or_else(|| {
-                        StoreError::Corrupt(format!("refusal lookup returned an unknown key {key:?}"))
-                    })?;
-                    stale.push(Stale::reported(guard.rule, guard.token, current, Fenced::Key(key)));
-                }
-                if stale.len() != keys.len() {
-                    return Err(StoreError::Corrupt("a refused key has no fence row".into()));
-                }
-                Ok(stale)
-            }
+    /// Explains a refusal: reads the refused keys (their scope and own fence) and, for a scoped
+    /// write, the scope's fence, and lets [`explain_refusal`] decide.
+    pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
+        let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
+        let mut conn = self.conns.take().await?;
+        let rows = sqlx::query("SELECT key, key_fence, scope FROM fencegate_kv WHERE key = ANY($1)")
+            .bind(&names)
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.done();
+        let mut states = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: &str = row.try_get(0)?;
+            states.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
         }
+        let scope_fence = match guard.scope() {
+            Some(scope) => self.fence(scope).await?,
+            None => None,
+        };
+        explain_refusal(keys, &states, guard, self.scopes, scope_fence)
     }
 
     /// The coalescing reader, if on (`database.coalesce_workers > 0`). A read through it is

@@ -14,10 +14,13 @@ use sqlx::{
     Row, SqliteConnection, SqlitePool,
 };
 
-use super::{scope_refusal, sql_fence_op, token_from_db, Claimed, Entry, StoreError, Write, Written};
+use super::{
+    explain_refusal, sql_fence_op, sql_scope_check, token_from_db, Claimed, Entry, KeyState, Refusal,
+    StoreError, Write, Written,
+};
 use crate::{
     config::DatabaseSettings,
-    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Stale, Target},
+    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Target},
     locks::{Acquired, Holder, Lease, Ttl},
 };
 
@@ -55,21 +58,23 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(rule: Rule) -> Self {
+    fn new(rule: Rule, scopes: ScopeRule) -> Self {
         let op = sql_fence_op(rule);
         let on_conflict = kv_on_conflict();
+        let scope_check = sql_scope_check(scopes, "kv.scope", "excluded.scope");
         Statements {
             put_key: format!(
                 "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?4, NULL, {NOW_TEXT})
                  {on_conflict}
-                 WHERE kv.key_fence {op} excluded.key_fence
+                 WHERE kv.key_fence {op} excluded.key_fence AND {scope_check}
                  RETURNING version"
             ),
             put_scoped: format!(
                 "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
                  VALUES (?1, ?2, ?3, 0, ?4, ?5, {NOW_TEXT})
                  {on_conflict}
+                 WHERE {scope_check}
                  RETURNING version"
             ),
             claim: format!(
@@ -88,10 +93,12 @@ pub struct SqliteStore {
     pool: SqlitePool,
     inclusive: std::sync::Arc<Statements>,
     strict: std::sync::Arc<Statements>,
+    /// `kv.sticky_scope`: built into the statements; needed again to explain a refusal.
+    scopes: ScopeRule,
 }
 
 impl SqliteStore {
-    pub async fn connect(settings: &DatabaseSettings, url: &str) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &DatabaseSettings, url: &str, scopes: ScopeRule) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url}: {e}"))?
             .create_if_missing(true)
@@ -106,8 +113,9 @@ impl SqliteStore {
             .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
         let store = SqliteStore {
             pool,
-            inclusive: Statements::new(Rule::Inclusive).into(),
-            strict: Statements::new(Rule::Strict).into(),
+            inclusive: Statements::new(Rule::Inclusive, scopes).into(),
+            strict: Statements::new(Rule::Strict, scopes).into(),
+            scopes,
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -141,9 +149,9 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Applies one kv write inside `conn` (a transaction when scoped). Returns the new version,
-    /// or `None` if the key's fence refused it (unscoped only; scoped writes are decided by the
-    /// claim that precedes them).
+    /// Applies one kv write inside `conn` (a transaction). Returns the new version, or `None`
+    /// if the key refused it: its own fence (unscoped), or its scope (sticky scope; the scope's
+    /// fence is decided by the claim that precedes a scoped write).
     async fn put_one(conn: &mut SqliteConnection, sql: &Statements, write: &Write, guard: &Guard) -> Result<Option<i64>, StoreError> {
         let (key, value, deleted) = match write {
             Write::Put { key, value } => (key, Some(value.to_string()), false),
@@ -183,6 +191,7 @@ impl SqliteStore {
         match self.batch(std::slice::from_ref(&write), guard).await? {
             Outcome::Accepted(mut written) => Ok(Outcome::Accepted(written.remove(0))),
             Outcome::Stale(stale) => Ok(Outcome::Stale(stale)),
+            Outcome::Mismatch(mismatch) => Ok(Outcome::Mismatch(mismatch)),
         }
     }
 
@@ -196,7 +205,10 @@ impl SqliteStore {
         if let Target::Scope(scope) = &guard.target {
             if !Self::claim_in(&mut tx, sql, scope, guard.token).await? {
                 tx.rollback().await?;
-                return Ok(Outcome::Stale(self.refusal(&[], guard).await?));
+                // Every key was refused; the explanation says whether by a key's scope or by
+                // the scope's fence.
+                let keys: Vec<Key> = last.keys().map(|k| (*k).clone()).collect();
+                return Ok(self.refusal(&keys, guard).await?.outcome());
             }
         }
         let mut written = Vec::with_capacity(last.len());
@@ -209,29 +221,33 @@ impl SqliteStore {
         }
         if !refused.is_empty() {
             tx.rollback().await?;
-            return Ok(Outcome::Stale(self.refusal(&refused, guard).await?));
+            return Ok(self.refusal(&refused, guard).await?.outcome());
         }
         tx.commit().await?;
         Ok(Outcome::Accepted(written))
     }
 
-    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Vec<Stale>, StoreError> {
-        match &guard.target {
-            Target::Scope(scope) => {
-                Ok(vec![scope_refusal(scope, self.fence(scope).await?, guard.token, guard.rule)?])
-            }
-            Target::Key => {
-                let mut stale = Vec::with_capacity(keys.len());
-                for key in keys {
-                    let current: i64 = sqlx::query_scalar("SELECT key_fence FROM fencegate_kv WHERE key = ?1")
-                        .bind(key.as_str())
-                        .fetch_one(&self.pool)
-                        .await?;
-                    stale.push(Stale::reported(guard.rule, guard.token, token_from_db(current)?, Fenced::Key(key.clone())));
-                }
-                Ok(stale)
-            }
+    /// Explains a refusal (see `PgStore::refusal`). The single connection serializes every
+    /// transaction, so nothing changed since the refused one rolled back.
+    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
+        let mut rows = Vec::with_capacity(keys.len());
+        for key in keys {
+            let row = sqlx::query("SELECT key, key_fence, scope FROM fencegate_kv WHERE key = ?1")
+                .bind(key.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+            rows.extend(row);
         }
+        let mut states = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let key: &str = row.try_get(0)?;
+            states.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+        }
+        let scope_fence = match guard.scope() {
+            Some(scope) => self.fence(scope).await?,
+            None => None,
+        };
+        explain_refusal(keys, &states, guard, self.scopes, scope_fence)
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {

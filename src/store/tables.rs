@@ -4,9 +4,10 @@
 //! 1. the key is parsed and printed canonically by PostgreSQL (before anything is locked);
 //! 2. with a scope, the scope's fence is raised (`fencegate_fences`, as for kv);
 //! 3. the row's fence: an upsert of its `fencegate_ledger` row whose `WHERE` is the accept rule
-//!    (unscoped), or that records the scoped write. Its row lock serializes fencegate's writers of
-//!    one row, also while the row does not exist; in column mode the table row is then locked
-//!    and its fence column checked with the same rule;
+//!    (unscoped), or that records the scoped write; either way also the sticky-scope rule (the
+//!    ledger remembers the scope of the row's last accepted write). Its row lock serializes
+//!    fencegate's writers of one row, also while the row does not exist; in column mode the
+//!    table row is then locked and its fence column checked with the same rule;
 //! 4. the row write itself: `INSERT .. ON CONFLICT`, `UPDATE` or `DELETE` on the legacy table.
 //!
 //! A refusal or an error rolls everything back. JSON values are converted to the column types by
@@ -21,9 +22,12 @@ use std::{
 use serde_json::value::RawValue;
 use sqlx::{postgres::PgDatabaseError, Connection, PgConnection, Row};
 
-use super::{catalog, postgres::PgStore, sql_fence_op, token_from_db, Backend, Store, StoreError, Write, Written};
+use super::{
+    catalog, postgres::PgStore, sql_fence_op, sql_scope_check, token_from_db, Backend, Refusal, Store, StoreError, Write,
+    Written,
+};
 use crate::{
-    fence::{Fenced, FencingToken, Guard, Outcome, Rule, Scope, Stale, Target},
+    fence::{Fenced, FencingToken, Guard, Outcome, Rule, Scope, ScopeMismatch, ScopeRule, Stale, Target},
     tables::{canonical_key, Fence, KeyText, Resource, ResourceSettings, Resources, RowError, RowKey, RowWrite, TableOp},
 };
 
@@ -188,23 +192,32 @@ impl Sql<'_> {
     }
 }
 
-/// The row's own fence: raised to the token iff the rule admits it; no row back = refused.
-/// On conflict the ledger row is locked whether or not the `WHERE` admits the token.
-fn ledger_sql(rule: Rule) -> String {
+/// The row's own fence: raised to the token iff the rule admits it and the row is not bound
+/// to a scope (sticky scope); no row back = refused. On conflict the ledger row is locked
+/// whether or not the `WHERE` admits the write.
+fn ledger_sql(rule: Rule, scopes: ScopeRule) -> String {
     format!(
         "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, $3, $3, NULL)
          ON CONFLICT (relation, key) DO UPDATE SET
              fence = EXCLUDED.fence, token = EXCLUDED.token, scope = NULL, updated_at = now()
-         WHERE l.fence {op} EXCLUDED.fence
+         WHERE l.fence {op} EXCLUDED.fence AND {scope_check}
          RETURNING 1",
-        op = sql_fence_op(rule)
+        op = sql_fence_op(rule),
+        scope_check = sql_scope_check(scopes, "l.scope", "EXCLUDED.scope"),
     )
 }
 
-/// A scoped write leaves the row's own fence alone and records who wrote (and locks the row).
-const LEDGER_SCOPED: &str = "
-    INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, 0, $3, $4)
-    ON CONFLICT (relation, key) DO UPDATE SET token = EXCLUDED.token, scope = EXCLUDED.scope, updated_at = now()";
+/// A scoped write leaves the row's own fence alone and records who wrote (and locks the row),
+/// if the row is not bound to another scope; no row back = refused for its scope.
+fn ledger_scoped_sql(scopes: ScopeRule) -> String {
+    format!(
+        "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, 0, $3, $4)
+         ON CONFLICT (relation, key) DO UPDATE SET token = EXCLUDED.token, scope = EXCLUDED.scope, updated_at = now()
+         WHERE {scope_check}
+         RETURNING 1",
+        scope_check = sql_scope_check(scopes, "l.scope", "EXCLUDED.scope"),
+    )
+}
 
 /// A key parsed and printed by PostgreSQL.
 struct CanonicalKey {
@@ -284,12 +297,12 @@ impl PgStore {
             }
         }
         let deletes = matches!(op.write, RowWrite::Delete);
-        let existed = match fence_row(&mut tx, resource, &key, guard, deletes).await? {
+        let existed = match fence_row(&mut tx, resource, &key, guard, deletes, self.scopes()).await? {
             Ok(existed) => existed,
-            Err(stale) => {
+            Err(refusal) => {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
-                return Ok(Outcome::Stale(vec![stale]));
+                return Ok(refusal.outcome());
             }
         };
         if let Err(failure) = write_row(&mut tx, resource, &key, &op.write, guard, existed).await {
@@ -357,7 +370,7 @@ impl PgStore {
                 Err(refused) if scope.is_some() => {
                     tx.rollback().await.map_err(StoreError::from)?;
                     conn.done();
-                    return Ok(Outcome::Stale(self.refusal(&refused, &kv_guard).await?));
+                    return Ok(self.refusal(&refused, &kv_guard).await?.outcome());
                 }
                 Err(refused) => kv_refused = refused,
             }
@@ -376,24 +389,39 @@ impl PgStore {
         }
         let mut live: HashMap<(&str, &str), bool> = HashMap::new();
         let mut stale = Vec::new();
+        // Stale refusals win over mismatches, as for kv (`store::explain_refusal`).
+        let mut mismatch = None;
         for (&row, &first) in &rows {
             let resource = &ops[first].1.resource;
             let deletes = ops.iter().zip(&keys).any(|((_, op), key)| {
                 (op.resource.relation.as_str(), key.text.as_str()) == row && matches!(op.write, RowWrite::Delete)
             });
-            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes).await? {
+            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes, self.scopes()).await? {
                 Ok(existed) => {
                     live.insert(row, existed);
                 }
-                Err(refused) => stale.push(refused),
+                Err(Refusal::Stale(refused)) => stale.extend(refused),
+                Err(Refusal::Mismatch(refused)) => {
+                    mismatch.get_or_insert(refused);
+                }
             }
         }
-        if !kv_refused.is_empty() || !stale.is_empty() {
+        if !kv_refused.is_empty() || !stale.is_empty() || mismatch.is_some() {
             tx.rollback().await.map_err(StoreError::from)?;
             conn.done();
-            let mut all = if kv_refused.is_empty() { Vec::new() } else { self.refusal(&kv_refused, &kv_guard).await? };
+            let mut all = Vec::new();
+            if !kv_refused.is_empty() {
+                match self.refusal(&kv_refused, &kv_guard).await? {
+                    // The kv keys come first in the lock order, and so in the report.
+                    Refusal::Mismatch(refused) => mismatch = Some(refused),
+                    Refusal::Stale(refused) => all = refused,
+                }
+            }
             all.extend(stale);
-            return Ok(Outcome::Stale(all));
+            return Ok(match mismatch {
+                Some(mismatch) if all.is_empty() => Outcome::Mismatch(mismatch),
+                _ => Outcome::Stale(all),
+            });
         }
 
         let mut row_written = Vec::with_capacity(ops.len());
@@ -639,37 +667,47 @@ async fn fence_row(
     key: &CanonicalKey,
     guard: &Guard,
     deletes: bool,
-) -> Result<Result<bool, Stale>, TableError> {
+    scopes: ScopeRule,
+) -> Result<Result<bool, Refusal>, TableError> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
-    match &guard.target {
-        Target::Key => {
-            let admitted: Option<i32> = sqlx::query_scalar(&ledger_sql(guard.rule))
-                .bind(&resource.relation)
-                .bind(&key.text)
-                .bind(guard.token.get())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(StoreError::from)?;
-            if admitted.is_none() {
-                let current: i64 = sqlx::query_scalar("SELECT fence FROM fencegate_ledger WHERE relation = $1 AND key = $2")
-                    .bind(&resource.relation)
-                    .bind(&key.text)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(StoreError::from)?;
-                return Ok(Err(Stale::reported(guard.rule, guard.token, token_from_db(current)?, fenced())));
-            }
+    let admitted: Option<i32> = match &guard.target {
+        Target::Key => sqlx::query_scalar(&ledger_sql(guard.rule, scopes))
+            .bind(&resource.relation)
+            .bind(&key.text)
+            .bind(guard.token.get())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(StoreError::from)?,
+        Target::Scope(scope) => sqlx::query_scalar(&ledger_scoped_sql(scopes))
+            .bind(&resource.relation)
+            .bind(&key.text)
+            .bind(guard.token.get())
+            .bind(scope.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(StoreError::from)?,
+    };
+    if admitted.is_none() {
+        // Read under the ledger row's lock, which the refused upsert took: exactly what refused.
+        let row = sqlx::query("SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2")
+            .bind(&resource.relation)
+            .bind(&key.text)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+        // The fence first, then the scope, as for kv (`store::explain_refusal`). A scoped write
+        // was already admitted by its scope's fence (the claim before this).
+        let current = token_from_db(row.try_get(0).map_err(StoreError::from)?)?;
+        let remembered: Option<String> = row.try_get(1).map_err(StoreError::from)?;
+        let stale_by_row = guard.scope().is_none() && !guard.rule.accepts(guard.token, current);
+        if !stale_by_row && !scopes.admits(Some(remembered.as_deref()), guard.scope().map(Scope::as_str)) {
+            return Ok(Err(Refusal::Mismatch(ScopeMismatch {
+                fenced: fenced(),
+                scope: remembered,
+                presented: guard.scope().cloned(),
+            })));
         }
-        Target::Scope(scope) => {
-            sqlx::query(LEDGER_SCOPED)
-                .bind(&resource.relation)
-                .bind(&key.text)
-                .bind(guard.token.get())
-                .bind(scope.as_str())
-                .execute(&mut *conn)
-                .await
-                .map_err(StoreError::from)?;
-        }
+        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, current, fenced())])));
     }
     // Lock the table row (if any): from here to commit nobody else changes it. In column mode
     // an unscoped write also needs the row's own fence column to admit the token: another
@@ -699,7 +737,7 @@ async fn fence_row(
     let admits: bool = row.try_get(1).map_err(StoreError::from)?;
     if !admits {
         let current: i64 = row.try_get(0).map_err(StoreError::from)?;
-        return Ok(Err(Stale::reported(guard.rule, guard.token, token_from_db(current)?, fenced())));
+        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, token_from_db(current)?, fenced())])));
     }
     Ok(Ok(true))
 }

@@ -5,7 +5,7 @@
 //! The segment is split on literal commas *before* percent-decoding, which is why this parser
 //! reads the raw (still encoded) segment.
 
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::{Resource, RowError};
 
@@ -45,9 +45,8 @@ impl RowKey {
         let mut values = Vec::with_capacity(parts.len());
         for (part, column) in parts.into_iter().zip(resource.key_columns()) {
             let name = Some(column.name.as_str());
-            let value = percent_decode_str(part).decode_utf8().map_err(|_| {
-                invalid(name, format!("key column {:?}: the value is not percent-encoded UTF-8", column.name))
-            })?;
+            let value = crate::percent::decode_strict(part.as_bytes())
+                .map_err(|why| invalid(name, format!("key column {:?}: {why}", column.name)))?;
             if value.is_empty() {
                 return Err(invalid(name, format!("key column {:?}: the value is empty", column.name)));
             }
@@ -58,7 +57,7 @@ impl RowKey {
                     format!("key column {:?}: the value contains a control character (U+{:04X})", column.name, c as u32),
                 ));
             }
-            values.push(value.into_owned());
+            values.push(value);
         }
         Ok(RowKey { values })
     }
@@ -102,6 +101,7 @@ mod tests {
             key: (0..key.len()).collect(),
             fence: Fence::Ledger,
             rule: Rule::Inclusive,
+            scope: None,
         }
     }
 

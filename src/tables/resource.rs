@@ -21,6 +21,8 @@ pub struct Resource {
     pub key: Vec<usize>,
     pub fence: Fence,
     pub rule: Rule,
+    /// `scope = "..."`: the scope every write to the table is under (a binding).
+    pub scope: Option<crate::fence::Scope>,
 }
 
 /// A column of a legacy table.

@@ -126,6 +126,7 @@ mod tests {
             key: vec![0],
             fence: Fence::Column { column: 3, max: i64::MAX },
             rule: Rule::Inclusive,
+            scope: None,
         }
     }
 

@@ -28,6 +28,10 @@ pub struct ResourceSettings {
     /// `true`: a write needs a token strictly greater than the fence (one write per token).
     #[serde(default)]
     pub strict: bool,
+    /// Every write to the table is under this scope (normally a lock's name), with or without
+    /// an `X-Fencing-Scope` header; a different header is 409 `scope-mismatch`.
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 /// Where a resource keeps its fences.
@@ -51,6 +55,14 @@ impl ResourceSettings {
             Some((schema, table)) => (schema, table),
             None => ("public", self.table.as_str()),
         }
+    }
+
+    /// The scope every write to the table is under (`scope`), if any.
+    pub fn bound_scope(&self, max_key_bytes: usize) -> Result<Option<crate::fence::Scope>, String> {
+        self.scope
+            .as_deref()
+            .map(|name| crate::fence::Scope::parse(name, max_key_bytes).map_err(|e| format!("scope {name:?} {e}")))
+            .transpose()
     }
 
     /// How the resource is named in start-up errors.
@@ -99,10 +111,13 @@ impl ResourceSettings {
 
 /// Checks every resource on its own and against the others. `postgres` is false when the
 /// store is not PostgreSQL: legacy tables are PostgreSQL tables.
-pub fn validate(resources: &[ResourceSettings], postgres: bool) -> anyhow::Result<()> {
+pub fn validate(resources: &[ResourceSettings], postgres: bool, max_key_bytes: usize) -> anyhow::Result<()> {
     let mut problems = Vec::new();
     for (i, resource) in resources.iter().enumerate() {
         if let Err(problem) = resource.check() {
+            problems.push(format!("{}: {problem}", resource.label(i)));
+        }
+        if let Err(problem) = resource.bound_scope(max_key_bytes) {
             problems.push(format!("{}: {problem}", resource.label(i)));
         }
         if let Some(j) = resources[..i].iter().position(|r| r.name == resource.name) {
@@ -142,7 +157,7 @@ mod tests {
     }
 
     fn err(resources: &[ResourceSettings], postgres: bool) -> String {
-        format!("{:#}", validate(resources, postgres).unwrap_err())
+        format!("{:#}", validate(resources, postgres, 512).unwrap_err())
     }
 
     #[test]
@@ -150,7 +165,7 @@ mod tests {
         let r = resource("name = \"orders\"\ntable = \"public.orders\"\nkey = [\"id\"]\n");
         assert_eq!(r.fence, FenceMode::Ledger);
         assert_eq!(r.schema_and_table(), ("public", "orders"));
-        validate(&[r], true).unwrap();
+        validate(&[r], true, 512).unwrap();
         let r = resource("name = \"o\"\ntable = \"orders\"\nkey = [\"id\"]\n");
         assert_eq!(r.schema_and_table(), ("public", "orders"));
     }
@@ -160,7 +175,7 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tables.example.toml");
         let settings = crate::config::Settings::from_file(&path).unwrap();
         assert_eq!(settings.resources.len(), 3);
-        validate(&settings.resources, true).unwrap();
+        validate(&settings.resources, true, 512).unwrap();
     }
 
     #[test]

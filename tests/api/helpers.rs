@@ -332,6 +332,17 @@ impl Resp {
         body
     }
 
+    /// Asserts a 409 scope-mismatch problem: `key` is bound to `scope` (None: unscoped) and the
+    /// write came under `presented` (None: unscoped).
+    #[track_caller]
+    pub fn mismatch(&self, key: &str, scope: Option<&str>, presented: Option<&str>) -> Value {
+        let body = self.problem(409, "scope-mismatch");
+        assert_eq!(body["key"], Value::from(key), "409 `key`\n{}", self.ctx());
+        assert_eq!(body["scope"], Value::from(scope), "409 `scope`\n{}", self.ctx());
+        assert_eq!(body["presented_scope"], Value::from(presented), "409 `presented_scope`\n{}", self.ctx());
+        body
+    }
+
     /// Asserts a 412 stale-token problem naming `scope` with the given tokens (as JSON strings).
     #[track_caller]
     pub fn stale_scope(&self, scope: &str, presented: &str, current: &str) -> Value {

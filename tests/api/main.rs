@@ -22,5 +22,6 @@ mod ops;
 mod outage;
 mod restart;
 mod scopes;
+mod sticky;
 mod tables;
 mod tokens;

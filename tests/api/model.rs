@@ -1,14 +1,16 @@
 //! Property tests: random sequences of fenced operations (puts, deletes, batches, claims,
-//! scoped and unscoped, inclusive and strict) against a tiny in-memory model of DESIGN.md's
-//! rules. Every outcome (accepted or stale, and the fence reported), and the final state of
-//! every key and scope, must match the model. Runs on the real store (cache included), on
-//! whichever backend this test binary targets.
+//! scoped and unscoped, inclusive and strict, sticky scopes on and off) against a tiny
+//! in-memory model of DESIGN.md's rules. Every outcome (accepted, stale with the fence
+//! reported, or a scope mismatch with the key and both scopes), and the final state of every
+//! key and scope, must match the model. Scoped and unscoped writes share keys, so sticky scope
+//! is exercised on every path. Runs on the real store (cache included), on whichever backend
+//! this test binary targets.
 
 use std::collections::{BTreeMap, HashMap};
 
 use fencegate::{
     config::Settings,
-    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
+    fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Target},
     store::{Store, Write},
 };
 use proptest::{prelude::*, test_runner::{Config, TestRunner}};
@@ -39,6 +41,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Model {
     rule: Option<Rule>,
+    scopes_rule: ScopeRule,
     /// key -> (live value, key's own fence, token of last write, scope of last write)
     kv: HashMap<String, (Option<Value>, i64, i64, Option<String>)>,
     scopes: HashMap<String, i64>,
@@ -49,6 +52,8 @@ enum Seen {
     Accepted,
     /// (fence, current value reported)
     Stale(Vec<(String, i64)>),
+    /// (key, scope the key is bound to, scope presented)
+    Mismatch(String, Option<String>, Option<String>),
 }
 
 impl Model {
@@ -65,13 +70,13 @@ impl Model {
         for (k, v) in writes {
             last.insert(k, v);
         }
+        // The fence first: a stale token is stale whatever its scope.
         match &scope {
             Some(s) => {
                 let fence = self.scopes.get(s).copied();
                 if !self.admits(fence, token) {
                     return Seen::Stale(vec![(format!("scope:{s}"), fence.unwrap())]);
                 }
-                self.scopes.insert(s.clone(), token);
             }
             None => {
                 let stale: Vec<(String, i64)> = last
@@ -85,6 +90,20 @@ impl Model {
                     return Seen::Stale(stale);
                 }
             }
+        }
+        // Then sticky scope: a key written before keeps the scope of its last write
+        // (tombstones too); the first key (in key order) bound to another scope is reported.
+        if self.scopes_rule == ScopeRule::Sticky {
+            for k in last.keys() {
+                if let Some((_, _, _, bound)) = self.kv.get(*k) {
+                    if bound != &scope {
+                        return Seen::Mismatch(format!("key:{k}"), bound.clone(), scope.clone());
+                    }
+                }
+            }
+        }
+        if let Some(s) = &scope {
+            self.scopes.insert(s.clone(), token);
         }
         for (k, v) in last {
             let key_fence = self.kv.get(k).map_or(0, |e| e.1);
@@ -123,11 +142,18 @@ fn seen<T>(outcome: Outcome<T>) -> Seen {
             v.sort();
             Seen::Stale(v)
         }
+        Outcome::Mismatch(m) => {
+            let name = match m.fenced {
+                Fenced::Key(k) => format!("key:{k}"),
+                other => format!("{other:?}"),
+            };
+            Seen::Mismatch(name, m.scope, m.presented.map(|s| s.to_string()))
+        }
     }
 }
 
-async fn check(store: &Store, rule: Rule, prefix: &str, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut model = Model { rule: Some(rule), ..Model::default() };
+async fn check(store: &Store, rule: Rule, scopes_rule: ScopeRule, prefix: &str, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut model = Model { rule: Some(rule), scopes_rule, ..Model::default() };
     let key = |i: u8| format!("{prefix}k{i}");
     let scope = |i: u8| format!("{prefix}s{i}");
     let tok = |t: i64| FencingToken::from_db(t).unwrap();
@@ -180,7 +206,7 @@ async fn check(store: &Store, rule: Rule, prefix: &str, ops: &[Op]) -> Result<()
             }
             other => other,
         };
-        prop_assert_eq!(&got, &expected, "op #{} {:?} ({:?})", n, op, rule);
+        prop_assert_eq!(&got, &expected, "op #{} {:?} ({:?}, {:?})", n, op, rule, scopes_rule);
     }
     for i in 0..4u8 {
         let entry = store.get(&Key::parse(&key(i), 512).unwrap()).await.unwrap();
@@ -195,10 +221,11 @@ async fn check(store: &Store, rule: Rule, prefix: &str, ops: &[Op]) -> Result<()
     Ok(())
 }
 
-fn run(rule: Rule) {
+fn run(rule: Rule, scopes_rule: ScopeRule) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = rt.block_on(async {
         let mut settings = Settings::default();
+        settings.kv.sticky_scope = scopes_rule == ScopeRule::Sticky;
         settings.database.url = Some(crate::pg::fresh_database().await);
         fencegate::server::open_store(&settings).await.expect("open the store")
     });
@@ -209,17 +236,23 @@ fn run(rule: Rule) {
             // Every case (and every shrink step) gets fresh names, so cases share one database
             // without interfering.
             let prefix = format!("c{}-", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-            rt.block_on(check(&store, rule, &prefix, &ops))
+            rt.block_on(check(&store, rule, scopes_rule, &prefix, &ops))
         })
         .unwrap();
 }
 
 #[test]
 fn the_store_follows_the_model_inclusive() {
-    run(Rule::Inclusive);
+    run(Rule::Inclusive, ScopeRule::Sticky);
 }
 
 #[test]
 fn the_store_follows_the_model_strict() {
-    run(Rule::Strict);
+    run(Rule::Strict, ScopeRule::Sticky);
+}
+
+/// `kv.sticky_scope = false`: scoped and unscoped writes of one key are fenced separately.
+#[test]
+fn the_store_follows_the_model_with_free_scopes() {
+    run(Rule::Inclusive, ScopeRule::Free);
 }

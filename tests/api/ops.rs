@@ -25,7 +25,7 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
     let scope = unique("metricscope");
     app.kv_put(&key, "10", &json!(1)).await.expect(201);
     app.kv_put(&key, "5", &json!(2)).await.problem(412, "stale-token");
-    app.kv_put_scoped(&key, "3", &scope, &json!(3)).await.expect(200);
+    app.kv_put_scoped(&format!("{key}-scoped"), "3", &scope, &json!(3)).await.expect(201);
     app.claim(&enc(&scope), "2").await.problem(412, "stale-token");
     app.kv_get(&key).await.expect(200);
     app.get(&format!("/nope/{key}")).await.problem(404, "not-found");

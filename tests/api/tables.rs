@@ -53,6 +53,7 @@ fn orders() -> ResourceSettings {
         fence: FenceMode::Ledger,
         fence_column: None,
         strict: false,
+        scope: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn accounts() -> ResourceSettings {
         fence: FenceMode::Column,
         fence_column: Some("fence_token".into()),
         strict: false,
+        scope: None,
     }
 }
 
@@ -75,6 +77,7 @@ fn tickets_strict() -> ResourceSettings {
         fence: FenceMode::Ledger,
         fence_column: None,
         strict: true,
+        scope: None,
     }
 }
 
@@ -936,4 +939,78 @@ async fn the_example_config_starts_against_its_schema() {
     assert_eq!(state.as_deref(), Some("running"));
     let (status, stderr) = server.terminate().await;
     assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// Sticky scope on a table row (DESIGN.md, Trust): B holds `orders-lock` and wrote the row
+/// under it; zombie A, with the old token, tries to leave the scope out or name another one,
+/// on every write path. The row in the table is checked with SQL.
+#[tokio::test]
+async fn a_zombie_cannot_step_around_the_scope_of_a_table_row() {
+    let Legacy { app, db } = spawn_legacy().await;
+    app.claim("orders-lock", "20").await.expect(201);
+    let row = path("orders", "acme,30");
+    write(&app, Method::PUT, &row, "20", Some("orders-lock"), Some(&json!({"note": "B"}))).await.expect(201);
+
+    let mismatch = |r: Resp, presented: Option<&str>| {
+        let body = r.mismatch("acme,30", Some("orders-lock"), presented);
+        assert_eq!(body["resource"], json!("orders"), "{body}");
+    };
+    let zombie = json!({"note": "A"});
+    for method in [Method::PUT, Method::PATCH] {
+        mismatch(write(&app, method.clone(), &row, "10", None, Some(&zombie)).await, None);
+        mismatch(write(&app, method.clone(), &row, "10", Some("orders-lockX"), Some(&zombie)).await, Some("orders-lockX"));
+        write(&app, method, &row, "10", Some("orders-lock"), Some(&zombie)).await.stale_scope("orders-lock", "10", "20");
+    }
+    mismatch(write(&app, Method::DELETE, &row, "10", None, None).await, None);
+    mismatch(write(&app, Method::DELETE, &row, "10", Some("orders-lockX"), None).await, Some("orders-lockX"));
+    let ops = json!({"ops": [
+        {"op": "put", "key": "beside", "value": 1},
+        {"op": "patch", "resource": "orders", "key": "acme,30", "row": {"note": "A"}},
+    ]});
+    mismatch(app.batch(Some("10"), None, &ops).await, None);
+    mismatch(app.batch(Some("10"), Some("orders-lockX"), &ops).await, Some("orders-lockX"));
+    app.batch(Some("10"), Some("orders-lock"), &ops).await.stale_scope("orders-lock", "10", "20");
+
+    assert_eq!(order(&db, "acme", 30).await.unwrap()["note"], json!("B"));
+    app.assert_absent("beside").await;
+    app.fence("orders-lockX").await.problem(404, "not-found");
+    assert_eq!(
+        sql_text(&db, "SELECT scope || ':' || token FROM fencegate_ledger WHERE key = 'acme,30'").await.as_deref(),
+        Some("orders-lock:20")
+    );
+}
+
+#[tokio::test]
+async fn an_unscoped_table_row_refuses_a_scoped_write_and_raises_no_fence() {
+    let Legacy { app, db } = spawn_legacy().await;
+    put(&app, "orders", "acme,31", "5", &json!({"note": "own fence"})).await.expect(201);
+    let r = write(&app, Method::PUT, &path("orders", "acme,31"), "100", Some("S31"), Some(&json!({"note": "x"}))).await;
+    r.mismatch("acme,31", None, Some("S31"));
+    // The claim ran in the same transaction and was rolled back with it.
+    app.fence("S31").await.problem(404, "not-found");
+    assert_eq!(order(&db, "acme", 31).await.unwrap()["note"], json!("own fence"));
+    put(&app, "orders", "acme,31", "4", &json!({})).await.stale_key("acme,31", "4", "5");
+}
+
+#[tokio::test]
+async fn a_table_bound_to_a_scope_is_written_under_it() {
+    let (url, db) = legacy_database().await;
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![ResourceSettings { scope: Some("orders-lock".into()), ..orders() }];
+        s.database.max_connections = 4;
+    })
+    .await;
+    let body = put(&app, "orders", "acme,40", "7", &json!({"note": "holder"})).await.expect(201);
+    assert_eq!(body["scope"], json!("orders-lock"), "{body}");
+    assert_eq!(app.fence("orders-lock").await.expect(200)["fence_token"], json!("7"));
+    write(&app, Method::PUT, &path("orders", "acme,40"), "7", Some("orders-lock"), Some(&json!({}))).await.expect(200);
+    let r = write(&app, Method::PUT, &path("orders", "acme,40"), "8", Some("elsewhere"), Some(&json!({}))).await;
+    assert_eq!(r.mismatch("acme,40", Some("orders-lock"), Some("elsewhere"))["resource"], json!("orders"));
+    app.fence("elsewhere").await.problem(404, "not-found");
+    // A zombie is fenced by the table's scope even on a row nobody has written yet, and even
+    // on the rows that were there before fencegate.
+    put(&app, "orders", "acme,41", "6", &json!({})).await.stale_scope("orders-lock", "6", "7");
+    write(&app, Method::DELETE, &path("orders", "acme,1"), "6", None, None).await.stale_scope("orders-lock", "6", "7");
+    assert!(order(&db, "acme", 41).await.is_none());
+    assert!(order(&db, "acme", 1).await.is_some());
 }

@@ -33,5 +33,7 @@ mod ops;
 mod restart;
 #[path = "../api/scopes.rs"]
 mod scopes;
+#[path = "../api/sticky.rs"]
+mod sticky;
 #[path = "../api/tokens.rs"]
 mod tokens;
