@@ -223,7 +223,7 @@ async fn scoped_and_unscoped_writers_racing_on_one_key_never_both_win() {
         let key = format!("race-{round}");
         let mut tasks = Vec::new();
         for i in 0..16u32 {
-            let (client, url, key, scope) = (app.client.clone(), format!("{}{}", app.address, kv(&key)), key.clone(), scope.clone());
+            let (client, url, scope) = (app.client.clone(), format!("{}{}", app.address, kv(&key)), scope.clone());
             tasks.push(tokio::spawn(async move {
                 let scoped = i % 2 == 0;
                 let mut rb = client.put(url).header(TOKEN, (1000 + round * 100 + i).to_string()).json(&json!({"writer": i}));
