@@ -25,6 +25,9 @@ pub struct Settings {
     /// `[[scopes]]`: key prefixes whose writes are always under a given scope, whatever the
     /// client sends (see [`ScopeBinding`]).
     pub scopes: Vec<ScopeBinding>,
+    /// `[[issuers]]`: external lock services that sign their tokens; writes and claims under
+    /// their scopes need `X-Fencing-Proof` (see `crate::issuers`).
+    pub issuers: Vec<crate::issuers::IssuerSettings>,
 }
 
 /// One `[[scopes]]` entry: every key starting with one of `keys` is written under the scope
@@ -200,6 +203,9 @@ pub struct KvSettings {
     /// it is bound to, is 409 `scope-mismatch`. `false`: any scope may write any key (then a
     /// zombie can step around a scope fence by leaving the scope out).
     pub sticky_scope: bool,
+    /// The largest step one write or claim may raise a fence by (a fence not yet written
+    /// counts as 0); a bigger jump is 422 `token-jump`. 0 = no cap. Lock grants are exempt.
+    pub max_token_jump: u64,
 }
 
 impl Default for KvSettings {
@@ -210,6 +216,7 @@ impl Default for KvSettings {
             max_batch_ops: 1000,
             fence_cache_capacity: 100_000,
             sticky_scope: true,
+            max_token_jump: 0,
         }
     }
 }
@@ -221,6 +228,11 @@ impl KvSettings {
 
     pub fn scope_rule(&self) -> ScopeRule {
         ScopeRule::from_sticky(self.sticky_scope)
+    }
+
+    /// The checks every fenced statement makes besides the accept rule.
+    pub fn checks(&self) -> crate::store::Checks {
+        crate::store::Checks { scopes: self.scope_rule(), jump: crate::fence::JumpCap(self.max_token_jump) }
     }
 }
 
@@ -296,6 +308,9 @@ impl Settings {
         }
         if !(1..=2048).contains(&self.kv.max_key_bytes) {
             bail!("kv.max_key_bytes must be between 1 and 2048 (it is a btree index key), got {}", self.kv.max_key_bytes);
+        }
+        if self.kv.max_token_jump > i64::MAX as u64 {
+            bail!("kv.max_token_jump must be at most {} (0 = no cap), got {}", i64::MAX, self.kv.max_token_jump);
         }
         if !(1..=100_000).contains(&self.kv.max_batch_ops) {
             bail!("kv.max_batch_ops must be between 1 and 100000, got {}", self.kv.max_batch_ops);

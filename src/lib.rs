@@ -17,6 +17,7 @@ pub mod config;
 pub mod demo;
 pub mod fence;
 pub mod http;
+pub mod issuers;
 pub mod locks;
 pub mod percent;
 pub mod server;

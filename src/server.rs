@@ -17,9 +17,9 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     let url = settings.database.effective_url();
     let backend = if settings.database.is_sqlite() {
         tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-        Backend::Sqlite(SqliteStore::connect(&settings.database, &url, settings.kv.scope_rule()).await?)
+        Backend::Sqlite(SqliteStore::connect(&settings.database, &url, settings.kv.checks()).await?)
     } else {
-        Backend::Postgres(PgStore::connect(&settings.database, &url, settings.kv.scope_rule()).await?)
+        Backend::Postgres(PgStore::connect(&settings.database, &url, settings.kv.checks()).await?)
     };
     Ok(Store::new(backend, settings.kv.fence_cache_capacity))
 }
@@ -51,6 +51,10 @@ pub async fn serve_announced(
         locks: Arc::new(settings.locks.clone()),
         tables,
         bindings: Arc::new(settings.bindings()?),
+        issuers: Arc::new(
+            crate::issuers::Issuers::new(&settings.issuers, |var| std::env::var(var).ok())
+                .map_err(|e| anyhow::anyhow!("invalid [[issuers]]: {e}"))?,
+        ),
         metrics: telemetry::metrics_handle(),
     };
     let limits = Limits {

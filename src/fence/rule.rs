@@ -1,6 +1,6 @@
 //! The accept rule and the outcomes of a fenced write.
 
-use super::{FencingToken, Key, Scope, ScopeMismatch};
+use super::{FencingToken, Jump, Key, NotIssued, Scope, ScopeMismatch};
 
 /// How a presented token is compared with a fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -82,9 +82,14 @@ pub enum Outcome<T> {
     /// never empty.
     Stale(Vec<Stale>),
     /// Nothing was applied: the write's scope is not the one its key or row is bound to
-    /// (sticky scope or a configured binding; see `fence::scoping`). Decided before any token
-    /// is compared, so a batch with both kinds of refusal reports this one.
+    /// (sticky scope or a configured binding; see `fence::scoping`). Reported only when the
+    /// fence and the poisoning guards admit the token: a stale token is reported as stale.
     Mismatch(ScopeMismatch),
+    /// Nothing was applied: the token is above the latest the built-in lock of the write's
+    /// scope has granted (`fence::poison`).
+    NotIssued(NotIssued),
+    /// Nothing was applied: the token would raise a fence by more than `kv.max_token_jump`.
+    Jump(Jump),
 }
 
 impl Stale {

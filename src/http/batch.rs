@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    extract::{JsonBody, ScopeHeader, Token},
+    extract::{JsonBody, Proof, ScopeHeader, Token},
     kv::guard,
     problem::{accepted, ApiError},
     tables::table_scope,
@@ -47,10 +47,14 @@ pub async fn batch(
     State(state): State<AppState>,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
     JsonBody(request): JsonBody<BatchRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let ops = parse_ops(&state, request)?;
     let scope = batch_scope(&state, &ops, scope.0)?;
+    if let Some(scope) = &scope {
+        state.issuers.check(scope, token.0, proof.bytes())?;
+    }
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {
         return batch_tables(&state, token, scope, ops).await;
     }

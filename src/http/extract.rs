@@ -12,6 +12,7 @@ use crate::fence::{FencingToken, Key, Scope};
 
 pub const TOKEN_HEADER: &str = "x-fencing-token";
 pub const SCOPE_HEADER: &str = "x-fencing-scope";
+pub const PROOF_HEADER: &str = "x-fencing-proof";
 
 /// The single `X-Fencing-Token` header: missing -> 428, anything not canonical -> 400.
 pub struct Token(pub FencingToken);
@@ -48,6 +49,40 @@ impl FromRequestParts<AppState> for ScopeHeader {
                     .map_err(|why| ApiError::InvalidScope(format!("the X-Fencing-Scope header: {why}")))?;
                 Scope::parse(&text, state.kv.max_key_bytes).map(|s| ScopeHeader(Some(s))).map_err(ApiError::invalid_scope)
             }
+        }
+    }
+}
+
+/// The optional `X-Fencing-Proof` header: an issuer's signature of the token (`crate::issuers`).
+/// Checked against the scope the write ends up under (after `[[scopes]]` bindings), by
+/// [`Proof::check`], before any database work.
+pub struct Proof(Option<Vec<u8>>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Proof {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match single_header(&parts.headers, PROOF_HEADER) {
+            Header::Missing => Ok(Proof(None)),
+            Header::Repeated => Err(ApiError::Proof(crate::issuers::ProofError::Invalid {
+                issuer: "-".into(),
+                why: "the X-Fencing-Proof header appears more than once; send exactly one",
+            })),
+            Header::One(raw) => Ok(Proof(Some(raw.to_vec()))),
+        }
+    }
+}
+
+impl Proof {
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.0.as_deref()
+    }
+
+    /// 422 unless the issuer covering `guard`'s scope (if any) signed its token for it.
+    pub fn check(&self, state: &AppState, guard: &crate::fence::Guard) -> Result<(), ApiError> {
+        match guard.scope() {
+            Some(scope) => Ok(state.issuers.check(scope, guard.token, self.0.as_deref())?),
+            None => Ok(()),
         }
     }
 }

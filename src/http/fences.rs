@@ -9,7 +9,7 @@ use axum::{
 use serde_json::json;
 
 use super::{
-    extract::{ScopePath, Token},
+    extract::{Proof, ScopePath, Token},
     problem::{accepted, ApiError},
     AppState,
 };
@@ -18,7 +18,9 @@ pub async fn claim(
     State(state): State<AppState>,
     ScopePath(scope): ScopePath,
     Token(token): Token,
+    proof: Proof,
 ) -> Result<Response, ApiError> {
+    state.issuers.check(&scope, token, proof.bytes())?;
     let claimed = accepted(state.store.claim(&scope, token).await?)?;
     let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
-    extract::{JsonBody, KeyPath, ScopeHeader, Token},
+    extract::{JsonBody, KeyPath, Proof, ScopeHeader, Token},
     problem::{accepted, ApiError},
     AppState,
 };
@@ -26,9 +26,12 @@ pub(super) fn guard(state: &AppState, token: Token, scope: Option<Scope>) -> Gua
 }
 
 /// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it (a
-/// different header is a mismatch), else under the header's scope, if any.
-fn key_guard(state: &AppState, key: &Key, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
-    Ok(guard(state, token, state.bindings.resolve(key, scope.0)?))
+/// different header is a mismatch), else under the header's scope, if any; with the proof an
+/// issuer of that scope requires.
+fn key_guard(state: &AppState, key: &Key, token: Token, scope: ScopeHeader, proof: &Proof) -> Result<Guard, ApiError> {
+    let guard = guard(state, token, state.bindings.resolve(key, scope.0)?);
+    proof.check(state, &guard)?;
+    Ok(guard)
 }
 
 // Response bodies as structs rather than `json!`: built straight into the response buffer
@@ -60,10 +63,11 @@ pub async fn put(
     KeyPath(key): KeyPath,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
     JsonBody(value): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
-    let guard = key_guard(&state, &key, token, scope)?;
+    let guard = key_guard(&state, &key, token, scope, &proof)?;
     let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
     let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
     let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
@@ -75,8 +79,9 @@ pub async fn delete(
     KeyPath(key): KeyPath,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
 ) -> Result<Response, ApiError> {
-    let guard = key_guard(&state, &key, token, scope)?;
+    let guard = key_guard(&state, &key, token, scope, &proof)?;
     let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
     Ok(Json(json!({
         "key": written.key,

@@ -30,7 +30,7 @@ use crate::{
     tables::Resources,
 };
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
-pub use observe::ServerFailure;
+pub use observe::{ServerFailure, WriteOutcome};
 use problem::ApiError;
 
 /// What every handler can reach. Cheap to clone.
@@ -43,6 +43,8 @@ pub struct AppState {
     pub tables: Resources,
     /// `[[scopes]]`: the scope of bound keys, decided by configuration, not by the client.
     pub bindings: Arc<Bindings>,
+    /// `[[issuers]]`: signed tokens, checked before any database work.
+    pub issuers: Arc<crate::issuers::Issuers>,
     pub metrics: PrometheusHandle,
 }
 

@@ -40,6 +40,11 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Clone, Debug)]
 pub struct ServerFailure(pub String);
 
+/// The `outcome` label of `fencegate_writes_total` for a refusal the status alone does not
+/// name (a 422 is an unissued token, a jump, or a value a table refused), set by the problem.
+#[derive(Clone, Copy)]
+pub struct WriteOutcome(pub &'static str);
+
 #[derive(Clone)]
 pub struct ObserveLayer {
     ids: RequestIds,
@@ -120,27 +125,28 @@ where
             }
             span.in_scope(|| tracing::debug!(status = status.as_u16(), latency_us = elapsed.as_micros() as u64, "response"));
             response.headers_mut().insert(REQUEST_ID, id);
-            record(method, route, status, elapsed.as_secs_f64());
+            let outcome = response.extensions().get::<WriteOutcome>().map(|o| o.0);
+            record(method, route, status, outcome, elapsed.as_secs_f64());
             Ok(response)
         })
     }
 }
 
 /// Counts requests and writes by outcome and records latency.
-fn record(method: &'static str, route: &'static str, status: StatusCode, seconds: f64) {
+fn record(method: &'static str, route: &'static str, status: StatusCode, outcome: Option<&'static str>, seconds: f64) {
     metrics::counter!("fencegate_http_requests_total",
         "method" => method, "route" => route, "status" => status_label(status))
     .increment(1);
     metrics::histogram!("fencegate_http_request_duration_seconds", "method" => method, "route" => route)
         .record(seconds);
     if let Some(op) = write_op(method, route) {
-        let outcome = match status.as_u16() {
+        let outcome = outcome.unwrap_or(match status.as_u16() {
             200..=299 => "accepted",
             412 => "stale",
             409 => "conflict",
             500..=599 => "error",
             _ => "invalid",
-        };
+        });
         metrics::counter!("fencegate_writes_total", "op" => op, "outcome" => outcome).increment(1);
     }
 }

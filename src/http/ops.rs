@@ -26,7 +26,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             // Always 503 (never 500): readiness is about "not now", whatever the cause.
             let err = match err {
                 StoreError::Unavailable(e) | StoreError::Internal(e) => ApiError::Store(StoreError::Unavailable(e)),
-                StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Refused(msg) => {
+                StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Refused(msg) | StoreError::Raced(msg) => {
                     ApiError::Store(StoreError::Unavailable(sqlx::Error::Protocol(msg)))
                 }
             };

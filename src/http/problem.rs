@@ -10,7 +10,7 @@ use axum::{
 use serde_json::{json, Map, Value};
 
 use crate::{
-    fence::{Fenced, NameError, Outcome, ScopeMismatch, Stale, TokenError},
+    fence::{Fenced, Jump, NameError, NotIssued, Outcome, ScopeMismatch, Stale, TokenError},
     store::{StoreError, TableError},
     tables::RowError,
 };
@@ -41,6 +41,12 @@ pub enum ApiError {
     Stale(Vec<Stale>),
     #[error("scope mismatch")]
     ScopeMismatch(ScopeMismatch),
+    #[error("token not issued")]
+    NotIssued(NotIssued),
+    #[error("token jump")]
+    Jump(Jump),
+    #[error(transparent)]
+    Proof(#[from] crate::issuers::ProofError),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
@@ -87,6 +93,8 @@ pub fn accepted<T>(outcome: Outcome<T>) -> Result<T, ApiError> {
         Outcome::Accepted(done) => Ok(done),
         Outcome::Stale(stale) => Err(ApiError::Stale(stale)),
         Outcome::Mismatch(mismatch) => Err(ApiError::ScopeMismatch(mismatch)),
+        Outcome::NotIssued(refused) => Err(ApiError::NotIssued(refused)),
+        Outcome::Jump(refused) => Err(ApiError::Jump(refused)),
     }
 }
 
@@ -113,6 +121,14 @@ impl ApiError {
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
             Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
             ScopeMismatch(_) => (StatusCode::CONFLICT, "scope-mismatch", "Scope mismatch"),
+            NotIssued(_) => (StatusCode::UNPROCESSABLE_ENTITY, "token-not-issued", "Token never issued"),
+            Jump(_) => (StatusCode::UNPROCESSABLE_ENTITY, "token-jump", "Token jumps too far"),
+            Proof(crate::issuers::ProofError::Missing { .. }) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "missing-token-proof", "Token proof required")
+            }
+            Proof(crate::issuers::ProofError::Invalid { .. }) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid-token-proof", "Invalid token proof")
+            }
             Row(RowError::Key { .. }) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
             Row(RowError::Row { .. }) => (StatusCode::BAD_REQUEST, "invalid-row", "Invalid row"),
             Row(RowError::Value { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-value", "Value refused by the table"),
@@ -121,7 +137,7 @@ impl ApiError {
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
-            Timeout | Overloaded | Store(StoreError::Unavailable(_)) => {
+            Timeout | Overloaded | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
             Store(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
@@ -135,6 +151,21 @@ impl ApiError {
             }
             ApiError::Stale(stale) => describe_stale(stale),
             ApiError::ScopeMismatch(mismatch) => describe_mismatch(mismatch),
+            ApiError::NotIssued(n) => format!(
+                "token {} is above {}, the latest token the built-in lock {:?} has granted: no holder of that \
+                 lock can have it (a buggy client or a forged token); nothing was written",
+                n.presented,
+                n.latest,
+                n.scope.as_str()
+            ),
+            ApiError::Jump(j) => format!(
+                "token {} would raise the fence of {} from {} by more than kv.max_token_jump ({}): refused as a \
+                 likely bad token (a timestamp in the wrong unit?); nothing was written",
+                j.presented,
+                fenced_name(&j.fenced),
+                j.current,
+                j.max_jump
+            ),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
             ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
             ApiError::Store(StoreError::Refused(why)) => {
@@ -143,6 +174,7 @@ impl ApiError {
             ApiError::Store(StoreError::Unavailable(_)) => {
                 "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
             }
+            ApiError::Store(StoreError::Raced(why)) => format!("{why}; retry with the same token (a retry is safe)"),
             // Never leak internals; the log has them, under the request id.
             ApiError::Store(_) | ApiError::Internal(_) => {
                 "the server failed to handle the request; see the server log for this request id".into()
@@ -173,12 +205,28 @@ fn describe_stale(stale: &[Stale]) -> String {
     }
 }
 
-fn describe_mismatch(m: &ScopeMismatch) -> String {
-    let what = match &m.fenced {
+fn fenced_name(fenced: &Fenced) -> String {
+    match fenced {
         Fenced::Key(key) => format!("key {:?}", key.as_str()),
         Fenced::Row { resource, key } => format!("row {key:?} of {resource:?}"),
         Fenced::Scope(scope) => format!("scope {:?}", scope.as_str()),
+    }
+}
+
+/// `key`, `scope`, or `resource` + `key`: the fields naming what a problem is about.
+fn insert_fenced(body: &mut Map<String, Value>, fenced: &Fenced) {
+    match fenced {
+        Fenced::Key(key) => body.insert("key".into(), json!(key)),
+        Fenced::Scope(scope) => body.insert("scope".into(), json!(scope)),
+        Fenced::Row { resource, key } => {
+            body.insert("resource".into(), json!(resource));
+            body.insert("key".into(), json!(key))
+        }
     };
+}
+
+fn describe_mismatch(m: &ScopeMismatch) -> String {
+    let what = fenced_name(&m.fenced);
     let name = |scope: Option<&str>| match scope {
         Some(scope) => format!("scope {scope:?}"),
         None => "no scope".to_owned(),
@@ -212,16 +260,20 @@ impl IntoResponse for ApiError {
         match &self {
             ApiError::Stale(stale) => add_stale_fields(&mut body, stale),
             ApiError::ScopeMismatch(m) => {
-                match &m.fenced {
-                    Fenced::Key(key) => body.insert("key".into(), json!(key)),
-                    Fenced::Row { resource, key } => {
-                        body.insert("resource".into(), json!(resource));
-                        body.insert("key".into(), json!(key))
-                    }
-                    Fenced::Scope(scope) => body.insert("key".into(), json!(scope)),
-                };
+                insert_fenced(&mut body, &m.fenced);
                 body.insert("scope".into(), json!(m.scope));
                 body.insert("presented_scope".into(), json!(m.presented));
+            }
+            ApiError::NotIssued(n) => {
+                body.insert("scope".into(), json!(n.scope));
+                body.insert("presented_token".into(), json!(n.presented));
+                body.insert("latest_issued".into(), json!(n.latest));
+            }
+            ApiError::Jump(j) => {
+                insert_fenced(&mut body, &j.fenced);
+                body.insert("presented_token".into(), json!(j.presented));
+                body.insert("current_token".into(), json!(j.current));
+                body.insert("max_jump".into(), json!(j.max_jump.to_string()));
             }
             ApiError::Row(err) => {
                 if let Some(column) = err.column() {
@@ -249,6 +301,16 @@ impl IntoResponse for ApiError {
         }
         if let Some(failure) = failure {
             response.extensions_mut().insert(failure);
+        }
+        let outcome = match &self {
+            ApiError::NotIssued(_) => Some("not_issued"),
+            ApiError::Jump(_) => Some("jump"),
+            ApiError::ScopeMismatch(_) => Some("scope_mismatch"),
+            ApiError::Proof(_) => Some("bad_proof"),
+            _ => None,
+        };
+        if let Some(outcome) = outcome {
+            response.extensions_mut().insert(super::WriteOutcome(outcome));
         }
         response
     }

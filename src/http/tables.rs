@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{json, value::RawValue};
 
 use super::{
-    extract::{JsonBody, ScopeHeader, Token},
+    extract::{JsonBody, Proof, ScopeHeader, Token},
     problem::{accepted, ApiError},
     AppState,
 };
@@ -93,10 +93,12 @@ pub async fn put(
     RowPath { resource, key }: RowPath,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
     let guard = guard(&resource, &key, token, scope)?;
+    proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -106,10 +108,12 @@ pub async fn patch(
     RowPath { resource, key }: RowPath,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
     let guard = guard(&resource, &key, token, scope)?;
+    proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -119,8 +123,10 @@ pub async fn delete(
     RowPath { resource, key }: RowPath,
     token: Token,
     scope: ScopeHeader,
+    proof: Proof,
 ) -> Result<Response, ApiError> {
     let guard = guard(&resource, &key, token, scope)?;
+    proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
 }
 

@@ -17,11 +17,15 @@ pub mod unfenced;
 use std::sync::Arc;
 
 use crate::{
-    fence::{Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, ScopeMismatch, ScopeRule, Stale},
+    fence::{
+        Fenced, FencingToken, Guard, HighWater, Jump, JumpCap, Key, NotIssued, Outcome, Rule, Scope, ScopeMismatch,
+        ScopeRule, Stale,
+    },
     locks::{Acquired, Held, Ttl},
 };
 
 pub use postgres::{kv_put_scoped_sql, kv_put_sql, PgStore, KV_GET};
+// `Checks` is defined below and public: `config` builds it from `[kv]`.
 pub use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
@@ -153,6 +157,12 @@ pub enum StoreError {
     /// The task running the database work panicked. Logged, never sent to clients.
     #[error("database task failed: {0}")]
     Task(String),
+    /// The database refused a write for a reason that no longer holds when the refusal is
+    /// explained: a concurrent change (a lock grant, a fence raised) landed between the
+    /// statement's snapshot and the explanation. Nothing was written; a retry with the same
+    /// token is safe and may now succeed (503).
+    #[error("the write raced a concurrent change: {0}")]
+    Raced(String),
 }
 
 impl StoreError {
@@ -165,6 +175,7 @@ impl StoreError {
             StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
             StoreError::Refused(m) => StoreError::Refused(m.clone()),
             StoreError::Task(m) => StoreError::Task(m.clone()),
+            StoreError::Raced(m) => StoreError::Raced(m.clone()),
         }
     }
 }
@@ -215,6 +226,14 @@ pub(crate) fn sql_fence_op(rule: Rule) -> &'static str {
     }
 }
 
+/// The checks every fenced statement makes besides the accept rule, fixed by configuration
+/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checks {
+    pub scopes: ScopeRule,
+    pub jump: JumpCap,
+}
+
 /// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's
 /// scope column, `presented` the write's scope (NULL: unscoped). The one place the scope rule
 /// is turned into SQL; every fenced statement that writes a key or a row is built with it,
@@ -227,6 +246,27 @@ pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &s
     }
 }
 
+/// The SQL spelling of [`crate::fence::issued`]: `token` is not above the latest grant of the
+/// built-in lock named `scope`, if there is one. Every statement that raises a scope's fence
+/// for a write or a claim is gated by it (lock grants pass it by construction: the grant
+/// updates the lock row first, in the same transaction). Evaluated on the statement's snapshot:
+/// a grant committed after it is not seen, which can only refuse more, never admit more.
+pub(crate) fn sql_issued_check(scope: &str, token: &str) -> String {
+    format!("NOT EXISTS (SELECT 1 FROM fencegate_locks AS issued WHERE issued.name = {scope} AND issued.token < {token})")
+}
+
+/// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence read by the
+/// scalar subquery `fence` (NULL: no fence, counted as 0) by more than the cap. Both operands
+/// are non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
+/// validated configuration, never request text. On a snapshot the fence is at most its real
+/// value, so a concurrent raise can only make the check refuse more.
+pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
+    match jump {
+        JumpCap(0) => "TRUE".to_owned(),
+        JumpCap(cap) => format!("{token} - COALESCE({fence}, 0) <= {cap}"),
+    }
+}
+
 /// What a refused key looked like when the refusal was explained: the scope of its last
 /// accepted write and its own fence.
 pub(crate) struct KeyState {
@@ -234,44 +274,60 @@ pub(crate) struct KeyState {
     pub key_fence: FencingToken,
 }
 
+/// What the database held after a refused kv write, read to explain it: each refused key's
+/// state (`keys`: only keys that have a row) and, for a scoped write, the scope's fence and the
+/// latest token granted by the built-in lock of that name.
+pub(crate) struct Seen<'a> {
+    pub keys: std::collections::HashMap<&'a str, KeyState>,
+    pub scope_fence: Option<FencingToken>,
+    pub latest_issued: Option<FencingToken>,
+}
+
 /// Why the writes of `keys` under `guard` were refused, decided from what the database holds
-/// after the refused statement: each key's state (`states`: only keys that have a row) and,
-/// for a scoped write, the scope's fence. Both backends explain through this.
-///
-/// The fence comes first: a token the fence refuses is stale whatever its scope, which is also
-/// what the reject-only cache answers without asking the database, so the answer does not
-/// depend on what the cache happens to hold. Only then the scope: a write whose token passes
-/// but whose key is bound to another scope is a mismatch. Fences never go down and a key's
-/// scope changes only under the rule that refused, so what is read still refuses the write.
-pub(crate) fn explain_refusal(
-    keys: &[Key],
-    states: &std::collections::HashMap<&str, KeyState>,
-    guard: &Guard,
-    scopes: ScopeRule,
-    scope_fence: Option<FencingToken>,
-) -> Result<Refusal, StoreError> {
+/// after the refused statement. Both backends explain through this, in the order the checks
+/// are meant: the fence first (a token the fence refuses is stale whatever else is wrong with
+/// it, which is also what the reject-only cache answers without asking the database, so the
+/// answer does not depend on what the cache holds); then the poisoning guards (a token the lock
+/// never issued, a jump past the cap); then the key's scope. Fences and lock counters never go
+/// down and a key's scope changes only under the rule that refused, so what is read still
+/// refuses the write.
+pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: Checks) -> Result<Refusal, StoreError> {
     let (token, rule) = (guard.token, guard.rule);
-    let stale: Vec<Stale> = match guard.scope() {
-        Some(scope) => scope_fence
-            .filter(|&fence| !rule.accepts(token, fence))
-            .map(|current| Stale { presented: token, current, fenced: Fenced::Scope(scope.clone()) })
-            .into_iter()
-            .collect(),
+    // (fence, its value) for each fence the write had to pass.
+    let fences: Vec<(Fenced, Option<FencingToken>)> = match guard.scope() {
+        Some(scope) => vec![(Fenced::Scope(scope.clone()), seen.scope_fence)],
         None => keys
             .iter()
-            .filter_map(|key| {
-                let state = states.get(key.as_str()).filter(|s| !rule.accepts(token, s.key_fence))?;
-                Some(Stale { presented: token, current: state.key_fence, fenced: Fenced::Key(key.clone()) })
-            })
+            .map(|key| (Fenced::Key(key.clone()), seen.keys.get(key.as_str()).map(|s| s.key_fence)))
             .collect(),
     };
+    let stale: Vec<Stale> = fences
+        .iter()
+        .filter_map(|(fenced, fence)| {
+            let current = fence.filter(|&fence| !rule.accepts(token, fence))?;
+            Some(Stale { presented: token, current, fenced: fenced.clone() })
+        })
+        .collect();
     if !stale.is_empty() {
         return Ok(Refusal::Stale(stale));
     }
+    if let (Some(scope), Some(latest)) = (guard.scope(), seen.latest_issued) {
+        if !crate::fence::issued(token, Some(latest)) {
+            return Ok(Refusal::NotIssued(NotIssued { scope: scope.clone(), presented: token, latest }));
+        }
+    }
+    if let Some((fenced, fence)) = fences.iter().find(|(_, fence)| !checks.jump.admits(token, *fence)) {
+        return Ok(Refusal::Jump(Jump {
+            fenced: fenced.clone(),
+            presented: token,
+            current: fence.unwrap_or(FencingToken::ZERO),
+            max_jump: checks.jump.0,
+        }));
+    }
     let presented = guard.scope().map(Scope::as_str);
     for key in keys {
-        let remembered = states.get(key.as_str()).map(|s| s.scope.as_deref());
-        if !scopes.admits(remembered, presented) {
+        let remembered = seen.keys.get(key.as_str()).map(|s| s.scope.as_deref());
+        if !checks.scopes.admits(remembered, presented) {
             return Ok(Refusal::Mismatch(ScopeMismatch {
                 fenced: Fenced::Key(key.clone()),
                 scope: remembered.flatten().map(str::to_owned),
@@ -279,45 +335,50 @@ pub(crate) fn explain_refusal(
             }));
         }
     }
-    // Neither rule refuses what the database refused: a bug. Still a refusal (nothing was
-    // written); `Stale::reported` logs it loudly.
-    match guard.scope() {
-        Some(scope) => Ok(Refusal::Stale(vec![scope_refusal(scope, scope_fence, token, rule)?])),
-        None => keys
-            .iter()
-            .map(|key| {
-                let state = states
-                    .get(key.as_str())
-                    .ok_or_else(|| StoreError::Corrupt(format!("refused key {:?} has no fence row", key.as_str())))?;
-                Ok(Stale::reported(rule, token, state.key_fence, Fenced::Key(key.clone())))
-            })
-            .collect::<Result<_, _>>()
-            .map(Refusal::Stale),
-    }
+    // No check refuses now what the database refused then. The guards read a snapshot (see
+    // `sql_issued_check`, `sql_jump_check`), so a grant or a fence raise that committed in
+    // between explains it: e.g. a write carrying the token a grant was issuing at that moment.
+    // Nothing was written, and a retry with the same token may now be accepted.
+    metrics::counter!("fencegate_raced_refusals_total").increment(1);
+    tracing::info!(%token, scope = ?guard.scope(), keys = keys.len(), "a refused write raced a concurrent change; answering 503");
+    Err(StoreError::Raced(
+        "a concurrent change (a lock grant, a fence raised) landed while the write was checked; nothing was written".into(),
+    ))
 }
 
 /// A refused write, explained: what the client is told. Nothing was applied.
 #[derive(Debug)]
 pub(crate) enum Refusal {
-    Mismatch(ScopeMismatch),
     Stale(Vec<Stale>),
+    NotIssued(NotIssued),
+    Jump(Jump),
+    Mismatch(ScopeMismatch),
 }
 
 impl Refusal {
+    /// Of two refusals of one request, the one to report: the first in the order
+    /// [`explain_refusal`] checks in (stale, not issued, jump, scope mismatch); `a` on a tie.
+    pub fn first(a: Option<Refusal>, b: Refusal) -> Option<Refusal> {
+        let rank = |r: &Refusal| match r {
+            Refusal::Stale(_) => 0,
+            Refusal::NotIssued(_) => 1,
+            Refusal::Jump(_) => 2,
+            Refusal::Mismatch(_) => 3,
+        };
+        Some(match a {
+            Some(a) if rank(&a) <= rank(&b) => a,
+            _ => b,
+        })
+    }
+
     pub fn outcome<T>(self) -> Outcome<T> {
         match self {
-            Refusal::Mismatch(mismatch) => Outcome::Mismatch(mismatch),
             Refusal::Stale(stale) => Outcome::Stale(stale),
+            Refusal::NotIssued(refused) => Outcome::NotIssued(refused),
+            Refusal::Jump(refused) => Outcome::Jump(refused),
+            Refusal::Mismatch(mismatch) => Outcome::Mismatch(mismatch),
         }
     }
-}
-
-/// The refusal by `scope`'s fence, explained with the fence read after the refused statement
-/// (fences never go down, so the value read still refuses the token).
-pub(crate) fn scope_refusal(scope: &Scope, current: Option<FencingToken>, token: FencingToken, rule: Rule) -> Result<Stale, StoreError> {
-    let current = current
-        .ok_or_else(|| StoreError::Corrupt(format!("scope {scope:?} refused a write but has no fence")))?;
-    Ok(Stale::reported(rule, token, current, Fenced::Scope(scope.clone())))
 }
 
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
@@ -374,8 +435,8 @@ impl Store {
                 }
             }
             Outcome::Stale(stale) => self.learn_refusals(stale),
-            // A scope mismatch says nothing about any fence's value.
-            Outcome::Mismatch(_) => {}
+            // These say nothing about any fence's value.
+            Outcome::Mismatch(_) | Outcome::NotIssued(_) | Outcome::Jump(_) => {}
         }
         Ok(outcome)
     }
@@ -384,7 +445,7 @@ impl Store {
         match outcome {
             Outcome::Accepted(_) => self.high_water.observe(fence, token),
             Outcome::Stale(stale) => self.learn_refusals(stale),
-            Outcome::Mismatch(_) => {}
+            Outcome::Mismatch(_) | Outcome::NotIssued(_) | Outcome::Jump(_) => {}
         }
     }
 
@@ -414,13 +475,7 @@ impl Store {
             return Ok(Outcome::Stale(vec![stale]));
         }
         let owned_scope = scope.clone();
-        let outcome = detached!(self, b => match b.claim(&owned_scope, token).await? {
-            Some(claimed) => Ok(Outcome::Accepted(claimed)),
-            None => {
-                let current = b.fence(&owned_scope).await?;
-                Ok(Outcome::Stale(vec![scope_refusal(&owned_scope, current, token, Rule::Inclusive)?]))
-            }
-        })?;
+        let outcome = detached!(self, b => b.claim(&owned_scope, token).await)?;
         self.learn(&outcome, &fence, token);
         Ok(outcome)
     }

@@ -29,12 +29,12 @@ use super::{
     coalesce::{Coalescer, Upserts},
     connections::Connections,
     reads::Reads,
-    explain_refusal, scope_refusal, sql_fence_op, sql_scope_check, token_from_db, Claimed, Entry, KeyState, Refusal,
-    StoreError, Write, Written,
+    explain_refusal, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
+    Entry, KeyState, Refusal, Seen, StoreError, Write, Written,
 };
 use crate::{
     config::DatabaseSettings,
-    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Stale, Target},
+    fence::{FencingToken, Guard, JumpCap, Key, Outcome, Rule, Scope, ScopeRule, Target},
     locks::{Acquired, Holder, Lease, Ttl},
 };
 
@@ -61,15 +61,10 @@ const KV_ON_CONFLICT: &str = "
         updated_at = now()";
 
 /// THE statement that raises a scope's fence: claims, lock grants, scoped kv writes (as a CTE)
-/// and scoped table writes all use it. Raises the fence to the token if `rule` admits it and
-/// returns one row (the fence's version) iff it did.
-fn scope_claim(rule: Rule, scope_param: &str, token_param: &str) -> String {
-    scope_claim_rows(rule, &format!("VALUES ({scope_param}, {token_param})"), "version")
-}
-
-/// [`scope_claim`] for several scopes at once: `rows` yields `(scope, token)` pairs, each
-/// scope at most once (ON CONFLICT cannot touch a row twice), and the statement returns
-/// `returning` for every fence it raised.
+/// and scoped table writes all use it. `rows` yields `(scope, token)` pairs, each scope at most
+/// once (ON CONFLICT cannot touch a row twice); the fence is raised to the token if `rule`
+/// admits it, and the statement returns `returning` for every fence it raised. Callers gate
+/// `rows` with [`scope_gate`] (every claim but a lock grant's).
 fn scope_claim_rows(rule: Rule, rows: &str, returning: &str) -> String {
     format!(
         "INSERT INTO fencegate_fences AS f (scope, fence_token) {rows}
@@ -81,10 +76,20 @@ fn scope_claim_rows(rule: Rule, rows: &str, returning: &str) -> String {
     )
 }
 
-/// [`scope_claim`] as a CTE named `claim`: a statement that selects FROM it writes nothing when
-/// the claim was refused.
-fn scope_claim_cte(rule: Rule, scope_param: &str, token_param: &str) -> String {
-    format!("WITH claim AS ({})", scope_claim(rule, scope_param, token_param))
+/// The poisoning guards of a write or claim under scope `scope` with token `token`: a token
+/// the built-in lock of that name never issued, or one that jumps too far past the fence, may
+/// not raise it.
+fn scope_gate(checks: Checks, scope: &str, token: &str) -> String {
+    let fence = format!("(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = {scope})");
+    format!("{} AND {}", sql_issued_check(scope, token), sql_jump_check(checks.jump, &fence, token))
+}
+
+/// The one-scope claim, `$1` scope and `$2` token unless the caller's statement numbers them
+/// otherwise; returns the fence's version. `gated`: false only for a lock grant (which issues
+/// the token itself, one step at a time, so neither guard applies).
+fn scope_claim(rule: Rule, checks: Checks, scope: &str, token: &str, gated: bool) -> String {
+    let gate = if gated { scope_gate(checks, scope, token) } else { "TRUE".to_owned() };
+    scope_claim_rows(rule, &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"), "version")
 }
 
 /// Reads a live value: `$1` key.
@@ -104,13 +109,13 @@ pub(super) const KV_GET_MANY: &str = concat!(
 /// `$4` token): the statement fencegate runs for `PUT /v1/kv/{key}`. Public so the load bench
 /// runs exactly this against PostgreSQL directly.
 pub fn kv_put_sql(rule: Rule) -> String {
-    Statements::new(rule, ScopeRule::default()).put_key
+    Statements::new(rule, Checks::default()).put_key
 }
 
 /// The fenced one-key write under a scope (`$1` key, `$2` value, `$3` deleted, `$4` token,
 /// `$5` scope): what fencegate runs for a lone scoped `PUT /v1/kv/{key}`. Public for the bench.
 pub fn kv_put_scoped_sql(rule: Rule) -> String {
-    Statements::new(rule, ScopeRule::default()).put_scope
+    Statements::new(rule, Checks::default()).put_scope
 }
 
 /// The fenced statements for one rule, built once from fixed text (no request data).
@@ -121,8 +126,10 @@ struct Statements {
     put_scope: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 token, $5 scope
     batch_scope: String,
-    /// $1 scope, $2 token: raises the scope's fence ([`scope_claim`]).
+    /// $1 scope, $2 token: raises the scope's fence for `POST /v1/fences` and table writes.
     claim: String,
+    /// $1 scope, $2 token: the claim of a lock grant (no poisoning guards: see [`scope_claim`]).
+    grant_claim: String,
 }
 
 /// `WHERE` of a kv upsert's `DO UPDATE`: the row's scope admits the write's ([`sql_scope_check`]).
@@ -147,15 +154,28 @@ fn kv_unbound(scopes: ScopeRule, key_expr: &str, scope_expr: &str) -> String {
     }
 }
 
+/// The jump cap of an unscoped write of `key` with `token`, against the key's own fence.
+fn kv_jump(checks: Checks, key: &str, token: &str) -> String {
+    sql_jump_check(checks.jump, &format!("(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = {key})"), token)
+}
+
 impl Statements {
-    fn new(rule: Rule, scopes: ScopeRule) -> Self {
+    fn new(rule: Rule, checks: Checks) -> Self {
         let op = sql_fence_op(rule);
-        let scope_check = kv_scope_check(scopes);
+        let scope_check = kv_scope_check(checks.scopes);
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // `key_fence <op> token`, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
+        // The row to insert exists only if the jump cap admits the token.
+        let row = match checks.jump {
+            JumpCap(0) => "VALUES ($1, $2, $3, $4, $4, NULL)".to_owned(),
+            _ => format!(
+                "SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text WHERE {}",
+                kv_jump(checks, "$1::text", "$4::int8")
+            ),
+        };
         let put_key = format!(
             "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
-             VALUES ($1, $2, $3, $4, $4, NULL)
+             {row}
              {KV_ON_CONFLICT}
              WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
              RETURNING version"
@@ -171,14 +191,18 @@ impl Statements {
              RETURNING version",
             claim = scope_claim_rows(
                 rule,
-                &format!("SELECT $5::text, $4::int8 WHERE {}", kv_unbound(scopes, "$1", "$5::text")),
+                &format!(
+                    "SELECT $5::text, $4::int8 WHERE {} AND {}",
+                    kv_unbound(checks.scopes, "$1", "$5::text"),
+                    scope_gate(checks, "$5::text", "$4::int8")
+                ),
                 "version"
             ),
         );
         // Runs in a transaction that is rolled back unless every key was written, so the claim
-        // needs no gate: a refused key undoes it.
+        // needs no binding gate: a refused key undoes it.
         let batch_scope = format!(
-            "{claim}
+            "WITH claim AS ({claim})
              INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              SELECT w.key, w.value, w.deleted, 0, $4, $5
              FROM unnest($1::text[], $2::jsonb[], $3::bool[]) AS w(key, value, deleted), claim
@@ -186,26 +210,34 @@ impl Statements {
              {KV_ON_CONFLICT}
              WHERE {scope_check}
              RETURNING key, version",
-            claim = scope_claim_cte(rule, "$5", "$4"),
+            claim = scope_claim(rule, checks, "$5", "$4", true),
         );
-        Statements { put_key, put_scope, batch_scope, claim: scope_claim(rule, "$1", "$2") }
+        Statements {
+            put_key,
+            put_scope,
+            batch_scope,
+            claim: scope_claim(rule, checks, "$1", "$2", true),
+            grant_claim: scope_claim(rule, checks, "$1", "$2", false),
+        }
     }
 }
 
 /// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
 /// coalescer (per-row outcomes) and by unscoped batches (in a transaction, all or nothing).
 /// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
-fn upsert_rows(rule: Rule, scopes: ScopeRule) -> String {
+fn upsert_rows(rule: Rule, checks: Checks) -> String {
     let op = sql_fence_op(rule);
-    let scope_check = kv_scope_check(scopes);
+    let scope_check = kv_scope_check(checks.scopes);
     format!(
         "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
          FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token)
+         WHERE {jump}
          ORDER BY w.key
          {KV_ON_CONFLICT}
          WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
-         RETURNING key, version"
+         RETURNING key, version",
+        jump = kv_jump(checks, "w.key", "w.token"),
     )
 }
 
@@ -219,7 +251,7 @@ fn upsert_rows(rule: Rule, scopes: ScopeRule) -> String {
 /// A scope is claimed only for writes whose keys are not bound to another scope
 /// ([`kv_unbound`]): a round whose every write under a scope is refused for its scope leaves
 /// that fence alone.
-fn upsert_scoped_rows(rule: Rule, scopes: ScopeRule) -> String {
+fn upsert_scoped_rows(rule: Rule, checks: Checks) -> String {
     format!(
         "WITH w AS (
              SELECT * FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
@@ -234,10 +266,14 @@ fn upsert_scoped_rows(rule: Rule, scopes: ScopeRule) -> String {
          RETURNING key, version",
         claim = scope_claim_rows(
             rule,
-            &format!("SELECT DISTINCT scope, token FROM w WHERE {} ORDER BY scope", kv_unbound(scopes, "w.key", "w.scope")),
+            &format!(
+                "SELECT DISTINCT scope, token FROM w WHERE {} AND {} ORDER BY scope",
+                kv_unbound(checks.scopes, "w.key", "w.scope"),
+                scope_gate(checks, "w.scope", "w.token")
+            ),
             "scope"
         ),
-        scope_check = kv_scope_check(scopes),
+        scope_check = kv_scope_check(checks.scopes),
     )
 }
 
@@ -254,13 +290,13 @@ pub struct PgStore {
     coalescer: Option<Coalescer>,
     /// `None` when `database.coalesce_workers = 0`: each read is its own statement.
     reads: Option<Reads>,
-    /// `kv.sticky_scope`: built into the statements; needed again to explain a refusal.
-    scopes: ScopeRule,
+    /// Built into the statements; needed again to explain a refusal.
+    checks: Checks,
 }
 
 impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
-    pub async fn connect(settings: &DatabaseSettings, url: &str, scopes: ScopeRule) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let shown = crate::config::redact_url(url);
         let options: PgConnectOptions = url
             .parse::<PgConnectOptions>()
@@ -286,11 +322,11 @@ impl PgStore {
                 "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
                  (set DATABASE_URL or --database-url)"
             ))?;
-        let (inclusive, strict) = (Statements::new(Rule::Inclusive, scopes), Statements::new(Rule::Strict, scopes));
+        let (inclusive, strict) = (Statements::new(Rule::Inclusive, checks), Statements::new(Rule::Strict, checks));
         let upserts = Arc::new(Upserts {
-            rows: [upsert_rows(Rule::Inclusive, scopes), upsert_rows(Rule::Strict, scopes)],
+            rows: [upsert_rows(Rule::Inclusive, checks), upsert_rows(Rule::Strict, checks)],
             single: [inclusive.put_key.clone(), strict.put_key.clone()],
-            scoped_rows: [upsert_scoped_rows(Rule::Inclusive, scopes), upsert_scoped_rows(Rule::Strict, scopes)],
+            scoped_rows: [upsert_scoped_rows(Rule::Inclusive, checks), upsert_scoped_rows(Rule::Strict, checks)],
             scoped_single: [inclusive.put_scope.clone(), strict.put_scope.clone()],
         });
         let conns = Arc::new(Connections::new(
@@ -311,7 +347,7 @@ impl PgStore {
             strict: strict.into(),
             upserts,
             coalescer,
-            scopes,
+            checks,
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -327,9 +363,9 @@ impl PgStore {
             .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
     }
 
-    /// `kv.sticky_scope`, which the legacy-table statements follow too.
-    pub(super) fn scopes(&self) -> ScopeRule {
-        self.scopes
+    /// The checks besides the accept rule, which the legacy-table statements follow too.
+    pub(super) fn checks(&self) -> Checks {
+        self.checks
     }
 
     fn statements(&self, rule: Rule) -> &Statements {
@@ -339,28 +375,28 @@ impl PgStore {
         }
     }
 
-    /// Raises `scope`'s fence to `token` inside the caller's transaction if `rule` admits it;
-    /// else the refusal (read in the same transaction).
+    /// Raises `scope`'s fence to `token` inside the caller's transaction (or as an autocommit
+    /// statement) if `rule` and the poisoning guards admit it: `Ok(Some(version))`; else the
+    /// refusal, explained from what the same connection reads next.
     pub(super) async fn claim_scope(
         &self,
         conn: &mut sqlx::PgConnection,
         scope: &Scope,
         token: FencingToken,
         rule: Rule,
-    ) -> Result<Option<Stale>, StoreError> {
+    ) -> Result<Result<i64, Refusal>, StoreError> {
         let claimed: Option<i64> = sqlx::query_scalar(&self.statements(rule).claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&mut *conn)
             .await?;
-        if claimed.is_some() {
-            return Ok(None);
+        if let Some(version) = claimed {
+            return Ok(Ok(version));
         }
-        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
-            .bind(scope.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-        scope_refusal(scope, current.map(token_from_db).transpose()?, token, rule).map(Some)
+        let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
+        let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
+        let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
+        explain_refusal(&[], &seen, &guard, self.checks).map(Err)
     }
 
     pub fn pool_stats(&self) -> (u32, usize) {
@@ -525,16 +561,17 @@ impl PgStore {
             .fetch_all(&mut *conn)
             .await?;
         conn.done();
-        let mut states = HashMap::with_capacity(rows.len());
+        let mut seen = Seen { keys: HashMap::with_capacity(rows.len()), scope_fence: None, latest_issued: None };
         for row in &rows {
             let key: &str = row.try_get(0)?;
-            states.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+            seen.keys.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
         }
-        let scope_fence = match guard.scope() {
-            Some(scope) => self.fence(scope).await?,
-            None => None,
-        };
-        explain_refusal(keys, &states, guard, self.scopes, scope_fence)
+        if let Some(scope) = guard.scope() {
+            let mut conn = self.conns.take().await?;
+            (seen.scope_fence, seen.latest_issued) = scope_state(&mut conn, scope).await?;
+            conn.done();
+        }
+        explain_refusal(keys, &seen, guard, self.checks)
     }
 
     /// The coalescing reader, if on (`database.coalesce_workers > 0`). A read through it is
@@ -553,16 +590,15 @@ impl PgStore {
         row.map(|row| entry_from(&row, 0)).transpose()
     }
 
-    /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
+    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
-            .bind(scope.as_str())
-            .bind(token.get())
-            .fetch_optional(&mut *conn)
-            .await?;
+        let claimed = self.claim_scope(&mut conn, scope, token, Rule::Inclusive).await?;
         conn.done();
-        Ok(version.map(|version| Claimed { created: version == 1 }))
+        Ok(match claimed {
+            Ok(version) => Outcome::Accepted(Claimed { created: version == 1 }),
+            Err(refusal) => refusal.outcome(),
+        })
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
@@ -641,7 +677,7 @@ impl PgStore {
             };
             let token = token_from_db(row.try_get(0)?)?;
             // The grant claims the scope through the same statement as POST /v1/fences.
-            let claimed: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
+            let claimed: Option<i64> = sqlx::query_scalar(&self.inclusive.grant_claim)
                 .bind(name.as_str())
                 .bind(token.get())
                 .fetch_optional(&mut *tx)
@@ -692,6 +728,22 @@ impl PgStore {
         conn.done();
         lease_from(name, token, row)
     }
+}
+
+/// A scope's fence and the latest token granted by the built-in lock of that name, if any:
+/// what explains a refused claim.
+async fn scope_state(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
+    let (fence, latest): (Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
+                (SELECT token FROM fencegate_locks WHERE name = $1)",
+    )
+    .bind(scope.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
 }
 
 /// A lease from a RENEW/RELEASE row (owner, expires_at).

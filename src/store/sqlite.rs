@@ -15,12 +15,12 @@ use sqlx::{
 };
 
 use super::{
-    explain_refusal, sql_fence_op, sql_scope_check, token_from_db, Claimed, Entry, KeyState, Refusal,
-    StoreError, Write, Written,
+    explain_refusal, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
+    Entry, KeyState, Refusal, Seen, StoreError, Write, Written,
 };
 use crate::{
     config::DatabaseSettings,
-    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Target},
+    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     locks::{Acquired, Holder, Lease, Ttl},
 };
 
@@ -53,19 +53,38 @@ struct Statements {
     put_key: String,
     /// ?1 key, ?2 value, ?3 deleted, ?4 token, ?5 scope: runs after a successful scope claim.
     put_scoped: String,
-    /// ?1 scope, ?2 token: raises the scope's fence if the rule admits the token.
+    /// ?1 scope, ?2 token: raises the scope's fence if the rule and the poisoning guards
+    /// admit the token (see `PgStore`'s `scope_gate`).
     claim: String,
+    /// ?1 scope, ?2 token: the claim of a lock grant, which issues the token itself.
+    grant_claim: String,
 }
 
 impl Statements {
-    fn new(rule: Rule, scopes: ScopeRule) -> Self {
+    fn new(rule: Rule, checks: Checks) -> Self {
         let op = sql_fence_op(rule);
         let on_conflict = kv_on_conflict();
-        let scope_check = sql_scope_check(scopes, "kv.scope", "excluded.scope");
+        let scope_check = sql_scope_check(checks.scopes, "kv.scope", "excluded.scope");
+        let key_jump = sql_jump_check(checks.jump, "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = ?1)", "?4");
+        let scope_gate = format!(
+            "{} AND {}",
+            sql_issued_check("?1", "?2"),
+            sql_jump_check(checks.jump, "(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = ?1)", "?2")
+        );
+        // INSERT .. SELECT needs a WHERE before ON CONFLICT (SQLite's parser), gate or not.
+        let claim = |gate: &str| {
+            format!(
+                "INSERT INTO fencegate_fences AS f (scope, fence_token, updated_at) SELECT ?1, ?2, {NOW_TEXT} WHERE {gate}
+                 ON CONFLICT (scope) DO UPDATE SET
+                     fence_token = excluded.fence_token, version = f.version + 1, updated_at = {NOW_TEXT}
+                 WHERE f.fence_token {op} excluded.fence_token
+                 RETURNING version"
+            )
+        };
         Statements {
             put_key: format!(
                 "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?4, NULL, {NOW_TEXT})
+                 SELECT ?1, ?2, ?3, ?4, ?4, NULL, {NOW_TEXT} WHERE {key_jump}
                  {on_conflict}
                  WHERE kv.key_fence {op} excluded.key_fence AND {scope_check}
                  RETURNING version"
@@ -77,13 +96,8 @@ impl Statements {
                  WHERE {scope_check}
                  RETURNING version"
             ),
-            claim: format!(
-                "INSERT INTO fencegate_fences AS f (scope, fence_token, updated_at) VALUES (?1, ?2, {NOW_TEXT})
-                 ON CONFLICT (scope) DO UPDATE SET
-                     fence_token = excluded.fence_token, version = f.version + 1, updated_at = {NOW_TEXT}
-                 WHERE f.fence_token {op} excluded.fence_token
-                 RETURNING version"
-            ),
+            claim: claim(&scope_gate),
+            grant_claim: claim("TRUE"),
         }
     }
 }
@@ -93,12 +107,12 @@ pub struct SqliteStore {
     pool: SqlitePool,
     inclusive: std::sync::Arc<Statements>,
     strict: std::sync::Arc<Statements>,
-    /// `kv.sticky_scope`: built into the statements; needed again to explain a refusal.
-    scopes: ScopeRule,
+    /// Built into the statements; needed again to explain a refusal.
+    checks: Checks,
 }
 
 impl SqliteStore {
-    pub async fn connect(settings: &DatabaseSettings, url: &str, scopes: ScopeRule) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url}: {e}"))?
             .create_if_missing(true)
@@ -113,9 +127,9 @@ impl SqliteStore {
             .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
         let store = SqliteStore {
             pool,
-            inclusive: Statements::new(Rule::Inclusive, scopes).into(),
-            strict: Statements::new(Rule::Strict, scopes).into(),
-            scopes,
+            inclusive: Statements::new(Rule::Inclusive, checks).into(),
+            strict: Statements::new(Rule::Strict, checks).into(),
+            checks,
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -178,8 +192,8 @@ impl SqliteStore {
     }
 
     /// Claims the guard's scope inside `conn`; `false` if the scope's fence refused the token.
-    async fn claim_in(conn: &mut SqliteConnection, sql: &Statements, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
-        let version: Option<i64> = sqlx::query_scalar(&sql.claim)
+    async fn claim_in(conn: &mut SqliteConnection, claim: &str, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
+        let version: Option<i64> = sqlx::query_scalar(claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&mut *conn)
@@ -191,7 +205,9 @@ impl SqliteStore {
         match self.batch(std::slice::from_ref(&write), guard).await? {
             Outcome::Accepted(mut written) => Ok(Outcome::Accepted(written.remove(0))),
             Outcome::Stale(stale) => Ok(Outcome::Stale(stale)),
-            Outcome::Mismatch(mismatch) => Ok(Outcome::Mismatch(mismatch)),
+            Outcome::Mismatch(refused) => Ok(Outcome::Mismatch(refused)),
+            Outcome::NotIssued(refused) => Ok(Outcome::NotIssued(refused)),
+            Outcome::Jump(refused) => Ok(Outcome::Jump(refused)),
         }
     }
 
@@ -203,7 +219,7 @@ impl SqliteStore {
         let sql = self.statements(guard.rule);
         let mut tx = self.pool.begin().await?;
         if let Target::Scope(scope) = &guard.target {
-            if !Self::claim_in(&mut tx, sql, scope, guard.token).await? {
+            if !Self::claim_in(&mut tx, &sql.claim, scope, guard.token).await? {
                 tx.rollback().await?;
                 // Every key was refused; the explanation says whether by a key's scope or by
                 // the scope's fence.
@@ -238,16 +254,27 @@ impl SqliteStore {
                 .await?;
             rows.extend(row);
         }
-        let mut states = std::collections::HashMap::with_capacity(rows.len());
+        let mut seen = Seen { keys: Default::default(), scope_fence: None, latest_issued: None };
         for row in &rows {
             let key: &str = row.try_get(0)?;
-            states.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+            seen.keys.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
         }
-        let scope_fence = match guard.scope() {
-            Some(scope) => self.fence(scope).await?,
-            None => None,
-        };
-        explain_refusal(keys, &states, guard, self.scopes, scope_fence)
+        if let Some(scope) = guard.scope() {
+            (seen.scope_fence, seen.latest_issued) = self.scope_state(scope).await?;
+        }
+        explain_refusal(keys, &seen, guard, self.checks)
+    }
+
+    /// A scope's fence and the latest token granted by the built-in lock of that name.
+    async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
+        let (fence, latest): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = ?1),
+                    (SELECT token FROM fencegate_locks WHERE name = ?1)",
+        )
+        .bind(scope.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -270,13 +297,18 @@ impl SqliteStore {
     }
 
     /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Option<Claimed>, StoreError> {
+    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
         let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
             .await?;
-        Ok(version.map(|version| Claimed { created: version == 1 }))
+        if let Some(version) = version {
+            return Ok(Outcome::Accepted(Claimed { created: version == 1 }));
+        }
+        let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
+        Ok(self.refusal(&[], &guard).await?.outcome())
     }
 
     pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
@@ -319,7 +351,7 @@ impl SqliteStore {
         };
         let token = token_from_db(row.try_get(0)?)?;
         // The single connection serializes everything, so the fence read above still holds.
-        if !Self::claim_in(&mut tx, &self.inclusive, name, token).await? {
+        if !Self::claim_in(&mut tx, &self.inclusive.grant_claim, name, token).await? {
             tx.rollback().await?;
             return Err(StoreError::Corrupt("a lock grant could not claim its scope".into()));
         }

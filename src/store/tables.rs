@@ -23,11 +23,11 @@ use serde_json::value::RawValue;
 use sqlx::{postgres::PgDatabaseError, Connection, PgConnection, Row};
 
 use super::{
-    catalog, postgres::PgStore, sql_fence_op, sql_scope_check, token_from_db, Backend, Refusal, Store, StoreError, Write,
-    Written,
+    catalog, postgres::PgStore, sql_fence_op, sql_jump_check, sql_scope_check, token_from_db, Backend, Checks, Refusal,
+    Store, StoreError, Write, Written,
 };
 use crate::{
-    fence::{Fenced, FencingToken, Guard, Outcome, Rule, Scope, ScopeMismatch, ScopeRule, Stale, Target},
+    fence::{Fenced, FencingToken, Guard, Jump, Outcome, Rule, Scope, ScopeMismatch, Stale, Target},
     tables::{canonical_key, Fence, KeyText, Resource, ResourceSettings, Resources, RowError, RowKey, RowWrite, TableOp},
 };
 
@@ -195,21 +195,28 @@ impl Sql<'_> {
 /// The row's own fence: raised to the token iff the rule admits it and the row is not bound
 /// to a scope (sticky scope); no row back = refused. On conflict the ledger row is locked
 /// whether or not the `WHERE` admits the write.
-fn ledger_sql(rule: Rule, scopes: ScopeRule) -> String {
+/// The row to insert exists only if the jump cap admits the token against the row's fence.
+fn ledger_sql(rule: Rule, checks: Checks) -> String {
     format!(
-        "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, $3, $3, NULL)
+        "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope)
+         SELECT $1::text, $2::text, $3::int8, $3::int8, NULL::text WHERE {jump}
          ON CONFLICT (relation, key) DO UPDATE SET
              fence = EXCLUDED.fence, token = EXCLUDED.token, scope = NULL, updated_at = now()
          WHERE l.fence {op} EXCLUDED.fence AND {scope_check}
          RETURNING 1",
         op = sql_fence_op(rule),
-        scope_check = sql_scope_check(scopes, "l.scope", "EXCLUDED.scope"),
+        scope_check = sql_scope_check(checks.scopes, "l.scope", "EXCLUDED.scope"),
+        jump = sql_jump_check(
+            checks.jump,
+            "(SELECT fence FROM fencegate_ledger AS jl WHERE jl.relation = $1::text AND jl.key = $2::text)",
+            "$3::int8"
+        ),
     )
 }
 
 /// A scoped write leaves the row's own fence alone and records who wrote (and locks the row),
 /// if the row is not bound to another scope; no row back = refused for its scope.
-fn ledger_scoped_sql(scopes: ScopeRule) -> String {
+fn ledger_scoped_sql(scopes: crate::fence::ScopeRule) -> String {
     format!(
         "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, 0, $3, $4)
          ON CONFLICT (relation, key) DO UPDATE SET token = EXCLUDED.token, scope = EXCLUDED.scope, updated_at = now()
@@ -290,14 +297,14 @@ impl PgStore {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await.map_err(StoreError::from)?;
         if let Some(scope) = guard.scope() {
-            if let Some(stale) = self.claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
+            if let Err(refusal) = self.claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
-                return Ok(Outcome::Stale(vec![stale]));
+                return Ok(refusal.outcome());
             }
         }
         let deletes = matches!(op.write, RowWrite::Delete);
-        let existed = match fence_row(&mut tx, resource, &key, guard, deletes, self.scopes()).await? {
+        let existed = match fence_row(&mut tx, resource, &key, guard, deletes, self.checks()).await? {
             Ok(existed) => existed,
             Err(refusal) => {
                 tx.rollback().await.map_err(StoreError::from)?;
@@ -375,10 +382,10 @@ impl PgStore {
                 Err(refused) => kv_refused = refused,
             }
         } else if let Some(scope) = scope {
-            if let Some(stale) = self.claim_scope(&mut tx, scope, token, scope_rule).await? {
+            if let Err(refusal) = self.claim_scope(&mut tx, scope, token, scope_rule).await? {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
-                return Ok(Outcome::Stale(vec![stale]));
+                return Ok(refusal.outcome());
             }
         }
 
@@ -389,37 +396,40 @@ impl PgStore {
         }
         let mut live: HashMap<(&str, &str), bool> = HashMap::new();
         let mut stale = Vec::new();
-        // Stale refusals win over mismatches, as for kv (`store::explain_refusal`).
-        let mut mismatch = None;
+        // Stale refusals are reported first, then the first other refusal (`Refusal::first`).
+        let mut other: Option<Refusal> = None;
         for (&row, &first) in &rows {
             let resource = &ops[first].1.resource;
             let deletes = ops.iter().zip(&keys).any(|((_, op), key)| {
                 (op.resource.relation.as_str(), key.text.as_str()) == row && matches!(op.write, RowWrite::Delete)
             });
-            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes, self.scopes()).await? {
+            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes, self.checks()).await? {
                 Ok(existed) => {
                     live.insert(row, existed);
                 }
                 Err(Refusal::Stale(refused)) => stale.extend(refused),
-                Err(Refusal::Mismatch(refused)) => {
-                    mismatch.get_or_insert(refused);
-                }
+                Err(refused) => other = Refusal::first(other, refused),
             }
         }
-        if !kv_refused.is_empty() || !stale.is_empty() || mismatch.is_some() {
+        if !kv_refused.is_empty() || !stale.is_empty() || other.is_some() {
             tx.rollback().await.map_err(StoreError::from)?;
             conn.done();
             let mut all = Vec::new();
             if !kv_refused.is_empty() {
                 match self.refusal(&kv_refused, &kv_guard).await? {
-                    // The kv keys come first in the lock order, and so in the report.
-                    Refusal::Mismatch(refused) => mismatch = Some(refused),
                     Refusal::Stale(refused) => all = refused,
+                    // The kv keys come first in the lock order, and so win a tie.
+                    refused => {
+                        other = match other {
+                            Some(row) => Refusal::first(Some(refused), row),
+                            None => Some(refused),
+                        }
+                    }
                 }
             }
             all.extend(stale);
-            return Ok(match mismatch {
-                Some(mismatch) if all.is_empty() => Outcome::Mismatch(mismatch),
+            return Ok(match other {
+                Some(other) if all.is_empty() => other.outcome(),
                 _ => Outcome::Stale(all),
             });
         }
@@ -667,18 +677,19 @@ async fn fence_row(
     key: &CanonicalKey,
     guard: &Guard,
     deletes: bool,
-    scopes: ScopeRule,
+    checks: Checks,
 ) -> Result<Result<bool, Refusal>, TableError> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
+    let jump = |current: FencingToken| Jump { fenced: fenced(), presented: guard.token, current, max_jump: checks.jump.0 };
     let admitted: Option<i32> = match &guard.target {
-        Target::Key => sqlx::query_scalar(&ledger_sql(guard.rule, scopes))
+        Target::Key => sqlx::query_scalar(&ledger_sql(guard.rule, checks))
             .bind(&resource.relation)
             .bind(&key.text)
             .bind(guard.token.get())
             .fetch_optional(&mut *conn)
             .await
             .map_err(StoreError::from)?,
-        Target::Scope(scope) => sqlx::query_scalar(&ledger_scoped_sql(scopes))
+        Target::Scope(scope) => sqlx::query_scalar(&ledger_scoped_sql(checks.scopes))
             .bind(&resource.relation)
             .bind(&key.text)
             .bind(guard.token.get())
@@ -688,19 +699,28 @@ async fn fence_row(
             .map_err(StoreError::from)?,
     };
     if admitted.is_none() {
-        // Read under the ledger row's lock, which the refused upsert took: exactly what refused.
+        // Read under the ledger row's lock, which the refused upsert took (if the row exists:
+        // a token the jump cap refuses never reached it): exactly what refused.
         let row = sqlx::query("SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2")
             .bind(&resource.relation)
             .bind(&key.text)
-            .fetch_one(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(StoreError::from)?;
-        // The fence first, then the scope, as for kv (`store::explain_refusal`). A scoped write
-        // was already admitted by its scope's fence (the claim before this).
+        let Some(row) = row else {
+            return Ok(Err(Refusal::Jump(jump(FencingToken::ZERO))));
+        };
+        // The fence first, then the guards, then the scope, as for kv
+        // (`store::explain_refusal`). A scoped write was already admitted by its scope's fence
+        // (the claim before this).
         let current = token_from_db(row.try_get(0).map_err(StoreError::from)?)?;
         let remembered: Option<String> = row.try_get(1).map_err(StoreError::from)?;
-        let stale_by_row = guard.scope().is_none() && !guard.rule.accepts(guard.token, current);
-        if !stale_by_row && !scopes.admits(Some(remembered.as_deref()), guard.scope().map(Scope::as_str)) {
+        let unscoped = guard.scope().is_none();
+        if unscoped && guard.rule.accepts(guard.token, current) && !checks.jump.admits(guard.token, Some(current)) {
+            return Ok(Err(Refusal::Jump(jump(current))));
+        }
+        let stale_by_row = unscoped && !guard.rule.accepts(guard.token, current);
+        if !stale_by_row && !checks.scopes.admits(Some(remembered.as_deref()), guard.scope().map(Scope::as_str)) {
             return Ok(Err(Refusal::Mismatch(ScopeMismatch {
                 fenced: fenced(),
                 scope: remembered,
@@ -716,7 +736,11 @@ async fn fence_row(
     let (fence, admits) = match (sql.fence_column(), &guard.target) {
         (Some(c), Target::Key) => (
             format!("t.{c}::int8"),
-            format!("t.{c} IS NULL OR t.{c} {op} $2", op = sql_fence_op(guard.rule)),
+            format!(
+                "(t.{c} IS NULL OR t.{c} {op} $2) AND {jump}",
+                op = sql_fence_op(guard.rule),
+                jump = sql_jump_check(checks.jump, &format!("t.{c}::int8"), "$2::int8"),
+            ),
         ),
         _ => ("NULL::int8".to_owned(), "true".to_owned()),
     };
@@ -736,8 +760,11 @@ async fn fence_row(
     let Some(row) = row else { return Ok(Ok(false)) };
     let admits: bool = row.try_get(1).map_err(StoreError::from)?;
     if !admits {
-        let current: i64 = row.try_get(0).map_err(StoreError::from)?;
-        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, token_from_db(current)?, fenced())])));
+        let current = token_from_db(row.try_get(0).map_err(StoreError::from)?)?;
+        if guard.rule.accepts(guard.token, current) {
+            return Ok(Err(Refusal::Jump(jump(current))));
+        }
+        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, current, fenced())])));
     }
     Ok(Ok(true))
 }

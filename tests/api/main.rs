@@ -19,6 +19,7 @@ mod limits;
 mod locks;
 mod model;
 mod ops;
+mod poison;
 mod outage;
 mod restart;
 mod scopes;

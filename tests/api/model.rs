@@ -54,6 +54,8 @@ enum Seen {
     Stale(Vec<(String, i64)>),
     /// (key, scope the key is bound to, scope presented)
     Mismatch(String, Option<String>, Option<String>),
+    /// A refusal the model never expects (no built-in locks, no jump cap here): fails the case.
+    Unexpected(String),
 }
 
 impl Model {
@@ -149,6 +151,8 @@ fn seen<T>(outcome: Outcome<T>) -> Seen {
             };
             Seen::Mismatch(name, m.scope, m.presented.map(|s| s.to_string()))
         }
+        Outcome::NotIssued(refused) => Seen::Unexpected(format!("{refused:?}")),
+        Outcome::Jump(refused) => Seen::Unexpected(format!("{refused:?}")),
     }
 }
 

@@ -1014,3 +1014,47 @@ async fn a_table_bound_to_a_scope_is_written_under_it() {
     assert!(order(&db, "acme", 41).await.is_none());
     assert!(order(&db, "acme", 1).await.is_some());
 }
+
+/// Poisoning guards on legacy tables (DESIGN.md, Trust): a token the built-in lock never
+/// granted, and a jump past `kv.max_token_jump`, in ledger mode and in column mode. The tables
+/// are checked with SQL afterwards: nothing changed.
+#[tokio::test]
+async fn table_writes_refuse_unissued_tokens_and_jumps() {
+    let (url, db) = legacy_database().await;
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![orders(), accounts()];
+        s.database.max_connections = 4;
+        s.kv.max_token_jump = 1000;
+    })
+    .await;
+    let lock = app
+        .send(app.req(Method::POST, "/v1/locks/orders-lock").json(&json!({"owner": "w", "ttl_ms": 60000})))
+        .await
+        .expect(201);
+    let token = lock["token"].as_str().unwrap().to_owned();
+    let next = (token.parse::<i64>().unwrap() + 1).to_string();
+    let r = write(&app, Method::PUT, &path("orders", "acme,50"), &next, Some("orders-lock"), Some(&json!({}))).await;
+    let body = r.problem(422, "token-not-issued");
+    assert_eq!((&body["presented_token"], &body["latest_issued"]), (&json!(next), &json!(token)), "{body}");
+    let ops = json!({"ops": [{"op": "delete", "resource": "orders", "key": "acme,1"}]});
+    app.batch(Some(&next), Some("orders-lock"), &ops).await.problem(422, "token-not-issued");
+    assert!(order(&db, "acme", 50).await.is_none());
+    assert!(order(&db, "acme", 1).await.is_some());
+    write(&app, Method::PUT, &path("orders", "acme,50"), &token, Some("orders-lock"), Some(&json!({}))).await.expect(201);
+
+    // Jump cap, ledger mode: from no fence (0), then from the row's fence.
+    let r = put(&app, "orders", "acme,51", "1001", &json!({})).await;
+    let body = r.problem(422, "token-jump");
+    assert_eq!((&body["resource"], &body["key"], &body["current_token"]), (&json!("orders"), &json!("acme,51"), &json!("0")), "{body}");
+    put(&app, "orders", "acme,51", "1000", &json!({})).await.expect(201);
+    put(&app, "orders", "acme,51", "2001", &json!({})).await.problem(422, "token-jump");
+    assert!(order(&db, "acme", 51).await.is_some());
+    // Column mode: the fence column is the row's fence.
+    put(&app, "accounts", ACCOUNT, "500", &json!({"email": "j@example.com"})).await.expect(201);
+    let r = put(&app, "accounts", ACCOUNT, "1501", &json!({"email": "k@example.com"})).await;
+    assert_eq!(r.problem(422, "token-jump")["current_token"], json!("500"));
+    assert_eq!(
+        sql_text(&db, "SELECT email || ':' || fence_token FROM legacy.accounts").await.as_deref(),
+        Some("j@example.com:500")
+    );
+}

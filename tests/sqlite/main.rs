@@ -29,6 +29,8 @@ mod locks;
 mod model;
 #[path = "../api/ops.rs"]
 mod ops;
+#[path = "../api/poison.rs"]
+mod poison;
 #[path = "../api/restart.rs"]
 mod restart;
 #[path = "../api/scopes.rs"]
