@@ -17,6 +17,8 @@
 #
 #   Environment: REDIS_URL (default redis://127.0.0.1:6379),
 #                REDIS_LOCK_PREFIX (default "fencegate:lock:").
+#   FENCEGATE_SIGN (optional): a command that signs the token for fencegate's [[issuers]]
+#                check; called as $FENCEGATE_SIGN --scope LOCK --token N, it prints the proof.
 #   Needs: redis-cli (Debian: redis-tools), curl, jq.
 #
 # Output on stdout, one key=value per line:
@@ -124,9 +126,17 @@ sleep "$work"
 # The key is one path segment: percent-encode it.
 path=$(jq -rn --arg k "$key" '$k | @uri')
 # The last line of curl's output is the status; everything above it is the body.
-resp=$(curl -sS --max-time 30 -X PUT \
-  -H "X-Fencing-Token: $token" \
-  -H "X-Fencing-Scope: $lock" \
+# The scope is spelled like a path segment: percent-encoded, as /v1/locks/{name} would be.
+scope=$(jq -rn --arg k "$lock" '$k | @uri')
+set -- -H "X-Fencing-Token: $token" -H "X-Fencing-Scope: $scope"
+# A fencegate with an [[issuers]] entry for this scope wants the token signed: FENCEGATE_SIGN
+# is the signer, called with --scope LOCK --token N, printing X-Fencing-Proof (e.g.
+# "fencegate sign --hmac-secret-env LOCK_SIGNING_SECRET", run where the secret lives).
+if [ -n "${FENCEGATE_SIGN:-}" ]; then
+  proof=$($FENCEGATE_SIGN --scope "$lock" --token "$token") || die "the signer failed: $FENCEGATE_SIGN"
+  set -- "$@" -H "X-Fencing-Proof: $proof"
+fi
+resp=$(curl -sS --max-time 30 -X PUT "$@" \
   -H 'Content-Type: application/json' \
   --data-binary "$value" \
   -w '\n%{http_code}' \

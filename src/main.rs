@@ -37,6 +37,23 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         lease_ms: u64,
     },
+    /// Sign a fencing token for a scope as an [[issuers]] lock service does: prints the value of
+    /// X-Fencing-Proof (base64url of the signature over "fencegate-token-v1\n{scope}\n{token}").
+    /// For a lock service that cannot sign itself: run it next to the service, holding the key.
+    Sign {
+        /// The scope, as written in X-Fencing-Scope after percent-decoding (the lock's name).
+        #[arg(long)]
+        scope: String,
+        /// The fencing token, a canonical decimal.
+        #[arg(long)]
+        token: String,
+        /// The environment variable holding the HMAC-SHA256 secret.
+        #[arg(long, conflicts_with = "ed25519_key_file", required_unless_present = "ed25519_key_file")]
+        hmac_secret_env: Option<String>,
+        /// A file holding the Ed25519 signing key: standard base64 of its 32-byte seed.
+        #[arg(long)]
+        ed25519_key_file: Option<PathBuf>,
+    },
     /// One demo worker process (started by `demo`).
     #[command(hide = true)]
     DemoWorker {
@@ -55,6 +72,30 @@ enum Command {
         #[arg(long)]
         unfenced_db: Option<String>,
     },
+}
+
+/// `fencegate sign`: the proof an issuer would send for `token` in `scope`.
+fn sign(scope: &str, token: &str, hmac_env: Option<&str>, ed25519_file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    use base64::Engine;
+    use fencegate::issuers::SigningKey;
+    let token = fencegate::fence::FencingToken::parse(token.as_bytes()).map_err(|e| anyhow::anyhow!("--token: {e}"))?;
+    fencegate::fence::Scope::parse(scope, 2048).map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?;
+    Ok(match (hmac_env, ed25519_file) {
+        (Some(var), _) => {
+            let secret = std::env::var(var).map_err(|_| anyhow::anyhow!("--hmac-secret-env: {var} is not set"))?;
+            fencegate::issuers::sign(scope, token, SigningKey::Hmac(secret.as_bytes()))
+        }
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let seed: [u8; 32] = base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .ok()
+                .and_then(|bytes| bytes.try_into().ok())
+                .ok_or_else(|| anyhow::anyhow!("{} must hold the standard base64 of a 32-byte Ed25519 seed", path.display()))?;
+            fencegate::issuers::sign(scope, token, SigningKey::Ed25519(&seed))
+        }
+        (None, None) => anyhow::bail!("give --hmac-secret-env or --ed25519-key-file"),
+    })
 }
 
 fn main() -> std::process::ExitCode {
@@ -120,6 +161,10 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
         Command::DemoWorker { url, name, lock, key, lease_ms, work_ms, unfenced_db } => {
             fencegate::demo::worker(fencegate::demo::WorkerOptions { url, name, lock, key, lease_ms, work_ms, unfenced_db })
                 .await
+        }
+        Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {
+            println!("{}", sign(&scope, &token, hmac_secret_env.as_deref(), ed25519_key_file.as_deref())?);
+            Ok(())
         }
         Command::Migrate => {
             let mut settings = settings;

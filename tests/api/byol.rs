@@ -493,6 +493,11 @@ struct Args<'a> {
 
 impl Run {
     fn start(label: &str, service: &LockService, app: &TestApp, a: Args<'_>) -> Run {
+        Run::start_with(label, service, app, a, &[])
+    }
+
+    /// [`Run::start`] with extra environment for the script (e.g. FENCEGATE_SIGN).
+    fn start_with(label: &str, service: &LockService, app: &TestApp, a: Args<'_>, env: &[(&str, String)]) -> Run {
         let script = service.script();
         let mut child = tokio::process::Command::new(&script)
             .args([
@@ -505,6 +510,7 @@ impl Run {
                 a.work_secs.to_string(),
             ])
             .envs(service.env())
+            .envs(env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -856,6 +862,46 @@ async fn redis_zombie_write_is_rejected_after_the_next_holder_wrote() {
 #[tokio::test]
 async fn redis_tokens_strictly_increase_across_holders() {
     tokens_strictly_increase(LockService::redis().await).await;
+}
+
+/// `[[issuers]]` with a lock service that cannot sign: the example script calls a signer
+/// (`fencegate sign`, holding the HMAC secret) for the token it got, and sends the proof. The
+/// same script without the signer is refused (422, exit 1) and writes nothing.
+async fn signed_tokens_pass_and_unsigned_ones_are_refused(service: LockService) {
+    let var = unique("BYOL_SECRET").replace('-', "_");
+    std::env::set_var(&var, "a-byol-test-secret-of-at-least-32-bytes");
+    let issuer_var = var.clone();
+    let app = crate::helpers::spawn_app_with(move |s| {
+        s.issuers = vec![fencegate::issuers::IssuerSettings {
+            name: "lock-service".into(),
+            scopes: vec!["signed-".into()],
+            ed25519_public_key: None,
+            hmac_sha256_secret_env: Some(issuer_var),
+        }];
+    })
+    .await;
+    let lock = unique("signed-lock");
+    let value = json!({"signed": true});
+    let args = |key: &'static str| Args { lock: &lock, owner: "S", ttl_ms: 5000, key, value: &value, work_secs: 0 };
+
+    let unsigned = Run::start("unsigned", &service, &app, args("unsigned-key")).finish().await;
+    unsigned.assert_exit(1, Some("422"));
+    app.assert_absent("unsigned-key").await;
+
+    let signer = format!("{} sign --hmac-secret-env {var}", env!("CARGO_BIN_EXE_fencegate"));
+    let signed = Run::start_with("signed", &service, &app, args("signed-key"), &[("FENCEGATE_SIGN", signer)]).finish().await;
+    signed.assert_exit(0, Some("201"));
+    app.assert_value("signed-key", &value, &signed.token().to_string()).await;
+}
+
+#[tokio::test]
+async fn redis_signed_tokens_pass_and_unsigned_ones_are_refused() {
+    signed_tokens_pass_and_unsigned_ones_are_refused(LockService::redis().await).await;
+}
+
+#[tokio::test]
+async fn etcd_signed_tokens_pass_and_unsigned_ones_are_refused() {
+    signed_tokens_pass_and_unsigned_ones_are_refused(LockService::etcd().await).await;
 }
 
 #[tokio::test]
