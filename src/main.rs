@@ -3,7 +3,11 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use fencegate::config::{Overrides, Settings};
+use fencegate::{
+    config::{Overrides, Settings},
+    fence::{Key, Scope},
+    store::admin::{Reset, ResetTarget},
+};
 
 #[derive(Parser)]
 #[command(name = "fencegate", version, about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource")]
@@ -54,6 +58,11 @@ enum Command {
         #[arg(long)]
         ed25519_key_file: Option<PathBuf>,
     },
+    /// Administration against the database itself (for when the HTTP side is locked down).
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
     /// One demo worker process (started by `demo`).
     #[command(hide = true)]
     DemoWorker {
@@ -96,6 +105,38 @@ fn sign(scope: &str, token: &str, hmac_env: Option<&str>, ed25519_file: Option<&
         }
         (None, None) => anyhow::bail!("give --hmac-secret-env or --ed25519-key-file"),
     })
+}
+
+#[derive(Subcommand)]
+enum AdminCommand {
+    /// Lower a fence, or rebind a key's or table row's sticky scope: audited (actor
+    /// "cli:$USER"), in one transaction, honoured at once by every fencegate process.
+    Reset {
+        /// The scope whose fence to lower.
+        #[arg(long, group = "target")]
+        scope: Option<String>,
+        /// The kv key to reset.
+        #[arg(long, group = "target")]
+        key: Option<String>,
+        /// The legacy-table resource (with --row).
+        #[arg(long, group = "target", requires = "row")]
+        table: Option<String>,
+        /// The row's key in URL form (values joined by ',', each percent-encoded).
+        #[arg(long)]
+        row: Option<String>,
+        /// The new fence: below the current one.
+        #[arg(long)]
+        to: Option<String>,
+        /// Rebind the key or row to this scope.
+        #[arg(long, conflicts_with = "unbind")]
+        bind: Option<String>,
+        /// Rebind the key or row to no scope.
+        #[arg(long)]
+        unbind: bool,
+        /// Why (1..=1000 bytes): recorded in the audit log.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -165,6 +206,41 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
         Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {
             println!("{}", sign(&scope, &token, hmac_secret_env.as_deref(), ed25519_key_file.as_deref())?);
             Ok(())
+        }
+        Command::Admin { command: AdminCommand::Reset { scope, key, table, row, to, bind, unbind, reason } } => {
+            let store = fencegate::server::open_store(&settings).await?;
+            let max = settings.kv.max_key_bytes;
+            let target = match (scope, key, table) {
+                (Some(scope), _, _) => ResetTarget::Scope(Scope::parse(&scope, max).map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?),
+                (_, Some(key), _) => ResetTarget::Key(Key::parse(&key, max).map_err(|e| anyhow::anyhow!("--key: the key {e}"))?),
+                (_, _, Some(table)) => {
+                    let resources = store.resources(&settings.resources).await?;
+                    let resource = resources
+                        .get(&table)
+                        .cloned()
+                        .ok_or_else(|| anyhow::anyhow!("--table: no resource {table:?} in [[resources]] of the config file"))?;
+                    let row = fencegate::tables::RowKey::parse(&resource, row.as_deref().unwrap_or_default(), max)
+                        .map_err(|e| anyhow::anyhow!("--row: {e}"))?;
+                    ResetTarget::Row { resource, key: row }
+                }
+                _ => anyhow::bail!("name what to reset: --scope, --key, or --table with --row"),
+            };
+            let to = to
+                .map(|to| fencegate::fence::FencingToken::parse(to.as_bytes()).map_err(|e| anyhow::anyhow!("--to: {e}")))
+                .transpose()?;
+            let scope = match (bind, unbind) {
+                (Some(s), _) => Some(Some(Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?)),
+                (None, true) => Some(None),
+                (None, false) => None,
+            };
+            let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
+            match store.reset(Reset { target, to, scope, reason, actor }).await? {
+                Ok(done) => {
+                    println!("{}", serde_json::to_string(&done)?);
+                    Ok(())
+                }
+                Err(refused) => anyhow::bail!("{refused}"),
+            }
         }
         Command::Migrate => {
             let mut settings = settings;

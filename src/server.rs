@@ -65,6 +65,8 @@ pub async fn serve_announced(
     // Aborted when this function returns or its future is dropped (an embedding caller may
     // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
     let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
+    // Resets made by other processes serving the same database (see `store::admin`).
+    let _resets = AbortOnDrop(tokio::spawn(state.store.clone().watch_resets()));
     let router = app(state, limits);
 
     let addr = listener.local_addr().context("listener has no local address")?;
@@ -89,7 +91,7 @@ pub async fn serve_announced(
 }
 
 /// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

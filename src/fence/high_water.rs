@@ -56,6 +56,14 @@ impl HighWater {
         (!rule.accepts(token, cached)).then(|| Stale { presented: token, current: cached, fenced: fence.clone() })
     }
 
+    /// Forgets every cached fence: after a reset lowered one (`store::admin`), a cached value
+    /// could refuse a token the fence now admits. Forgetting only costs round trips.
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
     /// Records that `fence` was at least `token` (after an accepted write, a claim, or a
     /// refusal that reported the current value). Only ever raises the cached value.
     pub fn observe(&self, fence: &Fenced, token: FencingToken) {

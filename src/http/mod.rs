@@ -1,5 +1,6 @@
 //! The HTTP surface: routes, the middleware stack, and the state handlers share.
 
+mod admin;
 mod batch;
 mod extract;
 mod fences;
@@ -69,7 +70,14 @@ mod routes {
     pub const HEALTHZ: &str = "/healthz";
     pub const READYZ: &str = "/readyz";
     pub const METRICS: &str = "/metrics";
-    pub const ALL: &[&str] = &[KV, TABLES, BATCH, FENCES, LOCKS, LOCK_RENEW, HEALTHZ, READYZ, METRICS];
+    pub const ADMIN_FENCE_RESET: &str = "/v1/admin/fences/{scope}/reset";
+    pub const ADMIN_KV_RESET: &str = "/v1/admin/kv/{key}/reset";
+    pub const ADMIN_TABLE_RESET: &str = "/v1/admin/tables/{resource}/{key}/reset";
+    pub const ADMIN_AUDIT: &str = "/v1/admin/audit";
+    pub const ALL: &[&str] = &[
+        KV, TABLES, BATCH, FENCES, LOCKS, LOCK_RENEW, HEALTHZ, READYZ, METRICS,
+        ADMIN_FENCE_RESET, ADMIN_KV_RESET, ADMIN_TABLE_RESET, ADMIN_AUDIT,
+    ];
 }
 
 /// The whole application as a `Router`; tests build exactly this.
@@ -85,6 +93,10 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route(HEALTHZ, get(ops::healthz))
         .route(READYZ, get(ops::readyz))
         .route(METRICS, get(ops::metrics))
+        .route(ADMIN_FENCE_RESET, post(admin::reset_fence))
+        .route(ADMIN_KV_RESET, post(admin::reset_key))
+        .route(ADMIN_TABLE_RESET, post(admin::reset_row))
+        .route(ADMIN_AUDIT, get(admin::audit))
         .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state);

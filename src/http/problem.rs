@@ -47,6 +47,8 @@ pub enum ApiError {
     Jump(Jump),
     #[error(transparent)]
     Proof(#[from] crate::issuers::ProofError),
+    #[error("{0}")]
+    ResetNotBelow(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
@@ -135,6 +137,7 @@ impl ApiError {
             Row(RowError::NoRow(_)) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             Row(RowError::Token(_)) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
+            ResetNotBelow(_) => (StatusCode::CONFLICT, "reset-not-below", "A reset only lowers a fence"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
             Timeout | Overloaded | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {

@@ -4,6 +4,7 @@
 //! ([`crate::fence::Rule`], evaluated by the database inside the same statement or transaction
 //! as the write) and reports an [`Outcome`].
 
+pub mod admin;
 mod batching;
 mod catalog;
 mod coalesce;

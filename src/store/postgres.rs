@@ -292,6 +292,8 @@ pub struct PgStore {
     reads: Option<Reads>,
     /// Built into the statements; needed again to explain a refusal.
     checks: Checks,
+    /// How to connect, for connections outside the pool (the reset listener).
+    options: Arc<PgConnectOptions>,
 }
 
 impl PgStore {
@@ -307,6 +309,7 @@ impl PgStore {
             // Defence in depth: no fencegate transaction is ever idle for long, so a session
             // stuck idle in one (a bug) is ended by the server instead of holding row locks.
             .options([("idle_in_transaction_session_timeout", "30s")]);
+        let listener_options = options.clone().application_name("fencegate-listener");
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
@@ -348,6 +351,7 @@ impl PgStore {
             upserts,
             coalescer,
             checks,
+            options: Arc::new(listener_options),
         };
         if settings.migrate_on_start {
             store.migrate().await?;
@@ -361,6 +365,12 @@ impl PgStore {
             .run(&self.pool)
             .await
             .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    /// Options for a connection of its own, outside the pool and `max_connections` (the reset
+    /// listener of `store::admin`), named `fencegate-listener` in `pg_stat_activity`.
+    pub(super) fn listener_options(&self) -> PgConnectOptions {
+        (*self.options).clone()
     }
 
     /// The checks besides the accept rule, which the legacy-table statements follow too.

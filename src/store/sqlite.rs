@@ -104,7 +104,7 @@ impl Statements {
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
     inclusive: std::sync::Arc<Statements>,
     strict: std::sync::Arc<Statements>,
     /// Built into the statements; needed again to explain a refusal.

@@ -452,6 +452,93 @@ impl PgStore {
         Ok(Outcome::Accepted((kv_written, row_written)))
     }
 
+    /// The canonical key of a row, for a reset (`store::admin`); a key that does not parse is
+    /// refused.
+    pub(super) async fn canonical_text(
+        &self,
+        resource: &Resource,
+        key: &RowKey,
+    ) -> Result<Result<String, super::admin::ResetRefused>, StoreError> {
+        match self.canonical(resource, key, &RowWrite::Delete).await {
+            Ok(key) => Ok(Ok(key.text)),
+            Err(TableError::Row(err)) => Ok(Err(super::admin::ResetRefused::Invalid(err.to_string()))),
+            Err(TableError::Store(err)) => Err(err),
+        }
+    }
+
+    /// Resets a row's fence (the ledger's and, in column mode, the fence column of the row if
+    /// it exists) and maybe its binding, inside the caller's transaction.
+    pub(super) async fn reset_row(
+        &self,
+        tx: &mut PgConnection,
+        reset: &super::admin::Reset,
+        resource: &Resource,
+        key: &str,
+    ) -> Result<Result<super::admin::Change, super::admin::ResetRefused>, StoreError> {
+        use super::admin::{decide, Change, ResetRefused};
+        let ledger = sqlx::query("SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2 FOR UPDATE")
+            .bind(&resource.relation)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (mut from, from_scope) = match &ledger {
+            Some(row) => (Some(token_from_db(row.try_get(0)?)?), row.try_get::<Option<String>, _>(1)?),
+            None => (None, None),
+        };
+        let sql = Sql(resource);
+        let key_json = {
+            let values: serde_json::Map<String, serde_json::Value> = resource
+                .key_columns()
+                .zip(key.split(',').map(|p| crate::percent::decode_strict(p.as_bytes()).unwrap_or_default()))
+                .map(|(c, v)| (c.name.clone(), serde_json::Value::from(v)))
+                .collect();
+            serde_json::Value::Object(values).to_string()
+        };
+        if let Some(column) = sql.fence_column() {
+            let statement = format!(
+                "SELECT t.{column}::int8 FROM {table} AS t CROSS JOIN {record} WHERE {matches} FOR UPDATE OF t",
+                table = sql.table(),
+                record = sql.record("$1", resource.key.iter().copied()),
+                matches = sql.key_match(),
+            );
+            let value: Option<Option<i64>> = sqlx::query_scalar(&statement).bind(&key_json).fetch_optional(&mut *tx).await?;
+            if let Some(value) = value.flatten() {
+                let value = token_from_db(value)?;
+                from = Some(from.map_or(value, |f| f.max(value)));
+            }
+        }
+        let Some(from) = from else {
+            return Ok(Err(ResetRefused::NotFound(format!(
+                "row {key:?} of {:?} has no fence (fencegate never wrote it)",
+                resource.name
+            ))));
+        };
+        let (to, to_scope) = match decide(reset, from, from_scope.clone()) {
+            Ok(next) => next,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        sqlx::query(
+            "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope) VALUES ($1, $2, $3, $3, $4)
+             ON CONFLICT (relation, key) DO UPDATE SET fence = EXCLUDED.fence, scope = EXCLUDED.scope, updated_at = now()",
+        )
+        .bind(&resource.relation)
+        .bind(key)
+        .bind(to.get())
+        .bind(&to_scope)
+        .execute(&mut *tx)
+        .await?;
+        if let (Some(column), Some(_)) = (sql.fence_column(), reset.to) {
+            let statement = format!(
+                "UPDATE {table} AS t SET {column} = $2 FROM {record} WHERE {matches}",
+                table = sql.table(),
+                record = sql.record("$1", resource.key.iter().copied()),
+                matches = sql.key_match(),
+            );
+            sqlx::query(&statement).bind(&key_json).bind(to.get()).execute(&mut *tx).await?;
+        }
+        Ok(Ok(Change { name: key.to_owned(), resource: Some(resource.name.clone()), from, to, from_scope, to_scope }))
+    }
+
     /// Reads a row with the token of the last write fencegate accepted for it.
     pub async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
         let key = self.canonical(resource, key, &RowWrite::Delete).await?;

@@ -1058,3 +1058,32 @@ async fn table_writes_refuse_unissued_tokens_and_jumps() {
         Some("j@example.com:500")
     );
 }
+
+/// The audited reset of a table row's fence (ledger and fence column) and of its binding.
+#[tokio::test]
+async fn a_table_row_fence_is_reset_through_the_admin_api() {
+    let Legacy { app, db } = spawn_legacy().await;
+    put(&app, "orders", "acme,60", "100", &json!({"note": "poisoned"})).await.expect(201);
+    let reset = |path: String, body: Value| {
+        let app = &app;
+        async move { app.send(app.req(Method::POST, &format!("/v1/admin/tables/{path}/reset")).json(&body)).await }
+    };
+    let body = reset("orders/acme,60".into(), json!({"to": "5", "reason": "bad token"})).await.expect(200);
+    assert_eq!((&body["target"], &body["resource"], &body["name"]), (&json!("table"), &json!("orders"), &json!("acme,60")), "{body}");
+    put(&app, "orders", "acme,60", "6", &json!({"note": "after"})).await.expect(200);
+    assert_eq!(order(&db, "acme", 60).await.unwrap()["note"], json!("after"));
+
+    // Column mode: the fence column goes down with the ledger.
+    put(&app, "accounts", ACCOUNT, "900", &json!({"email": "p@example.com"})).await.expect(201);
+    reset(format!("accounts/{ACCOUNT}"), json!({"to": "7", "reason": "bad token"})).await.expect(200);
+    assert_eq!(sql_text(&db, "SELECT fence_token::text FROM legacy.accounts").await.as_deref(), Some("7"));
+    put(&app, "accounts", ACCOUNT, "8", &json!({"email": "q@example.com"})).await.expect(200);
+
+    // Rebinding a row, and what is refused.
+    write(&app, Method::PUT, &path("orders", "acme,61"), "1", Some("S61"), Some(&json!({}))).await.expect(201);
+    reset("orders/acme,61".into(), json!({"scope": null, "reason": "lock retired"})).await.expect(200);
+    put(&app, "orders", "acme,61", "1", &json!({"note": "unscoped now"})).await.expect(200);
+    reset("orders/acme,61".into(), json!({"to": "9", "reason": "up"})).await.problem(409, "reset-not-below");
+    reset("orders/acme,999".into(), json!({"to": "1", "reason": "x"})).await.problem(404, "not-found");
+    reset("nope/acme,1".into(), json!({"to": "1", "reason": "x"})).await.problem(404, "not-found");
+}

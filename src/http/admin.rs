@@ -1,0 +1,148 @@
+//! `/v1/admin/*`: the audited way back (`store::admin`). Resets lower a fence, or rebind a
+//! key's or row's sticky scope, with a reason, in one transaction with their audit row; the
+//! audit log reads newest first.
+
+use axum::{
+    extract::{FromRequestParts, Query, State},
+    http::request::Parts,
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{
+    extract::{JsonBody, KeyPath, ScopePath},
+    problem::ApiError,
+    AppState,
+};
+use crate::{
+    fence::{FencingToken, Scope},
+    store::admin::{Reset, ResetRefused, ResetTarget},
+    tables::RowKey,
+};
+
+/// `{"to": "N", "reason": "why", "scope": "S" | null}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetRequest {
+    /// The new fence, a token as a JSON string.
+    #[serde(default)]
+    to: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    /// Present (a name or null): rebind. Absent: leave the binding.
+    #[serde(default, deserialize_with = "present")]
+    scope: Option<Option<String>>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+/// Who asks: the actor recorded in the audit log. With authentication off, every request has
+/// every right, and the actor is `anonymous` plus nothing a client could forge.
+pub struct Actor(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        Ok(Actor("anonymous".into()))
+    }
+}
+
+fn reset_of(state: &AppState, target: ResetTarget, request: ResetRequest, actor: Actor) -> Result<Reset, ApiError> {
+    let to = request
+        .to
+        .map(|to| FencingToken::parse(to.as_bytes()).map_err(|e| ApiError::InvalidRequest(format!("\"to\": {e}"))))
+        .transpose()?;
+    let scope = request
+        .scope
+        .map(|scope| {
+            scope
+                .map(|s| Scope::parse(&s, state.kv.max_key_bytes).map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}"))))
+                .transpose()
+        })
+        .transpose()?;
+    Ok(Reset { target, to, scope, reason: request.reason.unwrap_or_default(), actor: actor.0 })
+}
+
+async fn run(state: &AppState, reset: Reset) -> Result<Response, ApiError> {
+    match state.store.reset(reset).await? {
+        Ok(done) => Ok(Json(done).into_response()),
+        Err(ResetRefused::NotFound(why)) => Err(ApiError::NotFound(why)),
+        Err(refused @ ResetRefused::NotBelow { .. }) => Err(ApiError::ResetNotBelow(refused.to_string())),
+        Err(ResetRefused::Invalid(why)) => Err(ApiError::InvalidRequest(why)),
+    }
+}
+
+pub async fn reset_fence(
+    State(state): State<AppState>,
+    actor: Actor,
+    ScopePath(scope): ScopePath,
+    JsonBody(request): JsonBody<ResetRequest>,
+) -> Result<Response, ApiError> {
+    let reset = reset_of(&state, ResetTarget::Scope(scope), request, actor)?;
+    run(&state, reset).await
+}
+
+pub async fn reset_key(
+    State(state): State<AppState>,
+    actor: Actor,
+    KeyPath(key): KeyPath,
+    JsonBody(request): JsonBody<ResetRequest>,
+) -> Result<Response, ApiError> {
+    let reset = reset_of(&state, ResetTarget::Key(key), request, actor)?;
+    run(&state, reset).await
+}
+
+/// `/v1/admin/tables/{resource}/{key}/reset`: the row key is read from the raw path, as for
+/// `/v1/tables` (a `%2C` inside a value must not split it).
+pub struct AdminRowPath(ResetTarget);
+
+impl FromRequestParts<AppState> for AdminRowPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let path = parts.uri.path().strip_suffix("/reset").unwrap_or_default();
+        let mut segments = path.rsplit('/');
+        let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
+            return Err(ApiError::NotFound("no such endpoint; see the README for the API".into()));
+        };
+        let resource = super::tables::resource(state, name)?;
+        let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;
+        Ok(AdminRowPath(ResetTarget::Row { resource, key }))
+    }
+}
+
+pub async fn reset_row(
+    State(state): State<AppState>,
+    actor: Actor,
+    AdminRowPath(target): AdminRowPath,
+    JsonBody(request): JsonBody<ResetRequest>,
+) -> Result<Response, ApiError> {
+    let reset = reset_of(&state, target, request, actor)?;
+    run(&state, reset).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    limit: Option<u32>,
+}
+
+/// `GET /v1/admin/audit?limit=N` (1..=1000, default 100): newest first.
+pub async fn audit(
+    State(state): State<AppState>,
+    _actor: Actor,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!("limit must be 1..=1000, got {limit}")));
+    }
+    let entries = state.store.audit(limit).await?;
+    Ok(Json(json!({ "entries": entries })).into_response())
+}
