@@ -36,6 +36,9 @@ pub struct Holder {
 pub enum Acquired {
     Granted(Lease),
     Held(Holder),
+    /// The scope's fence is at the largest token there is (9223372036854775807): no grant
+    /// can exceed it. Only an audited reset of the fence frees the lock's name again.
+    Exhausted,
 }
 
 /// Result of renew or release with a token.

@@ -37,6 +37,7 @@ pub async fn acquire(
     match state.store.acquire(&name, owner, ttl).await? {
         Acquired::Granted(lease) => Ok((StatusCode::CREATED, lease_body(&lease, Some(ttl.ms()))).into_response()),
         Acquired::Held(holder) => Err(ApiError::LockHeld { owner: holder.owner, remaining_ms: holder.remaining_ms }),
+        Acquired::Exhausted => Err(ApiError::LockExhausted),
     }
 }
 

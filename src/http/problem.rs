@@ -49,6 +49,8 @@ pub enum ApiError {
     Proof(#[from] crate::issuers::ProofError),
     #[error("{0}")]
     ResetNotBelow(String),
+    #[error("the lock's scope fence is at 9223372036854775807, the largest token: no grant can exceed it; an admin reset of the fence (POST /v1/admin/fences/{{name}}/reset) frees the name")]
+    LockExhausted,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
@@ -139,6 +141,7 @@ impl ApiError {
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
             ResetNotBelow(_) => (StatusCode::CONFLICT, "reset-not-below", "A reset only lowers a fence"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
+            LockExhausted => (StatusCode::CONFLICT, "lock-exhausted", "No token left to grant"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
             Timeout | Overloaded | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")

@@ -670,6 +670,12 @@ impl PgStore {
                     .bind(name.as_str())
                     .fetch_optional(&mut *tx)
                     .await?;
+            // The fence row is locked: nobody can raise it to the maximum under us.
+            if fence == Some(i64::MAX) {
+                tx.rollback().await?;
+                conn.done();
+                return Ok(Acquired::Exhausted);
+            }
             let granted = sqlx::query(ACQUIRE)
                 .bind(name.as_str())
                 .bind(owner)

@@ -325,6 +325,12 @@ impl SqliteStore {
             .bind(name.as_str())
             .fetch_optional(&mut *tx)
             .await?;
+        // Checked, not left to `max(l.token, ?4) + 1`: SQLite would turn the overflow into a
+        // float. The single connection serializes transactions, so the fence stays as read.
+        if fence == Some(i64::MAX) {
+            tx.rollback().await?;
+            return Ok(Acquired::Exhausted);
+        }
         let acquire = format!(
             "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at)
              VALUES (?1, ?2, ?4 + 1, {NOW_MS} + ?3, {NOW_TEXT})

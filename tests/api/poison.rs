@@ -266,3 +266,45 @@ mod proofs {
         assert!(text.contains(r#"outcome="bad_proof""#), "no bad_proof sample:\n{text}");
     }
 }
+
+/// A scope whose fence reached the largest token (claimed before any lock existed): a grant
+/// cannot exceed it. A clear 409, not a database overflow (once 400 on PostgreSQL, 500 on
+/// SQLite); an audited reset frees the name.
+#[tokio::test]
+async fn a_lock_whose_fence_is_at_the_maximum_answers_409() {
+    let app = spawn_app().await;
+    let lock = unique("maxed");
+    app.claim(&lock, MAX).await.expect(201);
+    let r = app.send(app.req(Method::POST, &format!("/v1/locks/{lock}")).json(&json!({"owner": "w", "ttl_ms": 1000})));
+    r.await.problem(409, "lock-exhausted");
+    let reset = app.req(Method::POST, &format!("/v1/admin/fences/{lock}/reset")).json(&json!({"to": "5", "reason": "maxed out"}));
+    app.send(reset).await.expect(200);
+    assert_eq!(acquire(&app, &lock).await, "6");
+}
+
+/// Concurrent scoped writes with issued and unissued tokens: on PostgreSQL they share
+/// coalesced statements (one claim per scope and token); each gets its own answer.
+#[tokio::test]
+async fn concurrent_issued_and_unissued_writes_each_get_their_own_answer() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    let lock = unique("lock");
+    let t = acquire(&app, &lock).await.parse::<i64>().unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let (app, lock) = (app.clone(), lock.clone());
+        let token = if i % 2 == 0 { t } else { t + 1 + i };
+        tasks.push(tokio::spawn(async move {
+            (i, token, app.kv_put_scoped(&format!("c{i}"), &token.to_string(), &lock, &json!(i)).await)
+        }));
+    }
+    for task in tasks {
+        let (i, token, r) = task.await.unwrap();
+        if token == t {
+            r.expect(201);
+        } else {
+            not_issued(&r, &lock, &token.to_string(), &t.to_string());
+            app.assert_absent(&format!("c{i}")).await;
+        }
+    }
+    assert_eq!(app.fence(&lock).await.expect(200)["fence_token"], json!(t.to_string()));
+}
