@@ -8,7 +8,7 @@
 //! maintained crates (ed25519-dalek's `verify_strict`, hmac's constant-time `verify_slice`);
 //! nothing here is hand-written crypto.
 
-use std::fmt;
+use std::{collections::HashMap, fmt, sync::Mutex};
 
 use base64::{engine::general_purpose::STANDARD, engine::general_purpose::URL_SAFE_NO_PAD, Engine};
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -60,12 +60,22 @@ struct Issuer {
 
 /// The configured issuers, validated: each has exactly one key, and no scope is covered by two.
 #[derive(Default)]
-pub struct Issuers(Vec<Issuer>);
+pub struct Issuers {
+    issuers: Vec<Issuer>,
+    /// The last proof verified per scope: a lock holder writes many times under one token with
+    /// one proof, and an Ed25519 verification costs tens of microseconds. Verification is a
+    /// pure function of (key, scope, token, proof), so a remembered success for the very same
+    /// bytes is the same answer; failures are never remembered. Bounded: cleared when full.
+    verified: Mutex<HashMap<String, (FencingToken, Vec<u8>)>>,
+}
+
+/// Most scopes whose last verified proof is remembered.
+const VERIFIED_CAPACITY: usize = 10_000;
 
 /// Names and scopes only: an HMAC secret must never reach a log.
 impl fmt::Debug for Issuers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.0.iter().map(|i| (&i.name, &i.scopes))).finish()
+        f.debug_list().entries(self.issuers.iter().map(|i| (&i.name, &i.scopes))).finish()
     }
 }
 
@@ -131,23 +141,43 @@ impl Issuers {
             }
             issuers.push(Issuer { name: s.name.clone(), scopes: s.scopes.clone(), key });
         }
-        Ok(Issuers(issuers))
+        Ok(Issuers { issuers, verified: Mutex::default() })
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.issuers.is_empty()
     }
 
     /// Checks the proof of a write or claim under `scope` with `token`: `Ok` if no issuer covers
     /// the scope, or if `proof` is that issuer's signature.
     pub fn check(&self, scope: &Scope, token: FencingToken, proof: Option<&[u8]>) -> Result<(), ProofError> {
-        let Some(issuer) = self.0.iter().find(|i| i.scopes.iter().any(|p| scope.as_str().starts_with(p.as_str()))) else {
+        let Some(issuer) = self.issuers.iter().find(|i| i.scopes.iter().any(|p| scope.as_str().starts_with(p.as_str())))
+        else {
             return Ok(());
         };
-        let invalid = |why| ProofError::Invalid { issuer: issuer.name.clone(), why };
         let Some(proof) = proof else {
             return Err(ProofError::Missing { scope: scope.as_str().to_owned(), issuer: issuer.name.clone() });
         };
+        let remembered = |verified: &HashMap<String, (FencingToken, Vec<u8>)>| {
+            verified.get(scope.as_str()).is_some_and(|(t, p)| *t == token && p.as_slice() == proof)
+        };
+        if remembered(&self.verified.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(());
+        }
+        issuer.verify(scope, token, proof)?;
+        let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        if verified.len() >= VERIFIED_CAPACITY {
+            verified.clear();
+        }
+        verified.insert(scope.as_str().to_owned(), (token, proof.to_vec()));
+        Ok(())
+    }
+}
+
+impl Issuer {
+    fn verify(&self, scope: &Scope, token: FencingToken, proof: &[u8]) -> Result<(), ProofError> {
+        let issuer = self;
+        let invalid = |why| ProofError::Invalid { issuer: issuer.name.clone(), why };
         // Strict: the URL-safe alphabet, no padding, no whitespace.
         let signature = URL_SAFE_NO_PAD.decode(proof).map_err(|_| invalid("not base64url without padding"))?;
         let message = message(scope.as_str(), token);
