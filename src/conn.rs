@@ -204,6 +204,8 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
             let response = router.oneshot(req).await;
             state.last_io.store(state.now(), Ordering::Relaxed);
             state.phase.store(IDLE, Ordering::Release);
+            // The watchdog had no deadline while the request was handled: it has one now.
+            state.changed.notify_one();
             response
         })
     }
