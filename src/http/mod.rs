@@ -191,3 +191,18 @@ async fn middleware_error(err: BoxError) -> Response {
         ApiError::Internal(err.to_string()).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_check_is_on_only_for_a_loopback_listener() {
+        let settings = crate::config::Settings::default();
+        let on = |addr: &str| Limits::from_settings(&settings, addr.parse().unwrap()).loopback_hosts_only;
+        assert!(on("127.0.0.1:8080"));
+        assert!(on("[::1]:8080"));
+        assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
+        assert!(!on("192.168.1.5:8080"));
+    }
+}

@@ -128,7 +128,9 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
         .unwrap();
     assert_eq!(stored.as_deref(), Some("\"must be committed\""), "a 201 was sent for a write that is not committed");
     let stuck: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' AND state = 'idle in transaction'",
+        // This test's database only: other tests (and other runs on a shared DATABASE_URL
+        // server) have fencegate sessions between the statements of a transaction too.
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' AND state = 'idle in transaction' AND datname = current_database()",
     )
     .fetch_one(&mut admin)
     .await
