@@ -145,11 +145,14 @@ impl AsyncRead for Watched {
 }
 
 impl Watched {
-    fn track<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    /// Bytes written are progress; a write that finds the socket full starts the write clock.
+    /// (Not a flush: hyper flushes whenever the connection is polled, so a flush would make
+    /// an idle connection look busy.)
+    fn track(&self, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
         match &polled {
-            Poll::Ready(Ok(_)) => self.state.wrote(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.state.wrote(),
             Poll::Pending => self.state.write_blocked(),
-            Poll::Ready(Err(_)) => {}
+            _ => {}
         }
         polled
     }
@@ -171,8 +174,7 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_flush(cx);
-        self.track(polled)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
