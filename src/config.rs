@@ -72,6 +72,25 @@ pub struct ServerSettings {
     /// Threads running the HTTP server and database I/O. 0 = automatic: half the CPUs, at
     /// least one (see [`ServerSettings::threads`]).
     pub worker_threads: usize,
+    /// A connection that has started a request but not finished sending its headers within
+    /// this long is closed.
+    pub header_timeout_ms: u64,
+    /// A request body not fully received within this long (from the end of its headers) is
+    /// answered 408 and its connection closed.
+    pub body_timeout_ms: u64,
+    /// A keep-alive connection with no request in progress is closed after this long.
+    pub idle_timeout_ms: u64,
+    /// A response the client does not read (no byte written for this long) closes the
+    /// connection, freeing what the response held.
+    pub write_timeout_ms: u64,
+    /// Open client connections at most; beyond it, new connections wait in the listen backlog.
+    pub max_connections: usize,
+    /// Request body bytes buffered at once across all requests; a body that would exceed it is
+    /// answered 503 + Retry-After.
+    pub max_buffered_bytes: usize,
+    /// Origins (`https://app.example`) allowed to call fencegate from a browser (CORS). Empty:
+    /// no CORS headers at all, so browsers refuse cross-origin reads and preflighted requests.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServerSettings {
@@ -97,6 +116,13 @@ impl Default for ServerSettings {
             shutdown_grace_ms: 10_000,
             max_in_flight: 1024,
             worker_threads: 0,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            idle_timeout_ms: 60_000,
+            write_timeout_ms: 10_000,
+            max_connections: 10_000,
+            max_buffered_bytes: 64 * 1024 * 1024,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -206,6 +232,9 @@ pub struct KvSettings {
     /// The largest step one write or claim may raise a fence by (a fence not yet written
     /// counts as 0); a bigger jump is 422 `token-jump`. 0 = no cap. Lock grants are exempt.
     pub max_token_jump: u64,
+    /// Longest decimal expansion of a JSON number in a request body (digits PostgreSQL would
+    /// print): `1e131071` is 9 bytes sent but 131,072 digits on every read. Longer: 400.
+    pub max_number_digits: usize,
 }
 
 impl Default for KvSettings {
@@ -217,6 +246,7 @@ impl Default for KvSettings {
             fence_cache_capacity: 100_000,
             sticky_scope: true,
             max_token_jump: 0,
+            max_number_digits: 1000,
         }
     }
 }
@@ -305,6 +335,31 @@ impl Settings {
         }
         if self.server.request_timeout_ms == 0 {
             bail!("server.request_timeout_ms must be at least 1");
+        }
+        for (name, ms) in [
+            ("header_timeout_ms", self.server.header_timeout_ms),
+            ("body_timeout_ms", self.server.body_timeout_ms),
+            ("idle_timeout_ms", self.server.idle_timeout_ms),
+            ("write_timeout_ms", self.server.write_timeout_ms),
+        ] {
+            if ms == 0 {
+                bail!("server.{name} must be at least 1");
+            }
+        }
+        if self.server.max_connections == 0 {
+            bail!("server.max_connections must be at least 1");
+        }
+        if self.server.max_buffered_bytes < self.server.body_limit_bytes {
+            bail!("server.max_buffered_bytes ({}) must be at least server.body_limit_bytes ({}): one largest body must fit",
+                self.server.max_buffered_bytes, self.server.body_limit_bytes);
+        }
+        for origin in &self.server.cors_origins {
+            if axum::http::HeaderValue::from_str(origin).is_err() || !origin.contains("://") || origin.ends_with('/') {
+                bail!("server.cors_origins: {origin:?} is not an origin (scheme://host[:port], no path)");
+            }
+        }
+        if self.kv.max_number_digits == 0 {
+            bail!("kv.max_number_digits must be at least 1");
         }
         if !(1..=2048).contains(&self.kv.max_key_bytes) {
             bail!("kv.max_key_bytes must be between 1 and 2048 (it is a btree index key), got {}", self.kv.max_key_bytes);

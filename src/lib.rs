@@ -10,10 +10,12 @@
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
-//! - [`server`]: start-up, serving on a bound listener, graceful shutdown.
+//! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
+//! - [`conn`]: one client connection and its timeouts.
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod conn;
 pub mod demo;
 pub mod fence;
 pub mod http;

@@ -1,12 +1,17 @@
 //! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use tokio::{net::TcpListener, sync::Notify};
+use tokio::{
+    net::TcpListener,
+    sync::{watch, Semaphore},
+    task::JoinSet,
+};
 
 use crate::{
     config::Settings,
+    conn,
     http::{app, AppState, Limits},
     store::{Backend, PgStore, SqliteStore, Store},
     telemetry,
@@ -24,8 +29,9 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     Ok(Store::new(backend, settings.kv.fence_cache_capacity))
 }
 
-/// Connects, migrates, then serves on `listener` until `shutdown` resolves; in-flight requests
-/// then get `server.shutdown_grace_ms` to finish. Takes a bound listener so callers (tests,
+/// Connects, migrates, then serves on `listener` until `shutdown` resolves; requests being
+/// handled then get `server.shutdown_grace_ms` to finish, and connections without one (idle,
+/// or a request still arriving) are closed at once. Takes a bound listener so callers (tests,
 /// `main`) choose the port, and port 0 works.
 pub async fn serve(
     settings: Settings,
@@ -57,11 +63,8 @@ pub async fn serve_announced(
         ),
         metrics: telemetry::metrics_handle(),
     };
-    let limits = Limits {
-        body_bytes: settings.server.body_limit_bytes,
-        request_timeout: settings.request_timeout(),
-        max_in_flight: settings.server.max_in_flight,
-    };
+    let addr = listener.local_addr().context("listener has no local address")?;
+    let limits = Limits::from_settings(&settings, addr);
     // Aborted when this function returns or its future is dropped (an embedding caller may
     // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
     let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
@@ -69,24 +72,114 @@ pub async fn serve_announced(
     let _resets = AbortOnDrop(tokio::spawn(state.store.clone().watch_resets()));
     let router = app(state, limits);
 
-    let addr = listener.local_addr().context("listener has no local address")?;
     tracing::info!(%addr, "listening");
     ready();
 
-    let draining = Arc::new(Notify::new());
-    let signal = draining.clone();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        signal.notify_one();
-    });
+    let server = &settings.server;
+    let timeouts = conn::Timeouts {
+        header: Duration::from_millis(server.header_timeout_ms),
+        idle: Duration::from_millis(server.idle_timeout_ms),
+        write: Duration::from_millis(server.write_timeout_ms),
+    };
+    let (stop, stopped) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    accept(&listener, &router, timeouts, server.max_connections, &stopped, &mut connections, shutdown).await;
+    drop(listener);
+    tracing::info!(connections = connections.len(), "shutting down: draining in-flight requests");
+    let _ = stop.send(true);
     let grace = settings.shutdown_grace();
-    tokio::select! {
-        result = std::future::IntoFuture::into_future(server) => result.context("server error"),
-        () = async { draining.notified().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!(?grace, "in-flight requests did not finish within the shutdown grace period; exiting anyway");
-            Ok(())
+    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        tracing::warn!(
+            ?grace,
+            requests = connections.len(),
+            "requests being handled did not finish within the shutdown grace period; exiting anyway"
+        );
+    }
+    Ok(())
+}
+
+/// Accepts connections until `shutdown` resolves: at most `max_connections` at once (beyond
+/// that, new ones wait in the kernel's backlog), backing off when accept fails.
+async fn accept(
+    listener: &TcpListener,
+    router: &axum::Router,
+    timeouts: conn::Timeouts,
+    max_connections: usize,
+    stopped: &watch::Receiver<bool>,
+    connections: &mut JoinSet<()>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut backoff = Backoff::default();
+    tokio::pin!(shutdown);
+    loop {
+        // Finished connections are reaped as the loop goes, so the set stays as large as the
+        // number of open connections.
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = async {
+                let slot = slots.clone().acquire_owned().await.expect("never closed");
+                (slot, listener.accept().await)
+            } => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        match accepted {
+            (slot, Ok((stream, _peer))) => {
+                let (router, stopped) = (router.clone(), stopped.clone());
+                connections.spawn(async move {
+                    conn::serve(stream, router, timeouts, stopped).await;
+                    drop(slot);
+                });
+            }
+            (_, Err(err)) if is_connection_error(&err) => {}
+            (_, Err(err)) => {
+                // EMFILE, ENFILE, ENOMEM...: retrying at once would spin and log without end;
+                // wait for connections (and file descriptors) to be freed.
+                let (wait, log) = backoff.failed();
+                if let Some(failures) = log {
+                    tracing::warn!(%err, ?wait, failures, "accept failed; backing off (logged at most once a second)");
+                }
+                metrics::counter!("fencegate_accept_errors_total").increment(1);
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
         }
+    }
+}
+
+/// Errors of one connection that the client gave up on: accept the next at once.
+fn is_connection_error(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(err.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
+}
+
+/// 10 ms, doubling up to 1 s while failures keep coming (a success in between, one freed
+/// descriptor, does not start it over); again from 10 ms after a second without failure.
+#[derive(Default)]
+struct Backoff {
+    wait: Duration,
+    last_failure: Option<std::time::Instant>,
+    last_log: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Backoff {
+    /// How long to wait, and the failures to log now (at most once a second), if any.
+    fn failed(&mut self) -> (Duration, Option<u64>) {
+        let now = std::time::Instant::now();
+        let streak = self.last_failure.is_some_and(|at| now - at < Duration::from_secs(1) + self.wait);
+        self.wait = if streak { (self.wait * 2).min(Duration::from_secs(1)) } else { Duration::from_millis(10) };
+        self.last_failure = Some(now);
+        self.unlogged += 1;
+        if self.last_log.is_some_and(|at| now - at < Duration::from_secs(1)) {
+            return (self.wait, None);
+        }
+        self.last_log = Some(now);
+        (self.wait, Some(std::mem::take(&mut self.unlogged)))
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod admin;
 mod batch;
+mod edge;
 mod extract;
 mod fences;
 mod kv;
@@ -16,13 +17,14 @@ use std::{sync::Arc, time::Duration};
 use axum::{
     error_handling::HandleErrorLayer,
     extract::DefaultBodyLimit,
+    http::{header, HeaderName, HeaderValue, Method},
     response::{IntoResponse, Response},
     routing::{get, post, put},
     BoxError, Extension, Router,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower::{limit::GlobalConcurrencyLimitLayer, ServiceBuilder};
-use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::{catch_panic::CatchPanicLayer, cors::CorsLayer};
 
 use crate::{
     config::{KvSettings, LockSettings},
@@ -30,6 +32,7 @@ use crate::{
     store::Store,
     tables::Resources,
 };
+pub use edge::check_numbers;
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
 pub use observe::{ServerFailure, WriteOutcome};
 use problem::ApiError;
@@ -50,13 +53,49 @@ pub struct AppState {
 }
 
 /// Limits of the middleware stack.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     pub body_bytes: usize,
     pub request_timeout: Duration,
     /// Requests handled at once; beyond it new requests are shed with 503 + Retry-After
-    /// rather than queued without bound.
+    /// rather than queued without bound. Probes are never counted (nor shed).
     pub max_in_flight: usize,
+    /// A body must arrive within this long of its headers.
+    pub body_timeout: Duration,
+    /// Body bytes held in memory at once across all requests.
+    pub max_buffered_bytes: usize,
+    pub max_number_digits: usize,
+    /// Serve only `Host: localhost` or a loopback IP (auth off on a loopback listener).
+    pub loopback_hosts_only: bool,
+    /// Origins allowed cross-origin (CORS); empty: no CORS headers at all.
+    pub cors_origins: Vec<HeaderValue>,
+}
+
+impl Limits {
+    /// The limits `settings` ask for. `listen` is the address actually bound.
+    pub fn from_settings(settings: &crate::config::Settings, listen: std::net::SocketAddr) -> Self {
+        let server = &settings.server;
+        Limits {
+            body_bytes: server.body_limit_bytes,
+            request_timeout: settings.request_timeout(),
+            max_in_flight: server.max_in_flight,
+            body_timeout: Duration::from_millis(server.body_timeout_ms),
+            max_buffered_bytes: server.max_buffered_bytes,
+            max_number_digits: settings.kv.max_number_digits,
+            loopback_hosts_only: listen.ip().is_loopback() && auth_off(),
+            cors_origins: server
+                .cors_origins
+                .iter()
+                .map(|o| HeaderValue::from_str(o).expect("origins are checked by Settings::validate"))
+                .collect(),
+        }
+    }
+}
+
+/// Whether requests are served without credentials. There is no authentication yet, so
+/// always; the auth work flips this (DESIGN.md, *Trust*), and with it the Host check.
+pub fn auth_off() -> bool {
+    true
 }
 
 /// The route templates: the router's paths and the `route` label of metrics and logs.
@@ -83,6 +122,14 @@ mod routes {
 /// The whole application as a `Router`; tests build exactly this.
 pub fn app(state: AppState, limits: Limits) -> Router {
     use routes::*;
+    // Probes are never shed: a load balancer that sees /healthz 503 under load restarts a
+    // healthy process. They still get the request timeout.
+    let probes = Router::new()
+        .route(HEALTHZ, get(ops::healthz))
+        .route(READYZ, get(ops::readyz))
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state.clone())
+        .layer(ServiceBuilder::new().layer(HandleErrorLayer::new(middleware_error)).timeout(limits.request_timeout));
     let api = Router::new()
         .route(KV, put(kv::put).get(kv::get).delete(kv::delete))
         .route(TABLES, put(tables::put).patch(tables::patch).get(tables::get).delete(tables::delete))
@@ -90,8 +137,6 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route(FENCES, post(fences::claim).get(fences::get))
         .route(LOCKS, post(locks::acquire).delete(locks::release))
         .route(LOCK_RENEW, post(locks::renew))
-        .route(HEALTHZ, get(ops::healthz))
-        .route(READYZ, get(ops::readyz))
         .route(METRICS, get(ops::metrics))
         .route(ADMIN_FENCE_RESET, post(admin::reset_fence))
         .route(ADMIN_KV_RESET, post(admin::reset_key))
@@ -99,21 +144,57 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route(ADMIN_AUDIT, get(admin::audit))
         .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state);
+        .with_state(state)
+        // Load shedding and the in-flight limit (one semaphore for all routes), then the
+        // timeout. Inside the edge, so a request is counted only once its body is read.
+        .layer(
+            ServiceBuilder::new()
+                .layer(HandleErrorLayer::new(middleware_error))
+                .load_shed()
+                .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
+                .timeout(limits.request_timeout),
+        );
 
-    // Outermost first: request id, span, metrics and error log (`observe`), panic guard, load
-    // shedding and the in-flight limit, timeout, body limit. The limit is global (one
-    // semaphore for all routes).
-    api.layer(
+    let edge = edge::Edge {
+        body_limit: limits.body_bytes,
+        body_timeout: limits.body_timeout,
+        max_number_digits: limits.max_number_digits,
+        buffered: Arc::new(tokio::sync::Semaphore::new(limits.max_buffered_bytes)),
+        loopback_hosts_only: limits.loopback_hosts_only,
+    };
+    // Outermost last: the edge (Host, Content-Type, body), then CORS if configured, the panic
+    // guard, and outermost the request id, span, metrics and error log (`observe`).
+    let app = probes.merge(api).layer(
         ServiceBuilder::new()
-            .layer(observe::ObserveLayer::new(routes::ALL))
-            .layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
-            .layer(HandleErrorLayer::new(middleware_error))
-            .load_shed()
-            .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
-            .timeout(limits.request_timeout)
+            .layer(axum::middleware::from_fn_with_state(edge, edge::edge))
             .layer(Extension(extract::BodyLimit(limits.body_bytes)))
             .layer(DefaultBodyLimit::max(limits.body_bytes)),
+    );
+    let app = match cors(&limits.cors_origins) {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
+        .layer(observe::ObserveLayer::new(routes::ALL))
+}
+
+/// CORS for exactly the listed origins, allowing the fencing headers and Content-Type; none
+/// when no origin is listed (no `Access-Control-*` header is ever sent then).
+fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    Some(
+        CorsLayer::new()
+            .allow_origin(origins.to_vec())
+            .allow_methods([Method::GET, Method::PUT, Method::POST, Method::DELETE, Method::PATCH])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                HeaderName::from_static(TOKEN_HEADER),
+                HeaderName::from_static(SCOPE_HEADER),
+                HeaderName::from_static("x-request-id"),
+            ])
+            .expose_headers([HeaderName::from_static(TOKEN_HEADER), HeaderName::from_static("x-request-id")]),
     )
 }
 
@@ -125,5 +206,20 @@ async fn middleware_error(err: BoxError) -> Response {
         ApiError::Overloaded.into_response()
     } else {
         ApiError::Internal(err.to_string()).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_check_is_on_only_for_a_loopback_listener() {
+        let settings = crate::config::Settings::default();
+        let on = |addr: &str| Limits::from_settings(&settings, addr.parse().unwrap()).loopback_hosts_only;
+        assert!(on("127.0.0.1:8080"));
+        assert!(on("[::1]:8080"));
+        assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
+        assert!(!on("192.168.1.5:8080"));
     }
 }

@@ -7,8 +7,8 @@
 //! instructions of a lone PUT (callgrind, bench/README.md). Here: one boxed future per request,
 //! static metric labels, and the span only when DEBUG logging is on.
 //!
-//! - **Request id**: the client's `x-request-id` if it sent one, else `<prefix>-<counter>`;
-//!   echoed on the response.
+//! - **Request id**: the client's `x-request-id` if it sent an acceptable one (1..=128 of
+//!   `[A-Za-z0-9._:-]`), else `<prefix>-<counter>`; echoed on the response.
 //! - **Server errors** (5xx) are logged at ERROR with the request id, method, route and the
 //!   error's detail (which [`super::problem`] leaves in the response's extensions and never
 //!   sends to the client).
@@ -89,7 +89,7 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
-        let id = match req.headers().get(REQUEST_ID) {
+        let id = match req.headers().get(REQUEST_ID).filter(|id| acceptable_id(id.as_bytes())) {
             Some(id) => id.clone(),
             None => {
                 let id = self.ids.next();
@@ -130,6 +130,13 @@ where
             Ok(response)
         })
     }
+}
+
+/// A client's own request id is used (echoed and logged) only if it is 1..=128 characters of
+/// `[A-Za-z0-9._:-]`: a 60 KB id would be logged verbatim on every line, and quotes or spaces
+/// in it could forge log fields. Otherwise the request gets a fresh id.
+fn acceptable_id(id: &[u8]) -> bool {
+    (1..=128).contains(&id.len()) && id.iter().all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b))
 }
 
 /// Counts requests and writes by outcome and records latency.
@@ -174,9 +181,9 @@ fn method_label(method: &Method) -> &'static str {
 
 /// The status as a label: the codes fencegate answers with are static strings.
 fn status_label(status: StatusCode) -> metrics::SharedString {
-    const KNOWN: [&str; 17] = [
-        "200", "201", "204", "400", "404", "405", "409", "412", "413", "415", "422", "423", "428", "431",
-        "500", "503", "504",
+    const KNOWN: [&str; 19] = [
+        "200", "201", "204", "400", "404", "405", "408", "409", "412", "413", "415", "421", "422", "423", "428",
+        "431", "500", "503", "504",
     ];
     let code = status.as_str();
     match KNOWN.iter().find(|k| **k == code) {
@@ -257,6 +264,16 @@ mod tests {
         assert_eq!(prefix_a.len(), 12);
         assert_eq!(n_b.parse::<u64>().unwrap(), n_a.parse::<u64>().unwrap() + 1);
         assert_ne!(RequestIds::new().prefix, ids.prefix, "each process (layer) draws its own prefix");
+    }
+
+    #[test]
+    fn client_request_ids_are_used_only_when_plain_and_short() {
+        assert!(acceptable_id(b"abc-123_x.y:z"));
+        assert!(acceptable_id("a".repeat(128).as_bytes()));
+        assert!(!acceptable_id("a".repeat(129).as_bytes()));
+        assert!(!acceptable_id(b""));
+        assert!(!acceptable_id(b"a\" b=\"forged"));
+        assert!(!acceptable_id(b"a b"));
     }
 
     #[test]

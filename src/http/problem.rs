@@ -31,8 +31,17 @@ pub enum ApiError {
     InvalidJson(String),
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
-    #[error("request body larger than {limit} bytes")]
+    #[error("request body larger than {limit} bytes (server.body_limit_bytes)")]
     PayloadTooLarge { limit: usize },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The `Host` is not one this server answers for (DNS rebinding; see `edge`).
+    #[error("{0}")]
+    Misdirected(String),
+    #[error("the request body did not arrive within {} ms (server.body_timeout_ms)", .0.as_millis())]
+    BodyTimeout(std::time::Duration),
+    #[error("too many request bodies buffered at once (server.max_buffered_bytes); retry shortly")]
+    BufferFull,
     #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
@@ -121,6 +130,11 @@ impl ApiError {
             InvalidJson(_) | Store(StoreError::Refused(_)) => (StatusCode::BAD_REQUEST, "invalid-json", "Invalid JSON body"),
             InvalidBatch(_) => (StatusCode::BAD_REQUEST, "invalid-batch", "Invalid batch"),
             PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
+            UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Request body must be JSON")
+            }
+            Misdirected(_) => (StatusCode::MISDIRECTED_REQUEST, "misdirected-request", "Host not served"),
+            BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "body-timeout", "Request body too slow"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
             Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
@@ -143,7 +157,7 @@ impl ApiError {
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockExhausted => (StatusCode::CONFLICT, "lock-exhausted", "No token left to grant"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
-            Timeout | Overloaded | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
+            Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
             Store(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
@@ -304,6 +318,11 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // Refused before its body was read (or while it trickled in): the rest of the body
+        // would be taken for the next request, so the connection ends with this response.
+        if matches!(self, ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout(_) | ApiError::UnsupportedMediaType(_)) {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let Some(failure) = failure {
             response.extensions_mut().insert(failure);

@@ -369,7 +369,20 @@ pub async fn spawn_binary(db_url: &str) -> BinApp {
 
 /// As `spawn_binary`, with more arguments after `serve` (e.g. `--config FILE`).
 pub async fn spawn_binary_with(db_url: &str, extra: &[&str]) -> BinApp {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+    spawn_binary_limited(db_url, extra, None).await
+}
+
+/// As `spawn_binary_with`; with `open_files`, under that open-file limit (`ulimit -n`).
+pub async fn spawn_binary_limited(db_url: &str, extra: &[&str], open_files: Option<u32>) -> BinApp {
+    let mut command = match open_files {
+        None => tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate")),
+        Some(n) => {
+            let mut sh = tokio::process::Command::new("sh");
+            sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_fencegate")]);
+            sh
+        }
+    };
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
         .args(extra)
         // Only the command line configures this process.

@@ -14,6 +14,7 @@ mod batch;
 mod byol;
 mod concurrency;
 mod demo;
+mod edge;
 mod errors;
 mod kv;
 mod limits;

@@ -1,0 +1,275 @@
+//! One client connection: HTTP/1 served by hyper, watched so that a slow or silent client cannot
+//! hold it (and the memory behind it) for ever.
+//!
+//! The watchdog knows the connection's phase from its I/O and from the request it serves:
+//! - **idle** (no byte of a next request yet): closed after `server.idle_timeout_ms`;
+//! - **headers** (a request's first byte came, its headers are not complete): closed
+//!   `server.header_timeout_ms` after that first byte. hyper's own `header_read_timeout` starts
+//!   when it *waits* for headers, idle keep-alive included, so it cannot tell the two apart;
+//! - **body**: the edge reads it within `server.body_timeout_ms` (`http::edge`);
+//! - **handling**: bounded by `server.request_timeout_ms` in the router.
+//!
+//! In every phase, a response the client does not read (no byte written for
+//! `server.write_timeout_ms`) closes the connection, freeing the response it held.
+//!
+//! On shutdown, a connection that is not handling a request is closed at once — a half-sent
+//! request has touched nothing — and one that is gets to finish it (hyper's graceful shutdown).
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    io,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, AtomicU8, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::{body::Body, extract::Request, response::Response, Router};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpStream,
+    sync::{watch, Notify},
+    time::Instant,
+};
+use tower::ServiceExt;
+
+/// Timeouts of a connection (see the module doc).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub header: Duration,
+    pub idle: Duration,
+    pub write: Duration,
+}
+
+const IDLE: u8 = 0;
+const HEADERS: u8 = 1;
+const BODY: u8 = 2;
+const HANDLING: u8 = 3;
+
+/// What the watchdog knows of one connection. Times are milliseconds since `epoch`.
+struct State {
+    epoch: Instant,
+    phase: AtomicU8,
+    /// Last byte read or written.
+    last_io: AtomicU64,
+    /// The first byte of the request whose headers are awaited.
+    headers_since: AtomicU64,
+    /// When a write first found the socket full (0: not blocked).
+    write_blocked_since: AtomicU64,
+    /// Wakes the watchdog when a deadline moves earlier.
+    changed: Notify,
+}
+
+impl State {
+    fn now(&self) -> u64 {
+        // +1 so that 0 can mean "never".
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms.saturating_sub(1))
+    }
+
+    fn read(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let now = self.now();
+        self.last_io.store(now, Ordering::Relaxed);
+        if self.phase.compare_exchange(IDLE, HEADERS, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.headers_since.store(now, Ordering::Relaxed);
+            self.changed.notify_one();
+        }
+    }
+
+    fn wrote(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+        self.write_blocked_since.store(0, Ordering::Relaxed);
+    }
+
+    fn write_blocked(&self) {
+        if self.write_blocked_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            self.changed.notify_one();
+        }
+    }
+
+    /// The next moment the connection may have to close, and why; `None`: nothing due (a
+    /// request is being read or handled, and its own timeouts bound it).
+    fn deadline(&self, t: &Timeouts) -> Option<(Instant, &'static str)> {
+        let blocked = self.write_blocked_since.load(Ordering::Relaxed);
+        let write = (blocked != 0).then(|| (self.at(blocked) + t.write, "the client did not read its response"));
+        let phase = match self.phase.load(Ordering::Acquire) {
+            IDLE => Some((self.at(self.last_io.load(Ordering::Relaxed)) + t.idle, "idle")),
+            HEADERS => Some((self.at(self.headers_since.load(Ordering::Relaxed)) + t.header, "headers too slow")),
+            _ => None,
+        };
+        match (write, phase) {
+            (Some(w), Some(p)) => Some(if w.0 <= p.0 { w } else { p }),
+            (w, p) => w.or(p),
+        }
+    }
+}
+
+/// The connection as the request sees it (a request extension): the edge says when the body
+/// has been read.
+#[derive(Clone)]
+pub struct Watch(Arc<State>);
+
+impl Watch {
+    pub fn body_read(&self) {
+        let _ = self.0.phase.compare_exchange(BODY, HANDLING, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
+
+/// The socket, reporting its progress to the watchdog.
+struct Watched {
+    io: TcpStream,
+    state: Arc<State>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            self.state.read(buf.filled().len() - before);
+        }
+        polled
+    }
+}
+
+impl Watched {
+    /// Bytes written are progress; a write that finds the socket full starts the write clock.
+    /// (Not a flush: hyper flushes whenever the connection is polled, so a flush would make
+    /// an idle connection look busy.)
+    fn track(&self, polled: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match &polled {
+            Poll::Ready(Ok(n)) if *n > 0 => self.state.wrote(),
+            Poll::Pending => self.state.write_blocked(),
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.track(polled)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.track(polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The router for one connection: marks the phase of each request.
+#[derive(Clone)]
+struct Serve {
+    router: Router,
+    state: Arc<State>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Serve {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        use axum::body::HttpBody;
+        let phase = if req.body().is_end_stream() { HANDLING } else { BODY };
+        self.state.phase.store(phase, Ordering::Release);
+        let mut req = req.map(Body::new);
+        req.extensions_mut().insert(Watch(self.state.clone()));
+        let state = self.state.clone();
+        let router = self.router.clone();
+        Box::pin(async move {
+            let response = router.oneshot(req).await;
+            state.last_io.store(state.now(), Ordering::Relaxed);
+            state.phase.store(IDLE, Ordering::Release);
+            // The watchdog had no deadline while the request was handled: it has one now.
+            state.changed.notify_one();
+            response
+        })
+    }
+}
+
+/// Serves one connection until the client closes it, the watchdog does, or shutdown does (at
+/// once, or once the request being handled is answered).
+pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut shutdown: watch::Receiver<bool>) {
+    let now = Instant::now();
+    let state = Arc::new(State {
+        epoch: now,
+        phase: AtomicU8::new(IDLE),
+        last_io: AtomicU64::new(1),
+        headers_since: AtomicU64::new(0),
+        write_blocked_since: AtomicU64::new(0),
+        changed: Notify::new(),
+    });
+    let io = TokioIo::new(Watched { io: stream, state: state.clone() });
+    let service = Serve { router, state: state.clone() };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The watchdog times headers (from their first byte) and idleness separately.
+    builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut draining = *shutdown.borrow();
+    if draining {
+        return;
+    }
+    loop {
+        let deadline = state.deadline(&timeouts);
+        let sleep = async {
+            match deadline {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(%err, "connection ended with an error");
+                }
+                return;
+            }
+            () = sleep => {
+                // The deadline may have moved since (a write went through): check again.
+                if let Some((at, why)) = state.deadline(&timeouts) {
+                    if at <= Instant::now() {
+                        tracing::debug!(why, "closing a connection");
+                        metrics::counter!("fencegate_connections_closed_total", "reason" => why).increment(1);
+                        return;
+                    }
+                }
+            }
+            () = state.changed.notified() => {}
+            changed = shutdown.changed(), if !draining => {
+                draining = true;
+                if changed.is_err() || state.phase.load(Ordering::Acquire) != HANDLING {
+                    // Nothing of a request has been acted on: close now.
+                    return;
+                }
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}

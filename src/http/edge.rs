@@ -1,0 +1,344 @@
+//! The edge: what a request must be before any handler, limit or database sees it
+//! (DESIGN.md, *Trust*, *The edge*).
+//!
+//! In order:
+//! 1. **Host** (when auth is off on a loopback listener): only a loopback address or
+//!    `localhost` — a page on `http://evil.example` whose name was rebound to 127.0.0.1 sends
+//!    `Host: evil.example`, and must not reach an unauthenticated fencegate (DNS rebinding).
+//! 2. **Content-Type**: a request with a body must say `application/json` (or `…+json`), so a
+//!    browser page cannot post to fencegate with a form or a "simple" `text/plain` request,
+//!    which browsers send cross-site without a preflight. No body, no Content-Type needed.
+//! 3. **Content-Length** over `server.body_limit_bytes`: 413 at once, without waiting for a
+//!    body that may never come.
+//! 4. **The body, read in full here**, within `server.body_timeout_ms` (else 408), counted
+//!    against `server.max_buffered_bytes` across all requests (else 503). Only then does the
+//!    request go on to `max_in_flight`: a client trickling a body holds a connection (bounded
+//!    by the timeout), never one of the slots well-behaved requests need.
+//! 5. **Numbers** in the body whose decimal expansion exceeds `kv.max_number_digits`: 400
+//!    `invalid-json` on every backend, before any database work. A 9-byte `1e131071` is
+//!    131,072 digits on every read from PostgreSQL; it never gets that far, and never joins a
+//!    coalesced statement whose neighbours would then be retried one by one.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    body::{Body, Bytes, HttpBody},
+    extract::{Request, State},
+    http::{header, HeaderMap, HeaderValue},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::problem::ApiError;
+
+/// What the edge checks, built once from the settings.
+#[derive(Clone)]
+pub struct Edge {
+    pub body_limit: usize,
+    pub body_timeout: Duration,
+    pub max_number_digits: usize,
+    /// One permit per body byte held in memory, across all requests.
+    pub buffered: Arc<Semaphore>,
+    /// Serve only requests whose `Host` names a loopback address or `localhost`.
+    pub loopback_hosts_only: bool,
+}
+
+pub async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
+    match admit(&edge, req).await {
+        Ok((req, permit)) => {
+            let response = next.run(req).await;
+            // The body's bytes count until the handler is done with them (it parsed them).
+            drop(permit);
+            response
+        }
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn admit(edge: &Edge, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
+    if edge.loopback_hosts_only {
+        check_host(&req)?;
+    }
+    if req.body().is_end_stream() {
+        body_read(&req);
+        return Ok((req, None));
+    }
+    check_content_type(req.headers())?;
+    let declared = declared_length(req.headers())?;
+    if declared.is_some_and(|len| len > edge.body_limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
+    }
+    let (mut parts, body) = req.into_parts();
+    let read = read_body(edge, body, declared);
+    let outcome = tokio::time::timeout(edge.body_timeout, read).await;
+    if let Some(watch) = parts.extensions.get::<crate::conn::Watch>() {
+        watch.body_read();
+    }
+    let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(edge.body_timeout))??;
+    if !bytes.is_empty() {
+        check_numbers(&bytes, edge.max_number_digits).map_err(ApiError::InvalidJson)?;
+    }
+    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    Ok((Request::from_parts(parts, Body::from(bytes)), permit))
+}
+
+/// Tells the connection's watchdog the request has no body left to wait for.
+fn body_read(req: &Request) {
+    if let Some(watch) = req.extensions().get::<crate::conn::Watch>() {
+        watch.body_read();
+    }
+}
+
+/// Reads the whole body, holding a permit per byte: the declared length up front when there is
+/// one, else as chunks arrive.
+async fn read_body(edge: &Edge, mut body: Body, declared: Option<u64>) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+    let reserve = |n: usize, permit: &mut Option<OwnedSemaphorePermit>| -> Result<(), ApiError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let n = u32::try_from(n).map_err(|_| ApiError::BufferFull)?;
+        let more = edge.buffered.clone().try_acquire_many_owned(n).map_err(|_| ApiError::BufferFull)?;
+        match permit {
+            Some(held) => held.merge(more),
+            None => *permit = Some(more),
+        }
+        Ok(())
+    };
+    let mut permit = None;
+    let mut reserved = 0usize;
+    if let Some(len) = declared {
+        // Checked against the body limit already, so it fits in usize.
+        reserved = len as usize;
+        reserve(reserved, &mut permit)?;
+    }
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| ApiError::InvalidJson(format!("the body could not be read: {err}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        if buf.len() + data.len() > edge.body_limit {
+            return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
+        }
+        if buf.len() + data.len() > reserved {
+            let more = buf.len() + data.len() - reserved;
+            reserve(more, &mut permit)?;
+            reserved += more;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((Bytes::from(buf), permit))
+}
+
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    match headers.get(header::CONTENT_LENGTH) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::InvalidRequest("Content-Length is not a number".into())),
+    }
+}
+
+/// `application/json` or `application/<anything>+json`, with any parameters (`; charset=utf-8`).
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Err(ApiError::UnsupportedMediaType(
+            "a request body needs Content-Type: application/json (curl --json sets it)".into(),
+        ));
+    };
+    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let json = mime == "application/json"
+        || mime.strip_prefix("application/").is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"));
+    if json {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(format!(
+            "request bodies must be Content-Type: application/json, not {:?} (curl --json sets it)",
+            String::from_utf8_lossy(value.as_bytes())
+        )))
+    }
+}
+
+/// The `Host` header (or an absolute-form target's authority) must name a loopback address or
+/// `localhost`, with any port. A request with neither (HTTP/1.0) cannot come from a browser
+/// and is served.
+fn check_host(req: &Request) -> Result<(), ApiError> {
+    let host = match req.uri().authority() {
+        Some(authority) => Some(authority.host().to_owned()),
+        None => match req.headers().get(header::HOST) {
+            None => None,
+            Some(value) => Some(host_of(value.to_str().map_err(|_| misdirected("<not text>"))?).to_owned()),
+        },
+    };
+    match host {
+        Some(host) if !is_loopback_host(&host) => Err(misdirected(&host)),
+        _ => Ok(()),
+    }
+}
+
+/// 421 rather than 400: the request is well formed, but names a server this one is not — the
+/// status RFC 9110 has for exactly that ("misdirected"), which says to the operator that the
+/// Host, not the request, is wrong.
+fn misdirected(host: &str) -> ApiError {
+    ApiError::Misdirected(format!(
+        "this fencegate runs without authentication on a loopback address and serves only Host: localhost or a loopback IP, not {host:?} (DNS rebinding)"
+    ))
+}
+
+/// `host[:port]` or `[v6][:port]` -> the host (brackets kept for IPv6).
+fn host_of(value: &str) -> &str {
+    let value = value.trim();
+    if value.starts_with('[') {
+        return value.find(']').map_or(value, |end| &value[..=end]);
+    }
+    match value.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => value,
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Refuses a JSON text holding a number whose decimal expansion is longer than `max` digits.
+///
+/// A lexer, not a parser: it finds numbers outside strings and measures each from its mantissa
+/// and exponent without expanding it. Invalid JSON gets whatever answer (the parser refuses it
+/// next anyway).
+pub fn check_numbers(json: &[u8], max: usize) -> Result<(), String> {
+    let mut i = 0;
+    let mut in_string = false;
+    while i < json.len() {
+        let b = json[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < json.len() && matches!(json[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    i += 1;
+                }
+                let text = &json[start..i];
+                let digits = expansion_digits(text);
+                if digits > max as u128 {
+                    let shown = String::from_utf8_lossy(&text[..text.len().min(40)]);
+                    return Err(format!(
+                        "the number {shown}{} would be {digits} digits long; at most {max} are allowed (kv.max_number_digits)",
+                        if text.len() > 40 { "…" } else { "" }
+                    ));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Digits in the decimal expansion of a JSON number, as PostgreSQL's numeric prints it (the
+/// scale a mantissa's fraction and a negative exponent give it is kept: `1.50` is 3 digits,
+/// `1e-3` is `0.001`, 4). Saturates rather than overflows on absurd exponents.
+fn expansion_digits(number: &[u8]) -> u128 {
+    let number = number.strip_prefix(b"-").unwrap_or(number);
+    let (mantissa, exponent) = match number.iter().position(|b| matches!(b, b'e' | b'E')) {
+        Some(at) => (&number[..at], &number[at + 1..]),
+        None => (number, &b""[..]),
+    };
+    let (int, frac) = match mantissa.iter().position(|&b| b == b'.') {
+        Some(at) => (&mantissa[..at], &mantissa[at + 1..]),
+        None => (mantissa, &b""[..]),
+    };
+    const CAP: i128 = 1_000_000_000_000_000;
+    let (negative, exp_digits) = match exponent.first() {
+        Some(b'-') => (true, &exponent[1..]),
+        Some(b'+') => (false, &exponent[1..]),
+        _ => (false, exponent),
+    };
+    let mut exp: i128 = 0;
+    for &d in exp_digits {
+        exp = (exp * 10 + i128::from(d.wrapping_sub(b'0') % 10)).min(CAP);
+    }
+    if negative {
+        exp = -exp;
+    }
+    let (int_len, frac_len) = (int.len() as i128, frac.len() as i128);
+    // Digits left of the decimal point, counting from the mantissa's first digit.
+    let point = int_len + exp;
+    let frac_digits = (frac_len - exp).max(0);
+    let first_nonzero = int.iter().chain(frac).position(|&d| d != b'0');
+    let int_digits = match first_nonzero {
+        None => 1,
+        Some(at) => (point - at as i128).max(1),
+    };
+    (int_digits + frac_digits) as u128
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion_is_measured_not_computed() {
+        for (text, digits) in [
+            ("0", 1),
+            ("-0", 1),
+            ("7", 1),
+            ("100", 3),
+            ("1e5", 6),
+            ("1E+5", 6),
+            ("1.5", 2),
+            ("1.50", 3),
+            ("0.001", 4),
+            ("1e-3", 4),
+            ("1.5e-3", 5),
+            ("12.5e1", 3),
+            ("12.5e-1", 3),
+            ("0.0e5", 1),
+            ("1e131071", 131_072),
+            ("-1e999999", 1_000_000),
+            ("123456789012345678901234567890", 30),
+        ] {
+            assert_eq!(expansion_digits(text.as_bytes()), digits, "{text}");
+        }
+        assert!(expansion_digits(b"1e99999999999999999999999999999999") >= 1_000_000_000_000_000);
+        assert!(expansion_digits(b"1e-99999999999999999999999999999999") >= 1_000_000_000_000_000);
+    }
+
+    #[test]
+    fn numbers_inside_strings_and_keys_are_not_numbers() {
+        assert!(check_numbers(br#"{"1e999999": "1e999999 \" 1e999999"}"#, 10).is_ok());
+        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e10}]}"#, 11).is_ok());
+        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e11}]}"#, 11).is_err());
+        assert!(check_numbers(br#"["\\", 1e999999]"#, 1000).is_err());
+        assert!(check_numbers(b"1e999", 1000).is_ok());
+        assert!(check_numbers(b"1e1000", 1000).is_err());
+    }
+
+    #[test]
+    fn hosts() {
+        for ok in ["localhost", "LOCALHOST:8080", "127.0.0.1", "127.0.0.1:80", "127.9.9.9:1", "[::1]", "[::1]:8080"] {
+            assert!(is_loopback_host(host_of(ok)), "{ok}");
+        }
+        for bad in ["evil.example", "evil.example:8080", "localhost.evil.example", "10.0.0.1", "[::2]:1", "0.0.0.0", ""] {
+            assert!(!is_loopback_host(host_of(bad)), "{bad}");
+        }
+    }
+}
