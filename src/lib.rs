@@ -8,11 +8,13 @@
 //! - [`tables`]: legacy PostgreSQL tables fenced in place (no SQL, no HTTP in there).
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
+//! - [`auth`]: credentials (API keys, JWTs) and rights. No HTTP, no SQL.
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
 //! - [`server`]: start-up, serving on a bound listener, graceful shutdown.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod fence;

@@ -42,6 +42,10 @@ pub async fn serve_announced(
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
+    // The safe default, before anything else: no open server on a reachable address.
+    let addr = listener.local_addr().context("listener has no local address")?;
+    settings.check_exposure(addr)?;
+    let auth = crate::auth::Authenticator::new(&settings.auth, |var| std::env::var(var).ok())?.map(Arc::new);
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
@@ -52,6 +56,7 @@ pub async fn serve_announced(
         tables,
         bindings: Arc::new(settings.bindings()?),
         metrics: telemetry::metrics_handle(),
+        auth,
     };
     let limits = Limits {
         body_bytes: settings.server.body_limit_bytes,
@@ -63,7 +68,6 @@ pub async fn serve_announced(
     let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
     let router = app(state, limits);
 
-    let addr = listener.local_addr().context("listener has no local address")?;
     tracing::info!(%addr, "listening");
     ready();
 

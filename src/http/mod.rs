@@ -1,5 +1,6 @@
 //! The HTTP surface: routes, the middleware stack, and the state handlers share.
 
+pub mod auth;
 mod batch;
 mod extract;
 mod fences;
@@ -44,6 +45,8 @@ pub struct AppState {
     /// `[[scopes]]`: the scope of bound keys, decided by configuration, not by the client.
     pub bindings: Arc<Bindings>,
     pub metrics: PrometheusHandle,
+    /// The configured credentials; `None`: auth is off and every request has every right.
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
 }
 
 /// Limits of the middleware stack.
@@ -85,7 +88,13 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route(METRICS, get(ops::metrics))
         .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state);
+        .with_state(state.clone());
+    // Every route, the fallbacks included, needs a credential once one is configured (the
+    // open routes are let through by `authenticate` itself). Not installed with auth off.
+    let api = match state.auth {
+        Some(auth) => api.layer(axum::middleware::from_fn_with_state(auth, auth::authenticate)),
+        None => api,
+    };
 
     // Outermost first: request id, span, metrics and error log (`observe`), panic guard, load
     // shedding and the in-flight limit, timeout, body limit. The limit is global (one

@@ -50,6 +50,12 @@ pub enum ApiError {
     /// A legacy-table request refused for what it sent (see `tables::RowError`).
     #[error(transparent)]
     Row(#[from] RowError),
+    /// No valid credential (auth on): 401 with `WWW-Authenticate: Bearer`.
+    #[error("{}", .0.detail())]
+    Unauthenticated(crate::auth::Unauthenticated),
+    /// A valid credential without `right` on the name (`None`: on everything, e.g. admin).
+    #[error("forbidden")]
+    Forbidden { right: crate::auth::Right, refused: Option<(super::auth::Named, String)> },
     #[error("request timed out")]
     Timeout,
     #[error("too many requests in flight")]
@@ -121,6 +127,8 @@ impl ApiError {
             InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
+            Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             Timeout | Overloaded | Store(StoreError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
@@ -134,6 +142,12 @@ impl ApiError {
                 "every write needs the X-Fencing-Token header: the fencing token of the lock you hold".into()
             }
             ApiError::Stale(stale) => describe_stale(stale),
+            ApiError::Forbidden { right, refused: Some((named, name)) } => {
+                format!("this credential lacks the {right} right on the {} {name:?}; nothing was changed", named.field())
+            }
+            ApiError::Forbidden { right, refused: None } => {
+                format!("this credential lacks the {right} right; nothing was changed")
+            }
             ApiError::ScopeMismatch(mismatch) => describe_mismatch(mismatch),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
             ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
@@ -235,6 +249,16 @@ impl IntoResponse for ApiError {
                 body.insert("holder".into(), json!(owner));
                 body.insert("remaining_ms".into(), json!(remaining_ms));
             }
+            ApiError::Unauthenticated(why) => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason()).increment(1);
+            }
+            ApiError::Forbidden { right, refused } => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);
+                body.insert("right".into(), json!(right.as_str()));
+                if let Some((named, name)) = refused {
+                    body.insert(named.field().into(), json!(name));
+                }
+            }
             ApiError::LockLost { current: Some(holder) } => {
                 body.insert("holder".into(), json!(holder.owner));
                 body.insert("remaining_ms".into(), json!(holder.remaining_ms));
@@ -244,6 +268,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, axum::Json(Value::Object(body))).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

@@ -9,6 +9,7 @@ mod support_pg;
 /// This binary runs on PostgreSQL (see tests/sqlite for the embedded backend).
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
+mod auth;
 mod batch;
 mod byol;
 mod concurrency;

@@ -13,6 +13,8 @@ mod support_pg;
 
 pub const BACKEND: pg::Backend = pg::Backend::Sqlite;
 
+#[path = "../api/auth.rs"]
+mod auth;
 #[path = "../api/batch.rs"]
 mod batch;
 #[path = "../api/concurrency.rs"]
