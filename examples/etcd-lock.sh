@@ -16,7 +16,8 @@
 #   VALUE          the value to write, as JSON text, e.g. '{"n":1}' or '"hello"'
 #   WORK_SECONDS   how long to "work" while holding the lock, before writing (passed to sleep)
 #
-#   Environment: ETCD_ENDPOINT (default http://127.0.0.1:2379),
+#   Environment: FENCEGATE_API_KEY (sent as Authorization: Bearer, when fencegate has auth on),
+#                ETCD_ENDPOINT (default http://127.0.0.1:2379),
 #                ETCD_LOCK_PREFIX (default "fencegate/locks/").
 #   Needs: curl, jq.
 #
@@ -153,6 +154,7 @@ sleep "$work"
 path=$(jq -rn --arg k "$key" '$k | @uri')
 # The last line of curl's output is the status; everything above it is the body.
 resp=$(curl -sS --max-time 30 -X PUT \
+  -H "${FENCEGATE_API_KEY:+Authorization: Bearer $FENCEGATE_API_KEY}" \
   -H "X-Fencing-Token: $token" \
   -H "X-Fencing-Scope: $lock" \
   -H 'Content-Type: application/json' \

@@ -15,7 +15,8 @@
 #   VALUE          the value to write, as JSON text, e.g. '{"n":1}' or '"hello"'
 #   WORK_SECONDS   how long to "work" while holding the lock, before writing (passed to sleep)
 #
-#   Environment: REDIS_URL (default redis://127.0.0.1:6379),
+#   Environment: FENCEGATE_API_KEY (sent as Authorization: Bearer, when fencegate has auth on),
+#                REDIS_URL (default redis://127.0.0.1:6379),
 #                REDIS_LOCK_PREFIX (default "fencegate:lock:").
 #   Needs: redis-cli (Debian: redis-tools), curl, jq.
 #
@@ -125,6 +126,7 @@ sleep "$work"
 path=$(jq -rn --arg k "$key" '$k | @uri')
 # The last line of curl's output is the status; everything above it is the body.
 resp=$(curl -sS --max-time 30 -X PUT \
+  -H "${FENCEGATE_API_KEY:+Authorization: Bearer $FENCEGATE_API_KEY}" \
   -H "X-Fencing-Token: $token" \
   -H "X-Fencing-Scope: $lock" \
   -H 'Content-Type: application/json' \

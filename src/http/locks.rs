@@ -74,7 +74,7 @@ pub async fn release(
     }
 }
 
-/// Another actor's lease: 403, as if the `lock` right were missing on this lease.
+/// Another actor's lease: 403 naming the `lock` right and the lock, as for a missing right.
 fn foreign(name: &crate::fence::Scope) -> ApiError {
-    ApiError::Forbidden { right: Right::Lock, refused: Some((Named::Lock, name.as_str().to_owned())) }
+    ApiError::ForeignLease(name.as_str().to_owned())
 }

@@ -56,6 +56,9 @@ pub enum ApiError {
     /// A valid credential without `right` on the name (`None`: on everything, e.g. admin).
     #[error("forbidden")]
     Forbidden { right: crate::auth::Right, refused: Option<(super::auth::Named, String)> },
+    /// A renew or release of the live lease of `lock`, which another actor took (auth on).
+    #[error("the lease of lock {0:?} was taken by another actor; only that actor (or an admin) may renew or release it; nothing was changed")]
+    ForeignLease(String),
     #[error("request timed out")]
     Timeout,
     #[error("too many requests in flight")]
@@ -128,7 +131,7 @@ impl ApiError {
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
             Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
-            Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            Forbidden { .. } | ForeignLease(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             Timeout | Overloaded | Store(StoreError::Unavailable(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
@@ -251,6 +254,11 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthenticated(why) => {
                 metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason()).increment(1);
+            }
+            ApiError::ForeignLease(lock) => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);
+                body.insert("right".into(), json!("lock"));
+                body.insert("lock".into(), json!(lock));
             }
             ApiError::Forbidden { right, refused } => {
                 metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);

@@ -16,6 +16,9 @@ use crate::pg;
 
 const RIGHTS: [&str; 5] = ["read", "write", "lock", "fence", "admin"];
 
+/// A key to configure: name, rights, prefixes, tables.
+type KeySpec<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+
 /// An API key (the secret a client sends) and its `[[auth.keys]]` entry.
 fn api_key(name: &str, rights: &[&str], prefixes: &[&str], tables: &[&str]) -> (String, ApiKeySettings) {
     let secret = fencegate::auth::new_key().unwrap();
@@ -41,7 +44,7 @@ impl Keys {
 }
 
 async fn spawn_with_keys(
-    keys: &[(&str, &[&str], &[&str], &[&str])],
+    keys: &[KeySpec<'_>],
     configure: impl FnOnce(&mut Settings),
 ) -> (TestApp, Keys) {
     let made: Vec<(String, ApiKeySettings)> =
@@ -61,7 +64,7 @@ async fn spawn_with_keys(
 async fn spawn_one_key_per_right() -> (TestApp, Keys) {
     let all: &[&str] = &[""];
     let tables: &[&str] = &["orders"];
-    let keys: Vec<(&str, &[&str], &[&str], &[&str])> =
+    let keys: Vec<KeySpec<'_>> =
         RIGHTS.iter().map(|r| (*r, std::slice::from_ref(r), all, tables)).collect();
     spawn_with_keys(&keys, |_| {}).await
 }
@@ -262,7 +265,7 @@ async fn tables_need_the_right_and_the_resource() {
     };
     let all: &[&str] = &[""];
     let orders: &[&str] = &["orders"];
-    let keys: Vec<(&str, &[&str], &[&str], &[&str])> =
+    let keys: Vec<KeySpec<'_>> =
         RIGHTS.iter().map(|r| (*r, std::slice::from_ref(r), all, orders)).collect();
     let made: Vec<(String, ApiKeySettings)> = keys.iter().map(|(n, r, p, t)| api_key(n, r, p, t)).collect();
     let secret = |name: &str| made.iter().find(|(_, s)| s.name == name).unwrap().0.clone();
@@ -610,7 +613,10 @@ async fn rs256_tokens_are_verified_and_bad_ones_are_401() {
     // A wrong signature: the token's own, altered; and one by another key.
     let good = sign(Algorithm::RS256, &key, &claims("scheduler"));
     let (head, sig) = good.rsplit_once('.').unwrap();
-    let flipped = if sig.starts_with('A') { format!("B{}", &sig[1..]) } else { format!("A{}", &sig[1..]) };
+    let flipped = match sig.strip_prefix('A') {
+        Some(rest) => format!("B{rest}"),
+        None => format!("A{}", &sig[1..]),
+    };
     unauthenticated(&put_jwt(&app, &format!("{head}.{flipped}")).await);
     let ec = EncodingKey::from_ec_pem(&std::fs::read(fixture("ec_private.pem")).unwrap()).unwrap();
     unauthenticated(&put_jwt(&app, &sign(Algorithm::ES256, &ec, &claims("scheduler"))).await);
