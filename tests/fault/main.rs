@@ -343,7 +343,10 @@ async fn nothing_is_lost_under_faults() {
         &config,
         format!(
             "# written by tests/fault: answer 503 before the client gives up\n\
-             [server]\nrequest_timeout_ms = {}\nshutdown_grace_ms = 1000\n",
+             [server]\nrequest_timeout_ms = {}\nshutdown_grace_ms = 1000\n\
+             # the negative control writes its one key under a fresh scope per write, which sticky\n\
+             # scopes refuse (409) by design; the fenced run always writes under the lock's scope\n\
+             [kv]\nsticky_scope = false\n",
             cfg.request_timeout_ms
         ),
     )
