@@ -204,16 +204,19 @@ impl Authenticator {
         if !settings.enabled() {
             return Ok(None);
         }
+        // Settings::validate has checked these; settings built in code (tests, embedders) may not
+        // have been through it, so a mistake is an error here too, never a panic.
         let keys = settings
             .keys
             .iter()
             .map(|key| {
-                let digest = parse_digest(&key.sha256).expect("validated by Settings::validate");
+                let digest = parse_digest(&key.sha256)
+                    .with_context(|| format!("auth.keys ({:?}): sha256 must be 64 hex digits", key.name))?;
                 let grant = Grant::new(key.name.clone(), &key.rights, key.prefixes.clone(), key.tables.clone())
-                    .expect("validated by Settings::validate");
-                (digest, Arc::new(grant))
+                    .map_err(|e| anyhow::anyhow!("auth.keys ({:?}): {e}", key.name))?;
+                Ok((digest, Arc::new(grant)))
             })
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         let jwt = settings.jwt.as_ref().map(|jwt| JwtVerifier::new(jwt, env)).transpose()?;
         Ok(Some(Authenticator { keys, jwt, protect_metrics: settings.protect_metrics }))
     }
