@@ -15,7 +15,8 @@
 //!
 //! Environment: `DATABASE_URL` (admin URL), `BENCH_SECONDS` (per step, default 10),
 //! `BENCH_SOAK_SECONDS` (default 60), `PGBENCH` (path to pgbench; default: PATH, then
-//! /usr/lib/postgresql/*/bin).
+//! /usr/lib/postgresql/*/bin), `BENCH_AUTH=1` (fencegate with one API key configured, and every
+//! request sending it: the cost of authentication).
 
 use std::{
     collections::BTreeMap,
@@ -355,12 +356,31 @@ struct Fencegate {
     addr: SocketAddr,
 }
 
+/// With `BENCH_AUTH=1`: the API key every request sends (`Authorization: Bearer ...`).
+fn bench_key() -> Option<&'static str> {
+    static KEY: OnceLock<Option<String>> = OnceLock::new();
+    KEY.get_or_init(|| {
+        (std::env::var("BENCH_AUTH").as_deref() == Ok("1")).then(|| fencegate::auth::new_key().expect("a random key"))
+    })
+    .as_deref()
+}
+
 async fn start_fencegate(db_url: &str, out_dir: &Path) -> Result<Fencegate> {
     let bin = env!("CARGO_BIN_EXE_fencegate");
     let log_path = out_dir.join("fencegate.stderr.log");
     let log = std::fs::File::create(&log_path)?;
+    let mut args = vec!["serve".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--database-url".into(), db_url.into()];
+    if let Some(key) = bench_key() {
+        let config = out_dir.join("auth.toml");
+        let block = format!(
+            "[[auth.keys]]\nname = \"bench\"\nsha256 = \"{}\"\nrights = [\"read\", \"write\"]\nprefixes = [\"\"]\n",
+            fencegate::auth::digest_hex(key)
+        );
+        std::fs::write(&config, block)?;
+        args.extend(["--config".to_owned(), config.display().to_string()]);
+    }
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
+        .args(&args)
         .env("FENCEGATE_LOG", "warn")
         .env_remove("RUST_LOG")
         .env_remove("FENCEGATE_CONFIG")
@@ -549,6 +569,9 @@ async fn drive(ctx: &Ctx, conn: &mut Option<Sender>, rng: &mut Rng, until: Insta
             Workload::Scope { .. } => (false, r % KEYS + 1),
         };
         let mut builder = Request::builder().uri(format!("/v1/kv/{key}")).header(HOST, &ctx.host);
+        if let Some(key) = bench_key() {
+            builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
         if let Workload::Scope { .. } = ctx.workload {
             builder = builder.header("x-fencing-scope", HOT_SCOPE);
         }

@@ -16,7 +16,8 @@
 #   VALUE          the value to write, as JSON text, e.g. '{"n":1}' or '"hello"'
 #   WORK_SECONDS   how long to "work" while holding the lock, before writing (passed to sleep)
 #
-#   Environment: ETCD_ENDPOINT (default http://127.0.0.1:2379),
+#   Environment: FENCEGATE_API_KEY (sent as Authorization: Bearer, when fencegate has auth on),
+#                ETCD_ENDPOINT (default http://127.0.0.1:2379),
 #                ETCD_LOCK_PREFIX (default "fencegate/locks/").
 #   FENCEGATE_SIGN (optional): a command that signs the token for fencegate's [[issuers]]
 #                check; called as $FENCEGATE_SIGN --scope LOCK --token N, it prints the proof.
@@ -157,6 +158,10 @@ path=$(jq -rn --arg k "$key" '$k | @uri')
 # The scope is spelled like a path segment: percent-encoded, as /v1/locks/{name} would be.
 scope=$(jq -rn --arg k "$lock" '$k | @uri')
 set -- -H "X-Fencing-Token: $token" -H "X-Fencing-Scope: $scope"
+# With authentication on, the key of this service (FENCEGATE_API_KEY) is the bearer.
+if [ -n "${FENCEGATE_API_KEY:-}" ]; then
+  set -- "$@" -H "Authorization: Bearer $FENCEGATE_API_KEY"
+fi
 # A fencegate with an [[issuers]] entry for this scope wants the token signed: FENCEGATE_SIGN
 # is the signer, called with --scope LOCK --token N, printing X-Fencing-Proof (e.g.
 # "fencegate sign --hmac-secret-env LOCK_SIGNING_SECRET", run where the secret lives).

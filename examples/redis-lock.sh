@@ -15,7 +15,8 @@
 #   VALUE          the value to write, as JSON text, e.g. '{"n":1}' or '"hello"'
 #   WORK_SECONDS   how long to "work" while holding the lock, before writing (passed to sleep)
 #
-#   Environment: REDIS_URL (default redis://127.0.0.1:6379),
+#   Environment: FENCEGATE_API_KEY (sent as Authorization: Bearer, when fencegate has auth on),
+#                REDIS_URL (default redis://127.0.0.1:6379),
 #                REDIS_LOCK_PREFIX (default "fencegate:lock:").
 #   FENCEGATE_SIGN (optional): a command that signs the token for fencegate's [[issuers]]
 #                check; called as $FENCEGATE_SIGN --scope LOCK --token N, it prints the proof.
@@ -129,6 +130,10 @@ path=$(jq -rn --arg k "$key" '$k | @uri')
 # The scope is spelled like a path segment: percent-encoded, as /v1/locks/{name} would be.
 scope=$(jq -rn --arg k "$lock" '$k | @uri')
 set -- -H "X-Fencing-Token: $token" -H "X-Fencing-Scope: $scope"
+# With authentication on, the key of this service (FENCEGATE_API_KEY) is the bearer.
+if [ -n "${FENCEGATE_API_KEY:-}" ]; then
+  set -- "$@" -H "Authorization: Bearer $FENCEGATE_API_KEY"
+fi
 # A fencegate with an [[issuers]] entry for this scope wants the token signed: FENCEGATE_SIGN
 # is the signer, called with --scope LOCK --token N, printing X-Fencing-Proof (e.g.
 # "fencegate sign --hmac-secret-env LOCK_SIGNING_SECRET", run where the secret lives).

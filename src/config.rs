@@ -28,6 +28,76 @@ pub struct Settings {
     /// `[[issuers]]`: external lock services that sign their tokens; writes and claims under
     /// their scopes need `X-Fencing-Proof` (see `crate::issuers`).
     pub issuers: Vec<crate::issuers::IssuerSettings>,
+    /// `[auth]`: API keys and JWTs (see [`AuthSettings`]); none configured = auth off.
+    pub auth: AuthSettings,
+}
+
+/// `[auth]`: who may do what (DESIGN.md, *Trust*, *Credentials*).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// With no credentials configured, `serve` refuses a non-loopback listen address unless
+    /// this is true.
+    pub allow_unauthenticated: bool,
+    /// `true`: `GET /metrics` needs the `admin` right (else it stays open, as do `/healthz`
+    /// and `/readyz`).
+    pub protect_metrics: bool,
+    /// `[[auth.keys]]`: API keys, by their sha256 digest.
+    pub keys: Vec<ApiKeySettings>,
+    /// `[auth.jwt]`: accept JWTs signed by this key.
+    pub jwt: Option<JwtSettings>,
+}
+
+impl AuthSettings {
+    /// Any credential configured: every request but `/healthz`, `/readyz` (and `/metrics`
+    /// unless protected) needs one.
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty() || self.jwt.is_some()
+    }
+}
+
+/// One `[[auth.keys]]` entry. Only the key's digest is configured, never the key.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeySettings {
+    /// The actor: in logs, and the owner of the leases it takes.
+    pub name: String,
+    /// Lower-case or upper-case hex sha256 of the key (`fencegate auth new-key` prints it).
+    pub sha256: String,
+    /// Among `read`, `write`, `lock`, `fence`, `admin`.
+    pub rights: Vec<String>,
+    /// The keys, scopes and lock names it may touch (`""` = all).
+    #[serde(default)]
+    pub prefixes: Vec<String>,
+    /// The legacy-table resources it may touch.
+    #[serde(default)]
+    pub tables: Vec<String>,
+}
+
+/// A digest is not a secret, but it need not be in every log line either.
+impl fmt::Debug for ApiKeySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiKeySettings")
+            .field("name", &self.name)
+            .field("rights", &self.rights)
+            .field("prefixes", &self.prefixes)
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[auth.jwt]`: exactly one key source.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtSettings {
+    /// The environment variable holding the HS256 secret (the secret is never in a file).
+    pub hs256_secret_env: Option<String>,
+    /// A PEM public key; RS256, ES256 or EdDSA by the key's type.
+    pub public_key_pem_file: Option<std::path::PathBuf>,
+    /// Checked against `iss` when set.
+    pub issuer: Option<String>,
+    /// Checked against `aud` when set.
+    pub audience: Option<String>,
 }
 
 /// One `[[scopes]]` entry: every key starting with one of `keys` is written under the scope
@@ -400,6 +470,56 @@ impl Settings {
         }
         crate::tables::validate(&self.resources, !self.database.is_sqlite(), self.kv.max_key_bytes)?;
         self.bindings()?;
+        self.validate_auth()?;
+        Ok(())
+    }
+
+    /// Any credential configured (API key or JWT): then every request needs one. The edge
+    /// uses it too (the Host check applies only with auth off).
+    pub fn auth_enabled(&self) -> bool {
+        self.auth.enabled()
+    }
+
+    /// The safe default: with no credentials, only a loopback address may be served, unless
+    /// `auth.allow_unauthenticated = true`.
+    pub fn check_exposure(&self, addr: SocketAddr) -> anyhow::Result<()> {
+        if self.auth_enabled() || self.auth.allow_unauthenticated || addr.ip().is_loopback() {
+            return Ok(());
+        }
+        bail!(
+            "refusing to serve {addr} without authentication: anyone who can reach it could write every key and take \
+             every lock. Add a key: run `fencegate auth new-key --name my-service` and put the [[auth.keys]] block it \
+             prints in the config file (or configure [auth.jwt]); or listen on a loopback address (127.0.0.1:8080); or, \
+             if a trusted network really is enough, set auth.allow_unauthenticated = true"
+        )
+    }
+
+    fn validate_auth(&self) -> anyhow::Result<()> {
+        let mut names = std::collections::HashSet::new();
+        for (i, key) in self.auth.keys.iter().enumerate() {
+            let what = format!("auth.keys[{i}] ({:?})", key.name);
+            if key.name.is_empty() || key.name.len() > 256 || key.name.chars().any(char::is_control) {
+                bail!("{what}: name must be 1 to 256 printable bytes");
+            }
+            if !names.insert(key.name.as_str()) {
+                bail!("{what}: two keys have this name; each key names one actor");
+            }
+            if crate::auth::parse_digest(&key.sha256).is_none() {
+                bail!("{what}: sha256 must be the 64 hex digits of the key's sha256 (`fencegate auth new-key` prints it)");
+            }
+            crate::auth::Grant::new(key.name.clone(), &key.rights, vec![], vec![]).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        }
+        let mut digests = std::collections::HashSet::new();
+        for key in &self.auth.keys {
+            if !digests.insert(key.sha256.to_ascii_lowercase()) {
+                bail!("auth.keys: the key {:?} has the digest of another key", key.name);
+            }
+        }
+        if let Some(jwt) = &self.auth.jwt {
+            if jwt.hs256_secret_env.is_some() == jwt.public_key_pem_file.is_some() {
+                bail!("[auth.jwt] needs exactly one of hs256_secret_env and public_key_pem_file");
+            }
+        }
         Ok(())
     }
 

@@ -268,8 +268,20 @@ async fn stop(child: &mut Child) {
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
 }
 
+/// An HTTP client that sends `Authorization: Bearer $FENCEGATE_API_KEY` when that variable is
+/// set, so the demo also runs against a fencegate with auth on (`--url`).
+fn http_client() -> anyhow::Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = std::env::var("FENCEGATE_API_KEY").ok().filter(|k| !k.is_empty()) {
+        let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .context("FENCEGATE_API_KEY must be printable ASCII")?;
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    Ok(reqwest::Client::builder().default_headers(headers).build()?)
+}
+
 async fn read_fenced(url: &str, key: &str) -> anyhow::Result<Value> {
-    let response = reqwest::get(format!("{url}/v1/kv/{key}")).await?;
+    let response = http_client()?.get(format!("{url}/v1/kv/{key}")).send().await?;
     match response.status().as_u16() {
         404 => Ok(json!([])),
         200 => Ok(response.json::<Value>().await?["value"].clone()),
@@ -291,7 +303,7 @@ fn emit_status(actor: &str, action: &str, text: &str, token: &str, result: &str,
 
 /// One worker: take the lock, read the list, work, append our name, write it back.
 pub async fn worker(w: WorkerOptions) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
+    let http = http_client()?;
     let me = w.name.as_str();
     // Take the lock, waiting while someone else holds it.
     let (token, lease) = loop {

@@ -8,12 +8,14 @@
 //! - [`tables`]: legacy PostgreSQL tables fenced in place (no SQL, no HTTP in there).
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
+//! - [`auth`]: credentials (API keys, JWTs) and rights. No HTTP, no SQL.
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
 //! - [`conn`]: one client connection and its timeouts.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod conn;
 pub mod demo;

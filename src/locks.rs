@@ -30,6 +30,10 @@ pub struct Lease {
 pub struct Holder {
     pub owner: String,
     pub remaining_ms: i64,
+    /// The lease's token (never sent in a 409: it would let anyone renew the lease).
+    pub token: FencingToken,
+    /// The authenticated actor that took the lease (`None`: taken with auth off).
+    pub actor: Option<String>,
 }
 
 #[derive(Debug)]
@@ -48,6 +52,22 @@ pub enum Held {
     Yes(Lease),
     /// It does not (expired, released, or taken over). `current` is the holder, if any.
     Lost { current: Option<Holder> },
+    /// The token holds the lease, but another actor took it (auth on): nothing was changed.
+    Foreign,
+}
+
+impl Held {
+    /// What a renew or release that changed nothing means: `Foreign` when the presented token
+    /// is the live lease's but `actor` is not the one that took it (a lease with no recorded
+    /// actor was taken with auth off and belongs to no one in particular).
+    pub fn refused(current: Option<Holder>, token: FencingToken, actor: Option<&str>) -> Held {
+        match (&current, actor) {
+            (Some(holder), Some(actor)) if holder.token == token && holder.actor.as_deref().is_some_and(|a| a != actor) => {
+                Held::Foreign
+            }
+            _ => Held::Lost { current },
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

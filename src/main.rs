@@ -32,6 +32,11 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// Credentials: `fencegate auth new-key --name billing-worker`.
+    Auth {
+        #[command(subcommand)]
+        command: AuthCommand,
+    },
     /// Show a zombie write rejected: real worker processes, a real SIGSTOP, fenced and unfenced.
     Demo {
         /// Use this running fencegate instead of starting one.
@@ -139,6 +144,16 @@ enum AdminCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum AuthCommand {
+    /// Print a fresh random API key and the [[auth.keys]] block (with its sha256) for the config.
+    NewKey {
+        /// The actor's name: in logs, and the owner of the leases it takes.
+        #[arg(long, default_value = "my-service")]
+        name: String,
+    },
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match start(cli) {
@@ -152,6 +167,10 @@ fn main() -> std::process::ExitCode {
 
 /// Loads the settings first: they say how many threads the runtime gets.
 fn start(cli: Cli) -> anyhow::Result<()> {
+    // Needs no settings, no runtime and no database.
+    if let Command::Auth { command: AuthCommand::NewKey { name } } = &cli.command {
+        return new_key(name);
+    }
     let listen = match &cli.command {
         Command::Serve { listen } => listen.clone(),
         _ => None,
@@ -164,6 +183,21 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         .build()
         .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
     runtime.block_on(run(cli, settings))
+}
+
+/// The key on stdout's first line (for scripts), then the config block; the key is shown once
+/// and never stored anywhere by fencegate.
+fn new_key(name: &str) -> anyhow::Result<()> {
+    if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+        anyhow::bail!("--name must be 1 to 256 printable bytes");
+    }
+    let key = fencegate::auth::new_key()?;
+    println!("{key}");
+    println!();
+    println!("# The key above goes to the service (Authorization: Bearer <key>); it is shown only now.");
+    println!("# Add this block to the fencegate config file, with the least rights the service needs:");
+    print!("{}", fencegate::auth::key_block(name, &key));
+    Ok(())
 }
 
 async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
@@ -242,6 +276,7 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
                 Err(refused) => anyhow::bail!("{refused}"),
             }
         }
+        Command::Auth { .. } => unreachable!("handled before the runtime starts"),
         Command::Migrate => {
             let mut settings = settings;
             settings.database.migrate_on_start = true;

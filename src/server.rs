@@ -48,6 +48,10 @@ pub async fn serve_announced(
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
+    // The safe default, before anything else: no open server on a reachable address.
+    let addr = listener.local_addr().context("listener has no local address")?;
+    settings.check_exposure(addr)?;
+    let auth = crate::auth::Authenticator::new(&settings.auth, |var| std::env::var(var).ok())?.map(Arc::new);
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
@@ -62,6 +66,7 @@ pub async fn serve_announced(
                 .map_err(|e| anyhow::anyhow!("invalid [[issuers]]: {e}"))?,
         ),
         metrics: telemetry::metrics_handle(),
+        auth,
     };
     let addr = listener.local_addr().context("listener has no local address")?;
     let limits = Limits::from_settings(&settings, addr);

@@ -1,6 +1,7 @@
 //! `/v1/admin/*`: the audited way back (`store::admin`). Resets lower a fence, or rebind a
 //! key's or row's sticky scope, with a reason, in one transaction with their audit row; the
-//! audit log reads newest first.
+//! audit log reads newest first. Every route needs the `admin` right; the actor (key name or
+//! JWT subject; `anonymous` with auth off) is what the audit log records.
 
 use axum::{
     extract::{FromRequestParts, Query, State},
@@ -12,11 +13,13 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{
+    auth::check_admin,
     extract::{JsonBody, KeyPath, ScopePath},
     problem::ApiError,
     AppState,
 };
 use crate::{
+    auth::Actor,
     fence::{FencingToken, Scope},
     store::admin::{Reset, ResetRefused, ResetTarget},
     tables::RowKey,
@@ -40,19 +43,14 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
     Option::<String>::deserialize(d).map(Some)
 }
 
-/// Who asks: the actor recorded in the audit log. With authentication off, every request has
-/// every right, and the actor is `anonymous` plus nothing a client could forge.
-pub struct Actor(pub String);
-
-impl<S: Send + Sync> FromRequestParts<S> for Actor {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(_: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        Ok(Actor("anonymous".into()))
-    }
+/// The name the audit log records: the authenticated actor, or `anonymous` with auth off
+/// (nothing a client could forge).
+fn actor_name(actor: &Actor) -> String {
+    actor.name().unwrap_or("anonymous").to_owned()
 }
 
 fn reset_of(state: &AppState, target: ResetTarget, request: ResetRequest, actor: Actor) -> Result<Reset, ApiError> {
+    check_admin(&actor)?;
     let to = request
         .to
         .map(|to| FencingToken::parse(to.as_bytes()).map_err(|e| ApiError::InvalidRequest(format!("\"to\": {e}"))))
@@ -65,7 +63,7 @@ fn reset_of(state: &AppState, target: ResetTarget, request: ResetRequest, actor:
                 .transpose()
         })
         .transpose()?;
-    Ok(Reset { target, to, scope, reason: request.reason.unwrap_or_default(), actor: actor.0 })
+    Ok(Reset { target, to, scope, reason: request.reason.unwrap_or_default(), actor: actor_name(&actor) })
 }
 
 async fn run(state: &AppState, reset: Reset) -> Result<Response, ApiError> {
@@ -135,9 +133,10 @@ pub struct AuditQuery {
 /// `GET /v1/admin/audit?limit=N` (1..=1000, default 100): newest first.
 pub async fn audit(
     State(state): State<AppState>,
-    _actor: Actor,
+    actor: Actor,
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
     let Query(query) = query.map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
+    auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
     kv::guard,
     problem::{accepted, ApiError},
@@ -12,6 +13,7 @@ use super::{
     AppState,
 };
 use crate::{
+    auth::{Actor, Right},
     fence::{Key, Scope},
     store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
@@ -44,6 +46,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 }
 
 pub async fn batch(
+    actor: Actor,
     State(state): State<AppState>,
     token: Token,
     scope: ScopeHeader,
@@ -51,8 +54,17 @@ pub async fn batch(
     JsonBody(request): JsonBody<BatchRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let ops = parse_ops(&state, request)?;
+    // `write` on every op's key (or table) and on the batch's effective scope, before anything
+    // is written: one refused op refuses the batch.
+    for op in &ops {
+        match op {
+            Op::Kv(write) => check(&actor, Right::Write, Named::Key, write.key().as_str())?,
+            Op::Row(op) => check_table(&actor, Right::Write, &op.resource.name)?,
+        }
+    }
     let scope = batch_scope(&state, &ops, scope.0)?;
     if let Some(scope) = &scope {
+        check(&actor, Right::Write, Named::Scope, scope.as_str())?;
         state.issuers.check(scope, token.0, proof.bytes())?;
     }
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {

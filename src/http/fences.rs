@@ -9,24 +9,29 @@ use axum::{
 use serde_json::json;
 
 use super::{
+    auth::{check, Named},
     extract::{Proof, ScopePath, Token},
     problem::{accepted, ApiError},
     AppState,
 };
+use crate::auth::{Actor, Right};
 
 pub async fn claim(
+    actor: Actor,
     State(state): State<AppState>,
     ScopePath(scope): ScopePath,
     Token(token): Token,
     proof: Proof,
 ) -> Result<Response, ApiError> {
+    check(&actor, Right::Fence, Named::Scope, scope.as_str())?;
     state.issuers.check(&scope, token, proof.bytes())?;
     let claimed = accepted(state.store.claim(&scope, token).await?)?;
     let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())
 }
 
-pub async fn get(State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {
+pub async fn get(actor: Actor, State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {
+    check(&actor, Right::Read, Named::Scope, scope.as_str())?;
     match state.store.fence(&scope).await? {
         Some(token) => Ok(Json(json!({"scope": scope, "fence_token": token})).into_response()),
         None => Err(ApiError::NotFound(format!("no fence for scope {:?}", scope.as_str()))),

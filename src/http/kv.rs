@@ -10,11 +10,13 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{
+    auth::{check, Named},
     extract::{JsonBody, KeyPath, Proof, ScopeHeader, Token},
     problem::{accepted, ApiError},
     AppState,
 };
 use crate::{
+    auth::{Actor, Right},
     fence::{FencingToken, Guard, Key, Scope, Target},
     store::Write,
 };
@@ -26,10 +28,22 @@ pub(super) fn guard(state: &AppState, token: Token, scope: Option<Scope>) -> Gua
 }
 
 /// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it (a
-/// different header is a mismatch), else under the header's scope, if any; with the proof an
-/// issuer of that scope requires.
-fn key_guard(state: &AppState, key: &Key, token: Token, scope: ScopeHeader, proof: &Proof) -> Result<Guard, ApiError> {
+/// different header is a mismatch), else under the header's scope, if any. The actor needs
+/// `write` on the key and on that scope (the effective one, so a binding is no way around it),
+/// and the write the proof an issuer of that scope requires.
+fn key_guard(
+    state: &AppState,
+    actor: &Actor,
+    key: &Key,
+    token: Token,
+    scope: ScopeHeader,
+    proof: &Proof,
+) -> Result<Guard, ApiError> {
+    check(actor, Right::Write, Named::Key, key.as_str())?;
     let guard = guard(state, token, state.bindings.resolve(key, scope.0)?);
+    if let Some(scope) = guard.scope() {
+        check(actor, Right::Write, Named::Scope, scope.as_str())?;
+    }
     proof.check(state, &guard)?;
     Ok(guard)
 }
@@ -59,6 +73,7 @@ struct Read<'a> {
 }
 
 pub async fn put(
+    actor: Actor,
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     token: Token,
@@ -67,7 +82,7 @@ pub async fn put(
     JsonBody(value): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
-    let guard = key_guard(&state, &key, token, scope, &proof)?;
+    let guard = key_guard(&state, &actor, &key, token, scope, &proof)?;
     let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
     let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
     let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
@@ -75,13 +90,14 @@ pub async fn put(
 }
 
 pub async fn delete(
+    actor: Actor,
     State(state): State<AppState>,
     KeyPath(key): KeyPath,
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
 ) -> Result<Response, ApiError> {
-    let guard = key_guard(&state, &key, token, scope, &proof)?;
+    let guard = key_guard(&state, &actor, &key, token, scope, &proof)?;
     let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
     Ok(Json(json!({
         "key": written.key,
@@ -92,7 +108,8 @@ pub async fn delete(
     .into_response())
 }
 
-pub async fn get(State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {
+pub async fn get(actor: Actor, State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {
+    check(&actor, Right::Read, Named::Key, key.as_str())?;
     let Some(entry) = state.store.get(&key).await? else {
         return Err(ApiError::NotFound(format!("no value for key {:?} (never written, or deleted)", key.as_str())));
     };

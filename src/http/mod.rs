@@ -1,6 +1,7 @@
 //! The HTTP surface: routes, the middleware stack, and the state handlers share.
 
 mod admin;
+pub mod auth;
 mod batch;
 mod edge;
 mod extract;
@@ -50,6 +51,8 @@ pub struct AppState {
     /// `[[issuers]]`: signed tokens, checked before any database work.
     pub issuers: Arc<crate::issuers::Issuers>,
     pub metrics: PrometheusHandle,
+    /// The configured credentials; `None`: auth is off and every request has every right.
+    pub auth: Option<Arc<crate::auth::Authenticator>>,
 }
 
 /// Limits of the middleware stack.
@@ -82,7 +85,8 @@ impl Limits {
             body_timeout: Duration::from_millis(server.body_timeout_ms),
             max_buffered_bytes: server.max_buffered_bytes,
             max_number_digits: settings.kv.max_number_digits,
-            loopback_hosts_only: listen.ip().is_loopback() && auth_off(),
+            // With credentials, a rebound page cannot send the bearer it does not have.
+            loopback_hosts_only: listen.ip().is_loopback() && !settings.auth_enabled(),
             cors_origins: server
                 .cors_origins
                 .iter()
@@ -90,12 +94,6 @@ impl Limits {
                 .collect(),
         }
     }
-}
-
-/// Whether requests are served without credentials. There is no authentication yet, so
-/// always; the auth work flips this (DESIGN.md, *Trust*), and with it the Host check.
-pub fn auth_off() -> bool {
-    true
 }
 
 /// The route templates: the router's paths and the `route` label of metrics and logs.
@@ -144,16 +142,22 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .route(ADMIN_AUDIT, get(admin::audit))
         .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state)
-        // Load shedding and the in-flight limit (one semaphore for all routes), then the
-        // timeout. Inside the edge, so a request is counted only once its body is read.
-        .layer(
-            ServiceBuilder::new()
-                .layer(HandleErrorLayer::new(middleware_error))
-                .load_shed()
-                .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
-                .timeout(limits.request_timeout),
-        );
+        .with_state(state.clone());
+    // Every route, the fallbacks included, needs a credential once one is configured (the
+    // open routes are let through by `authenticate` itself). Not installed with auth off.
+    let api = match state.auth.clone() {
+        Some(auth) => api.layer(axum::middleware::from_fn_with_state(auth, auth::authenticate)),
+        None => api,
+    };
+    // Load shedding and the in-flight limit (one semaphore for all routes), then the
+    // timeout. Inside the edge, so a request is counted only once its body is read.
+    let api = api.layer(
+        ServiceBuilder::new()
+            .layer(HandleErrorLayer::new(middleware_error))
+            .load_shed()
+            .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
+            .timeout(limits.request_timeout),
+    );
 
     let edge = edge::Edge {
         body_limit: limits.body_bytes,
@@ -221,5 +225,15 @@ mod tests {
         assert!(on("[::1]:8080"));
         assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
         assert!(!on("192.168.1.5:8080"));
+        // With credentials configured, no Host check (DESIGN.md: "with auth off").
+        let mut with_auth = crate::config::Settings::default();
+        with_auth.auth.keys = vec![crate::config::ApiKeySettings {
+            name: "k".into(),
+            sha256: "0".repeat(64),
+            rights: vec!["read".into()],
+            prefixes: vec![],
+            tables: vec![],
+        }];
+        assert!(!Limits::from_settings(&with_auth, "127.0.0.1:8080".parse().unwrap()).loopback_hosts_only);
     }
 }

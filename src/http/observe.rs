@@ -104,6 +104,8 @@ where
             method,
             route,
             request_id = %String::from_utf8_lossy(id.as_bytes()),
+            // The key name or JWT `sub`, recorded by `auth::authenticate` (empty with auth off).
+            actor = tracing::field::Empty,
         );
         // The clone that was made ready serves this request; the fresh one waits for the next.
         let clone = self.inner.clone();
@@ -114,10 +116,12 @@ where
             let elapsed = started.elapsed();
             if status.is_server_error() {
                 let detail = response.extensions().get::<ServerFailure>().map_or("", |f| f.0.as_str());
+                let actor = response.extensions().get::<crate::auth::Actor>().and_then(|a| a.name()).unwrap_or("");
                 tracing::error!(
                     request_id = %String::from_utf8_lossy(id.as_bytes()),
                     method,
                     route,
+                    actor,
                     status = status.as_u16(),
                     error = detail,
                     "request failed"

@@ -69,6 +69,15 @@ pub enum ApiError {
     /// A legacy-table request refused for what it sent (see `tables::RowError`).
     #[error(transparent)]
     Row(#[from] RowError),
+    /// No valid credential (auth on): 401 with `WWW-Authenticate: Bearer`.
+    #[error("{}", .0.detail())]
+    Unauthenticated(crate::auth::Unauthenticated),
+    /// A valid credential without `right` on the name (`None`: on everything, e.g. admin).
+    #[error("forbidden")]
+    Forbidden { right: crate::auth::Right, refused: Option<(super::auth::Named, String)> },
+    /// A renew or release of the live lease of `lock`, which another actor took (auth on).
+    #[error("the lease of lock {0:?} was taken by another actor; only that actor (or an admin) may renew or release it; nothing was changed")]
+    ForeignLease(String),
     #[error("request timed out")]
     Timeout,
     #[error("too many requests in flight")]
@@ -157,6 +166,8 @@ impl ApiError {
             LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
             LockExhausted => (StatusCode::CONFLICT, "lock-exhausted", "No token left to grant"),
             LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
+            Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            Forbidden { .. } | ForeignLease(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
             }
@@ -170,6 +181,12 @@ impl ApiError {
                 "every write needs the X-Fencing-Token header: the fencing token of the lock you hold".into()
             }
             ApiError::Stale(stale) => describe_stale(stale),
+            ApiError::Forbidden { right, refused: Some((named, name)) } => {
+                format!("this credential lacks the {right} right on the {} {name:?}; nothing was changed", named.field())
+            }
+            ApiError::Forbidden { right, refused: None } => {
+                format!("this credential lacks the {right} right; nothing was changed")
+            }
             ApiError::ScopeMismatch(mismatch) => describe_mismatch(mismatch),
             ApiError::NotIssued(n) => format!(
                 "token {} is above {}, the latest token the built-in lock {:?} has granted: no holder of that \
@@ -307,6 +324,21 @@ impl IntoResponse for ApiError {
                 body.insert("holder".into(), json!(owner));
                 body.insert("remaining_ms".into(), json!(remaining_ms));
             }
+            ApiError::Unauthenticated(why) => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason()).increment(1);
+            }
+            ApiError::ForeignLease(lock) => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);
+                body.insert("right".into(), json!("lock"));
+                body.insert("lock".into(), json!(lock));
+            }
+            ApiError::Forbidden { right, refused } => {
+                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);
+                body.insert("right".into(), json!(right.as_str()));
+                if let Some((named, name)) = refused {
+                    body.insert(named.field().into(), json!(name));
+                }
+            }
             ApiError::LockLost { current: Some(holder) } => {
                 body.insert("holder".into(), json!(holder.owner));
                 body.insert("remaining_ms".into(), json!(holder.remaining_ms));
@@ -316,6 +348,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, axum::Json(Value::Object(body))).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

@@ -13,11 +13,13 @@ use serde::Serialize;
 use serde_json::{json, value::RawValue};
 
 use super::{
+    auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
     problem::{accepted, ApiError},
     AppState,
 };
 use crate::{
+    auth::{Actor, Right},
     fence::{bound_scope, Fenced, FencingToken, Guard, Scope, Target},
     tables::{canonical_key, Resource, RowBody, RowKey, RowWrite, TableOp},
 };
@@ -62,9 +64,13 @@ pub(super) fn table_scope(resource: &Resource, key: &RowKey, scope: Option<Scope
 }
 
 /// The guard of a table write: the scope's fence if the write is under one, else the row's own,
-/// under the resource's rule.
-fn guard(resource: &Resource, key: &RowKey, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
+/// under the resource's rule. The actor needs `write` on the resource and on that scope.
+fn guard(actor: &Actor, resource: &Resource, key: &RowKey, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
+    check_table(actor, Right::Write, &resource.name)?;
     let scope = table_scope(resource, key, scope.0)?;
+    if let Some(scope) = &scope {
+        check(actor, Right::Write, Named::Scope, scope.as_str())?;
+    }
     Ok(Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: resource.rule })
 }
 
@@ -89,6 +95,7 @@ async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, 
 
 /// Replaces the row (creating it if absent); columns left out get their default.
 pub async fn put(
+    actor: Actor,
     State(state): State<AppState>,
     RowPath { resource, key }: RowPath,
     token: Token,
@@ -97,13 +104,14 @@ pub async fn put(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
-    let guard = guard(&resource, &key, token, scope)?;
+    let guard = guard(&actor, &resource, &key, token, scope)?;
     proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
 /// Updates the named columns of an existing row.
 pub async fn patch(
+    actor: Actor,
     State(state): State<AppState>,
     RowPath { resource, key }: RowPath,
     token: Token,
@@ -112,20 +120,21 @@ pub async fn patch(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
-    let guard = guard(&resource, &key, token, scope)?;
+    let guard = guard(&actor, &resource, &key, token, scope)?;
     proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
 /// Deletes the row; its fence stays (a tombstone in the ledger).
 pub async fn delete(
+    actor: Actor,
     State(state): State<AppState>,
     RowPath { resource, key }: RowPath,
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
 ) -> Result<Response, ApiError> {
-    let guard = guard(&resource, &key, token, scope)?;
+    let guard = guard(&actor, &resource, &key, token, scope)?;
     proof.check(&state, &guard)?;
     self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
 }
@@ -140,7 +149,8 @@ struct RowResponse<'a> {
     scope: Option<&'a str>,
 }
 
-pub async fn get(State(state): State<AppState>, RowPath { resource, key }: RowPath) -> Result<Response, ApiError> {
+pub async fn get(actor: Actor, State(state): State<AppState>, RowPath { resource, key }: RowPath) -> Result<Response, ApiError> {
+    check_table(&actor, Right::Read, &resource.name)?;
     let Some(entry) = state.store.table_get(&resource, &key).await? else {
         return Err(ApiError::NotFound(format!("resource {:?} has no such row (never written, or deleted)", resource.name)));
     };

@@ -487,10 +487,10 @@ impl Store {
     }
 
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
-    /// transaction.
-    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
-        let (owned_name, owner) = (name.clone(), owner.to_owned());
-        let acquired = detached!(self, b => b.acquire(&owned_name, &owner, ttl).await)?;
+    /// transaction. `actor` (the authenticated actor, if auth is on) is recorded with the lease.
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+        let (owned_name, owner, actor) = (name.clone(), owner.to_owned(), actor.map(str::to_owned));
+        let acquired = detached!(self, b => b.acquire(&owned_name, &owner, ttl, actor.as_deref()).await)?;
         if let Acquired::Granted(lease) = &acquired {
             // The grant claimed the scope: this process can refuse the old holder at once.
             self.high_water.observe(&Fenced::Scope(name.clone()), lease.token);
@@ -498,21 +498,23 @@ impl Store {
         Ok(acquired)
     }
 
-    /// Extends the lease if `token` still holds it; else who holds the lock now, if anyone.
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Held, StoreError> {
-        let name = name.clone();
-        detached!(self, b => match b.renew(&name, token, ttl).await? {
+    /// Extends the lease if `token` still holds it (and, with `actor`, that actor took it);
+    /// else who holds the lock now, if anyone.
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Held, StoreError> {
+        let (name, actor) = (name.clone(), actor.map(str::to_owned));
+        detached!(self, b => match b.renew(&name, token, ttl, actor.as_deref()).await? {
             Some(lease) => Ok(Held::Yes(lease)),
-            None => Ok(Held::Lost { current: b.holder(&name).await? }),
+            None => Ok(Held::refused(b.holder(&name).await?, token, actor.as_deref())),
         })
     }
 
-    /// Frees the lock if `token` still holds it; else who holds the lock now, if anyone.
-    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Held, StoreError> {
-        let name = name.clone();
-        detached!(self, b => match b.release(&name, token).await? {
+    /// Frees the lock if `token` still holds it (and, with `actor`, that actor took it); else
+    /// who holds the lock now, if anyone.
+    pub async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Held, StoreError> {
+        let (name, actor) = (name.clone(), actor.map(str::to_owned));
+        detached!(self, b => match b.release(&name, token, actor.as_deref()).await? {
             Some(lease) => Ok(Held::Yes(lease)),
-            None => Ok(Held::Lost { current: b.holder(&name).await? }),
+            None => Ok(Held::refused(b.holder(&name).await?, token, actor.as_deref())),
         })
     }
 

@@ -625,10 +625,11 @@ impl PgStore {
 /// Grants a free or expired lock. `$4` is the scope's current fence, so the new token exceeds
 /// both every earlier grant and the fence (the claim that follows must succeed).
 const ACQUIRE: &str = concat!("
-    INSERT INTO fencegate_locks AS l (name, owner, token, expires_at, granted_at)
-    VALUES ($1, $2, $4 + 1, now() + $3 * interval '1 millisecond', now())
+    INSERT INTO fencegate_locks AS l (name, owner, token, expires_at, granted_at, actor)
+    VALUES ($1, $2, $4 + 1, now() + $3 * interval '1 millisecond', now(), $5)
     ON CONFLICT (name) DO UPDATE SET
         owner = EXCLUDED.owner,
+        actor = EXCLUDED.actor,
         token = GREATEST(l.token, $4) + 1,
         expires_at = EXCLUDED.expires_at,
         granted_at = now()
@@ -636,12 +637,13 @@ const ACQUIRE: &str = concat!("
     RETURNING token, ", utc!("expires_at"));
 
 const HOLDER: &str = "
-    SELECT owner, GREATEST(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint
+    SELECT owner, GREATEST(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint, token, actor
     FROM fencegate_locks WHERE name = $1 AND owner IS NOT NULL AND expires_at > now()";
 
 const RENEW: &str = concat!("
     UPDATE fencegate_locks SET expires_at = now() + $3 * interval '1 millisecond'
     WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
+        AND ($4::text IS NULL OR actor IS NULL OR actor = $4)
     RETURNING owner, ", utc!("expires_at"));
 
 /// Frees the lock (the row stays: its token keeps later grants increasing). The CTE reads the
@@ -650,14 +652,15 @@ const RELEASE: &str = concat!("
     WITH held AS (
         SELECT owner FROM fencegate_locks
         WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
+            AND ($3::text IS NULL OR actor IS NULL OR actor = $3)
         FOR UPDATE
     )
-    UPDATE fencegate_locks AS l SET owner = NULL, expires_at = NULL
+    UPDATE fencegate_locks AS l SET owner = NULL, expires_at = NULL, actor = NULL
     FROM held WHERE l.name = $1
     RETURNING held.owner, ", utc!("now()"));
 
 impl PgStore {
-    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
         // A claim of the same scope running concurrently can raise the fence between our read
         // and our claim; then the claim refuses and we recompute. Bounded: each retry means
         // someone else made progress.
@@ -681,6 +684,7 @@ impl PgStore {
                 .bind(owner)
                 .bind(ttl.ms())
                 .bind(fence.unwrap_or(0))
+                .bind(actor)
                 .fetch_optional(&mut *tx)
                 .await?;
             let Some(row) = granted else {
@@ -721,26 +725,37 @@ impl PgStore {
         let mut conn = self.conns.take().await?;
         let row = sqlx::query(HOLDER).bind(name.as_str()).fetch_optional(&mut *conn).await?;
         conn.done();
-        row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
+        row.map(|row| {
+            Ok(Holder {
+                owner: row.try_get(0)?,
+                remaining_ms: row.try_get(1)?,
+                token: token_from_db(row.try_get(2)?)?,
+                actor: row.try_get(3)?,
+            })
+        })
+        .transpose()
     }
 
-    /// `None` if `token` does not hold the lease (expired, released, taken over).
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Option<Lease>, StoreError> {
+    /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
+    /// is given and another actor took it.
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
         let mut conn = self.conns.take().await?;
         let row = sqlx::query(RENEW)
             .bind(name.as_str())
             .bind(token.get())
             .bind(ttl.ms())
+            .bind(actor)
             .fetch_optional(&mut *conn)
             .await?;
         conn.done();
         lease_from(name, token, row)
     }
 
-    /// `None` if `token` does not hold the lease.
-    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Option<Lease>, StoreError> {
+    /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
+    pub async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let row = sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).fetch_optional(&mut *conn).await?;
+        let row =
+            sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *conn).await?;
         conn.done();
         lease_from(name, token, row)
     }

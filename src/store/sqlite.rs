@@ -319,7 +319,7 @@ impl SqliteStore {
         current.map(token_from_db).transpose()
     }
 
-    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl) -> Result<Acquired, StoreError> {
+    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
         let mut tx = self.pool.begin().await?;
         let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
             .bind(name.as_str())
@@ -332,10 +332,10 @@ impl SqliteStore {
             return Ok(Acquired::Exhausted);
         }
         let acquire = format!(
-            "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at)
-             VALUES (?1, ?2, ?4 + 1, {NOW_MS} + ?3, {NOW_TEXT})
+            "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at, actor)
+             VALUES (?1, ?2, ?4 + 1, {NOW_MS} + ?3, {NOW_TEXT}, ?5)
              ON CONFLICT (name) DO UPDATE SET
-                 owner = excluded.owner, token = max(l.token, ?4) + 1,
+                 owner = excluded.owner, actor = excluded.actor, token = max(l.token, ?4) + 1,
                  expires_at_ms = excluded.expires_at_ms, granted_at = {NOW_TEXT}
              WHERE l.owner IS NULL OR l.expires_at_ms <= {NOW_MS}
              RETURNING token, {}",
@@ -346,6 +346,7 @@ impl SqliteStore {
             .bind(owner)
             .bind(ttl.ms())
             .bind(fence.unwrap_or(0))
+            .bind(actor)
             .fetch_optional(&mut *tx)
             .await?;
         let Some(row) = granted else {
@@ -367,38 +368,56 @@ impl SqliteStore {
 
     pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
         let sql = format!(
-            "SELECT owner, max(0, expires_at_ms - {NOW_MS}) FROM fencegate_locks
+            "SELECT owner, max(0, expires_at_ms - {NOW_MS}), token, actor FROM fencegate_locks
              WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
         );
         let row = sqlx::query(&sql).bind(name.as_str()).fetch_optional(&self.pool).await?;
-        row.map(|row| Ok(Holder { owner: row.try_get(0)?, remaining_ms: row.try_get(1)? })).transpose()
+        row.map(|row| {
+            Ok(Holder {
+                owner: row.try_get(0)?,
+                remaining_ms: row.try_get(1)?,
+                token: token_from_db(row.try_get(2)?)?,
+                actor: row.try_get(3)?,
+            })
+        })
+        .transpose()
     }
 
-    /// `None` if `token` does not hold the lease (expired, released, taken over).
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl) -> Result<Option<Lease>, StoreError> {
+    /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
+    /// is given and another actor took it.
+    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
         let sql = format!(
             "UPDATE fencegate_locks SET expires_at_ms = {NOW_MS} + ?3
              WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
+                 AND (?4 IS NULL OR actor IS NULL OR actor = ?4)
              RETURNING owner, {}",
             ms_to_text("expires_at_ms")
         );
-        let row = sqlx::query(&sql).bind(name.as_str()).bind(token.get()).bind(ttl.ms()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&sql)
+            .bind(name.as_str())
+            .bind(token.get())
+            .bind(ttl.ms())
+            .bind(actor)
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
             .transpose()
     }
 
-    /// `None` if `token` does not hold the lease.
-    pub async fn release(&self, name: &Scope, token: FencingToken) -> Result<Option<Lease>, StoreError> {
+    /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
+    pub async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let sql = format!(
-            "SELECT owner FROM fencegate_locks WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
+            "SELECT owner FROM fencegate_locks WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
+                 AND (?3 IS NULL OR actor IS NULL OR actor = ?3)"
         );
-        let owner: Option<String> = sqlx::query_scalar(&sql).bind(name.as_str()).bind(token.get()).fetch_optional(&mut *tx).await?;
+        let owner: Option<String> =
+            sqlx::query_scalar(&sql).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *tx).await?;
         let Some(owner) = owner else {
             tx.rollback().await?;
             return Ok(None);
         };
-        sqlx::query("UPDATE fencegate_locks SET owner = NULL, expires_at_ms = NULL WHERE name = ?1")
+        sqlx::query("UPDATE fencegate_locks SET owner = NULL, expires_at_ms = NULL, actor = NULL WHERE name = ?1")
             .bind(name.as_str())
             .execute(&mut *tx)
             .await?;

@@ -10,6 +10,7 @@ mod support_pg;
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
 mod admin;
+mod auth;
 mod batch;
 mod byol;
 mod concurrency;

@@ -15,6 +15,8 @@ pub const BACKEND: pg::Backend = pg::Backend::Sqlite;
 
 #[path = "../api/admin.rs"]
 mod admin;
+#[path = "../api/auth.rs"]
+mod auth;
 #[path = "../api/batch.rs"]
 mod batch;
 #[path = "../api/concurrency.rs"]

@@ -1,0 +1,115 @@
+//! Authentication and authorization over HTTP.
+//!
+//! - [`authenticate`], a middleware on every route (the fallback included), turns the
+//!   `Authorization` header into an [`Actor`] in the request's extensions, or answers 401. Only
+//!   `/healthz`, `/readyz` and (unless `auth.protect_metrics`) `/metrics` are let through
+//!   without a credential. It is not installed at all when auth is off.
+//! - Handlers take the [`Actor`] extractor and call [`check`] (or [`check_table`],
+//!   [`check_admin`]) next to the route, before any store call: a refused request changes
+//!   nothing.
+
+use std::sync::Arc;
+
+use axum::{
+    extract::{FromRequestParts, Request, State},
+    http::{header::AUTHORIZATION, request::Parts},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+
+use super::{problem::ApiError, AppState};
+use crate::auth::{Actor, Authenticator, Right, Unauthenticated};
+
+/// The kind of name a 403 refused: the problem's field holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    Key,
+    Scope,
+    Lock,
+    Resource,
+}
+
+impl Named {
+    pub fn field(self) -> &'static str {
+        match self {
+            Named::Key => "key",
+            Named::Scope => "scope",
+            Named::Lock => "lock",
+            Named::Resource => "resource",
+        }
+    }
+}
+
+/// 401 unless the request carries a valid credential (or is one of the open routes).
+pub async fn authenticate(State(auth): State<Arc<Authenticator>>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let open = path == "/healthz" || path == "/readyz" || (path == "/metrics" && !auth.protect_metrics);
+    if !open {
+        let mut values = req.headers().get_all(AUTHORIZATION).iter();
+        let found = match (values.next(), values.next()) {
+            (None, _) => auth.authenticate(None),
+            (Some(_), Some(_)) => Err(Unauthenticated::Malformed),
+            (Some(value), None) => auth.authenticate(Some(value.as_bytes())),
+        };
+        match found {
+            Ok(actor) => {
+                if path == "/metrics" {
+                    // Only reached when protected.
+                    if let Err(refused) = check_admin(&actor) {
+                        return refused.into_response();
+                    }
+                }
+                if let Some(name) = actor.name() {
+                    tracing::Span::current().record("actor", name);
+                }
+                req.extensions_mut().insert(actor.clone());
+                let mut response = next.run(req).await;
+                // For `observe`'s log line of a failed request.
+                response.extensions_mut().insert(actor);
+                return response;
+            }
+            Err(why) => return ApiError::Unauthenticated(why).into_response(),
+        }
+    }
+    next.run(req).await
+}
+
+impl FromRequestParts<AppState> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match parts.extensions.get::<Actor>() {
+            Some(actor) => Ok(actor.clone()),
+            None if state.auth.is_none() => Ok(Actor::open()),
+            // Auth is on but the middleware let this request through (an open route): no rights.
+            None => Err(ApiError::Unauthenticated(Unauthenticated::Missing)),
+        }
+    }
+}
+
+/// `right` on the key, scope or lock `name` (decoded), else 403.
+pub fn check(actor: &Actor, right: Right, named: Named, name: &str) -> Result<(), ApiError> {
+    if actor.allows(right, name) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden { right, refused: Some((named, name.to_owned())) })
+    }
+}
+
+/// `right` on the legacy-table `resource`, else 403.
+pub fn check_table(actor: &Actor, right: Right, resource: &str) -> Result<(), ApiError> {
+    if actor.allows_table(right, resource) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden { right, refused: Some((Named::Resource, resource.to_owned())) })
+    }
+}
+
+/// The `admin` right (`/v1/admin/*`, a protected `/metrics`), else 403.
+pub fn check_admin(actor: &Actor) -> Result<(), ApiError> {
+    if actor.is_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden { right: Right::Admin, refused: None })
+    }
+}
