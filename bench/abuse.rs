@@ -9,12 +9,14 @@
 //! 3. **abuse**: the same clients again, while the server is attacked by
 //!    - 2,000 slow connections, each sending one header byte every 2 s (reconnecting when cut);
 //!    - 200 PUTs trickling their body `1,` every 2 s (reconnecting when cut);
-//!    - 4 connections sending amplification payloads as fast as they are answered:
-//!      `{"n": 1e131071}` (9 bytes that PostgreSQL would print as 131,072 digits) and
-//!      `{"n": 1e999999}` (which PostgreSQL cannot store; both are 400 at the edge);
+//!    - 4 connections sending amplification payloads, `ABUSE_AMP_PER_SEC` (100) each per second
+//!      (0: as fast as they are answered): `{"n": 1e131071}` (9 bytes that PostgreSQL would
+//!      print as 131,072 digits) and `{"n": 1e999999}` (which PostgreSQL cannot store; both are
+//!      400 at the edge);
 //!    - 4 connections pipelining GETs of a 1 MiB value and never reading the answers.
 //!
-//!    The well-behaved rate must hold within 20% of the baseline.
+//!    The well-behaved rate must hold within 20% of the baseline. The attackers run on a thread
+//!    of their own, so that they do not slow the well-behaved clients' load generator itself.
 //! 4. **memory**: RSS of fencegate before, at the peak of, and 2 s and 10 s after 256 parallel
 //!    PUTs of 1 MiB each (each on its own connection), with the statuses they got.
 //!
@@ -288,11 +290,16 @@ fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Attack>) -> Vec<t
             }
         }));
     }
+    let per_sec = env_num("ABUSE_AMP_PER_SEC", 100);
     for i in 0..4u64 {
         let (stop, counts) = (stop.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
             let mut conn: Option<BufReader<TcpStream>> = None;
+            let mut pace = (per_sec > 0).then(|| tokio::time::interval(Duration::from_secs(1) / per_sec as u32));
             while !stop.load(Ordering::Relaxed) {
+                if let Some(pace) = pace.as_mut() {
+                    pace.tick().await;
+                }
                 if conn.is_none() {
                     conn = TcpStream::connect(addr).await.ok().map(BufReader::new);
                     if conn.is_none() {
@@ -358,24 +365,37 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Attack::default());
-    let attackers = attack(addr, stop.clone(), counts.clone());
+    let attackers = {
+        let (stop, counts) = (stop.clone(), counts.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("attack runtime");
+            rt.block_on(async move {
+                let tasks = attack(addr, stop.clone(), counts);
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                for t in tasks {
+                    t.abort();
+                }
+            });
+        })
+    };
     tokio::time::sleep(Duration::from_secs(3)).await; // let the attack build up
     let (abuse_rate, abuse_p99, abuse_other) = well_behaved(addr, clients, secs).await;
     let rss_attack = rss_mib(fg.pid);
     let open = std::fs::read_dir(format!("/proc/{}/fd", fg.pid)).map(|d| d.count()).unwrap_or(0);
     stop.store(true, Ordering::Relaxed);
-    for a in attackers {
-        a.abort();
-    }
+    tokio::task::spawn_blocking(move || attackers.join()).await?.map_err(|_| anyhow::anyhow!("attackers panicked"))?;
     println!("| under attack | {abuse_rate:.0} | {abuse_p99:.2} | {abuse_other:?} | {rss_attack:.1} MiB |");
     println!();
     println!(
         "under attack / baseline: **{:.2}×** (target >= 0.80). fencegate had {open} open files during the attack. \
          Attack: {SLOW_HEADERS} slow-header connections (cut {} times), {SLOW_BODIES} trickled bodies (cut {} times), \
-         amplification PUTs {} sent / {} answered 400, 4 non-reading pipeliners (cut {} times).",
+         amplification PUTs ({} per connection per second; 0 = unpaced) {} sent / {} answered 400, 4 non-reading pipeliners (cut {} times).",
         abuse_rate / base_rate,
         counts.slow_cut.load(Ordering::Relaxed),
         counts.trickle_cut.load(Ordering::Relaxed),
+        env_num("ABUSE_AMP_PER_SEC", 100),
         counts.amplification_sent.load(Ordering::Relaxed),
         counts.amplification_400.load(Ordering::Relaxed),
         counts.non_reader_cut.load(Ordering::Relaxed),

@@ -9,6 +9,12 @@ use fencegate::{
     store::admin::{Reset, ResetTarget},
 };
 
+/// With `--features jemalloc`: jemalloc instead of the system allocator (measured in
+/// bench/README.md, abuse bench).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "fencegate", version, about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource")]
 struct Cli {
