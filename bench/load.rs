@@ -16,7 +16,8 @@
 //! Environment: `DATABASE_URL` (admin URL), `BENCH_SECONDS` (per step, default 10),
 //! `BENCH_SOAK_SECONDS` (default 60), `PGBENCH` (path to pgbench; default: PATH, then
 //! /usr/lib/postgresql/*/bin), `BENCH_AUTH=1` (fencegate with one API key configured, and every
-//! request sending it: the cost of authentication).
+//! request sending it: the cost of authentication), `BENCH_ISSUER=1` (an Ed25519 `[[issuers]]`
+//! entry for every scope; the hot-scope step's writes send their proof: the cost of proofs).
 
 use std::{
     collections::BTreeMap,
@@ -365,18 +366,54 @@ fn bench_key() -> Option<&'static str> {
     .as_deref()
 }
 
+/// With `BENCH_ISSUER=1`: fencegate has an Ed25519 `[[issuers]]` entry covering every scope,
+/// and every scoped write sends the proof of its token (one signature per token, made by the
+/// client once: a lock holder's signer signs each token once).
+fn bench_issuer() -> bool {
+    std::env::var("BENCH_ISSUER").as_deref() == Ok("1")
+}
+
+const ISSUER_SEED: [u8; 32] = [3; 32];
+
+/// The proof of `token` for the bench scope, signed once per token.
+fn proof_of(token: i64) -> String {
+    static LAST: std::sync::Mutex<Option<(i64, String)>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap();
+    match &*last {
+        Some((t, proof)) if *t == token => proof.clone(),
+        _ => {
+            let proof = fencegate::issuers::sign(
+                HOT_SCOPE,
+                fencegate::fence::FencingToken::from_db(token).expect("a bench token"),
+                fencegate::issuers::SigningKey::Ed25519(&ISSUER_SEED),
+            );
+            *last = Some((token, proof.clone()));
+            proof
+        }
+    }
+}
+
 async fn start_fencegate(db_url: &str, out_dir: &Path) -> Result<Fencegate> {
     let bin = env!("CARGO_BIN_EXE_fencegate");
     let log_path = out_dir.join("fencegate.stderr.log");
     let log = std::fs::File::create(&log_path)?;
     let mut args = vec!["serve".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--database-url".into(), db_url.into()];
+    let mut config_text = String::new();
     if let Some(key) = bench_key() {
-        let config = out_dir.join("auth.toml");
-        let block = format!(
+        config_text.push_str(&format!(
             "[[auth.keys]]\nname = \"bench\"\nsha256 = \"{}\"\nrights = [\"read\", \"write\"]\nprefixes = [\"\"]\n",
             fencegate::auth::digest_hex(key)
-        );
-        std::fs::write(&config, block)?;
+        ));
+    }
+    if bench_issuer() {
+        config_text.push_str(&format!(
+            "[[issuers]]\nname = \"bench\"\nscopes = [\"\"]\ned25519_public_key = \"{}\"\n",
+            fencegate::issuers::ed25519_public_key(&ISSUER_SEED)
+        ));
+    }
+    if !config_text.is_empty() {
+        let config = out_dir.join("bench.toml");
+        std::fs::write(&config, config_text)?;
         args.extend(["--config".to_owned(), config.display().to_string()]);
     }
     let mut child = Command::new(bin)
@@ -582,6 +619,9 @@ async fn drive(ctx: &Ctx, conn: &mut Option<Sender>, rng: &mut Rng, until: Insta
                 Workload::Scope { token } => token,
                 _ => TOKENS.next(),
             };
+            if let (Workload::Scope { .. }, true) = (ctx.workload, bench_issuer()) {
+                builder = builder.header("x-fencing-proof", proof_of(token));
+            }
             builder
                 .method(Method::PUT)
                 .header(CONTENT_TYPE, "application/json")
