@@ -298,8 +298,11 @@ struct JwtVerifier {
     /// costs about 0.25 ms of CPU with the pure-Rust backend (bench/auth.rs), more than a whole
     /// lone write. A hit is the very same bytes, so only `exp` needs checking again. Bounded:
     /// cleared when full.
-    verified: std::sync::Mutex<std::collections::HashMap<[u8; 32], (Arc<Grant>, u64)>>,
+    verified: std::sync::Mutex<std::collections::HashMap<[u8; 32], Verified>>,
 }
+
+/// A remembered token's grant and `exp`.
+type Verified = (Arc<Grant>, u64);
 
 /// Verified tokens remembered per process (each entry about 100 bytes plus its grant).
 const VERIFIED_CAPACITY: usize = 4096;
