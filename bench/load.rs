@@ -429,6 +429,7 @@ async fn start_fencegate(db_url: &str, out_dir: &Path) -> Result<Fencegate> {
         .spawn()
         .with_context(|| format!("cannot start {bin}"))?;
     let pid = child.id().context("fencegate exited at once")?;
+    FG_PID.store(pid, Ordering::Relaxed);
     let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
     let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
     let line = match first {
@@ -673,6 +674,8 @@ struct FgRun {
     stats: Stats,
     elapsed: Duration,
     db_applied: i64,
+    /// fencegate's own CPU time over the measured window, in 1/100 s.
+    cpu_ticks: u64,
 }
 
 /// The HTTP clients run like pgbench's `-j min(N, 2)`: on min(conns, 2) threads, each a
@@ -701,6 +704,19 @@ fn client_threads(ctx: &Arc<Ctx>, conns: usize) -> Vec<std::thread::JoinHandle<S
         .collect()
 }
 
+/// The fencegate process's pid, for its CPU time (set by `start_fencegate`).
+static FG_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// User + system CPU time of the fencegate process so far, in clock ticks (1/100 s on Linux).
+fn fg_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", FG_PID.load(Ordering::Relaxed))).unwrap_or_default();
+    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(14) + field(15)
+}
+
 async fn fencegate_step(fg_addr: SocketAddr, conns: usize, workload: Workload, s: &Settings, dur: Duration, db: &mut PgConnection) -> Result<FgRun> {
     let ctx = Arc::new(Ctx {
         addr: fg_addr,
@@ -714,6 +730,7 @@ async fn fencegate_step(fg_addr: SocketAddr, conns: usize, workload: Workload, s
     let threads = client_threads(&ctx, conns);
     ctx.warmed.wait().await;
     let before = version_sum(db).await?;
+    let cpu_before = fg_cpu_ticks();
     let start = Instant::now();
     ctx.measure_until.set(start + dur).expect("once");
     ctx.go.wait().await;
@@ -723,8 +740,9 @@ async fn fencegate_step(fg_addr: SocketAddr, conns: usize, workload: Workload, s
         stats.merge(thread_stats.map_err(|_| anyhow::anyhow!("client thread panicked"))?);
     }
     let elapsed = start.elapsed();
+    let cpu_ticks = fg_cpu_ticks() - cpu_before;
     let db_applied = version_sum(db).await? - before;
-    Ok(FgRun { stats, elapsed, db_applied })
+    Ok(FgRun { stats, elapsed, db_applied, cpu_ticks })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -880,6 +898,8 @@ fn report_fg(name: &str, conns: usize, r: &FgRun) -> (f64, Lat) {
         s.put_ok,
         r.db_applied,
     );
+    // Only a few requests can finish within a tick, so this is steadier than ok/s on a busy host.
+    println!("             fencegate CPU {:.1} µs per ok request", r.cpu_ticks as f64 * 10_000.0 / ok.max(1) as f64);
     if s.get_ok > 0 {
         let g = lat(s.get_lat.clone());
         let p = lat(s.put_lat.clone());
