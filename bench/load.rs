@@ -55,6 +55,10 @@ const KEYS: u64 = 10_000;
 const HOT_KEY: u64 = 1;
 /// The scope of the hot-scope step: one lock whose holder writes random keys from many tasks.
 const HOT_SCOPE: &str = "bench-lock";
+/// The hot-scope step writes keys of its own (`SCOPE_KEYS + 1 ..= SCOPE_KEYS + KEYS`): a key
+/// the unscoped steps wrote is bound to no scope (sticky scope), so a scoped write of it is a
+/// 409, on both sides.
+const SCOPE_KEYS: u64 = 1_000_000;
 /// The value every PUT writes, as the HTTP body and as pgbench's jsonb literal.
 const VALUE: &str = r#"{"n": 42, "by": "bench"}"#;
 /// Per-request bound; a request that takes longer counts as a transport error.
@@ -344,7 +348,10 @@ fn pgbench_scripts(put_key: &str, put_scoped: &str, dir: &Path) -> Result<Script
         format!("\\set k random(1, {KEYS})\n\\set r random(1, 100)\n\\if :r <= 90\n{get};\n\\else\n{put}\\endif\n"),
     )?;
     let scope = dir.join("put_scope.sql");
-    std::fs::write(&scope, format!("\\set k random(1, {KEYS})\n{}", pgbench_put_scoped(put_scoped)))?;
+    std::fs::write(
+        &scope,
+        format!("\\set k random({}, {})\n{}", SCOPE_KEYS + 1, SCOPE_KEYS + KEYS, pgbench_put_scoped(put_scoped)),
+    )?;
     Ok(Scripts { random, hot, mix, scope })
 }
 
@@ -604,7 +611,7 @@ async fn drive(ctx: &Ctx, conn: &mut Option<Sender>, rng: &mut Rng, until: Insta
             Workload::Random => (false, r % KEYS + 1),
             Workload::Hot => (false, HOT_KEY),
             Workload::Mix { read_pct } => ((r >> 32) % 100 < read_pct, r % KEYS + 1),
-            Workload::Scope { .. } => (false, r % KEYS + 1),
+            Workload::Scope { .. } => (false, SCOPE_KEYS + r % KEYS + 1),
         };
         let mut builder = Request::builder().uri(format!("/v1/kv/{key}")).header(HOST, &ctx.host);
         if let Some(key) = bench_key() {
