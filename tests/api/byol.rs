@@ -894,6 +894,36 @@ async fn signed_tokens_pass_and_unsigned_ones_are_refused(service: LockService) 
     app.assert_value("signed-key", &value, &signed.token().to_string()).await;
 }
 
+/// With authentication on, the example sends the service's key (FENCEGATE_API_KEY) as the
+/// bearer; without it, the write is 401 and nothing is written.
+#[tokio::test]
+async fn redis_example_sends_its_api_key_to_an_authenticated_server() {
+    let service = LockService::redis().await;
+    let secret = fencegate::auth::new_key().unwrap();
+    let digest = fencegate::auth::digest_hex(&secret);
+    let app = crate::helpers::spawn_app_with(move |s| {
+        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+            name: "byol".into(),
+            sha256: digest,
+            rights: vec!["read".into(), "write".into()],
+            prefixes: vec!["".into()],
+            tables: vec![],
+        }];
+    })
+    .await;
+    let lock = unique("auth-lock");
+    let value = json!({"authenticated": true});
+    let args = |key: &'static str| Args { lock: &lock, owner: "K", ttl_ms: 5000, key, value: &value, work_secs: 0 };
+    let anonymous = Run::start("no key", &service, &app, args("no-key")).finish().await;
+    anonymous.assert_exit(1, Some("401"));
+    let with_key =
+        Run::start_with("with key", &service, &app, args("with-key"), &[("FENCEGATE_API_KEY", secret.clone())]).finish().await;
+    with_key.assert_exit(0, Some("201"));
+    let got = app.send(app.req(reqwest::Method::GET, "/v1/kv/with-key").header("Authorization", format!("Bearer {secret}")));
+    assert_eq!(got.await.expect(200)["value"], value);
+    app.kv_get("no-key").await.problem(401, "unauthenticated");
+}
+
 #[tokio::test]
 async fn redis_signed_tokens_pass_and_unsigned_ones_are_refused() {
     signed_tokens_pass_and_unsigned_ones_are_refused(LockService::redis().await).await;
