@@ -26,7 +26,6 @@ use crate::{
 };
 
 pub use postgres::{kv_put_scoped_sql, kv_put_sql, PgStore, KV_GET};
-// `Checks` is defined below and public: `config` builds it from `[kv]`.
 pub use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
