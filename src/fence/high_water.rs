@@ -7,11 +7,21 @@
 //! also why several fencegate processes may each keep their own cache.
 //!
 //! Bounded: a shard that reaches its capacity is cleared (forgetting only costs round trips).
+//!
+//! The one exception to "a fence never goes down" is an audited admin reset
+//! (`store::admin`), after which every process clears its cache. A value read from the
+//! database before the reset but observed after the clear would bring the old fence back, so
+//! the cache has an epoch, bumped by every clear: callers take [`HighWater::epoch`] before
+//! their database work and pass it to [`HighWater::observe`], which drops observations from an
+//! older epoch.
 
 use std::{
     collections::HashMap,
     hash::{BuildHasher, RandomState},
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
 };
 
 use super::{Fenced, FencingToken, Guard, Key, Rule, Stale, Target};
@@ -22,6 +32,7 @@ pub struct HighWater {
     shards: Vec<Mutex<HashMap<Fenced, FencingToken>>>,
     per_shard: usize,
     hasher: RandomState,
+    epoch: AtomicU64,
 }
 
 impl HighWater {
@@ -31,6 +42,7 @@ impl HighWater {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: RandomState::new(),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -59,18 +71,31 @@ impl HighWater {
     /// Forgets every cached fence: after a reset lowered one (`store::admin`), a cached value
     /// could refuse a token the fence now admits. Forgetting only costs round trips.
     pub fn clear(&self) {
+        // Bumped before any shard is cleared: an observation that checks the epoch under a
+        // shard's lock either sees the new epoch (and is dropped) or lands before that shard
+        // is cleared (and is cleared with it).
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         for shard in &self.shards {
             shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
     }
 
+    /// The current epoch: take it before reading a fence from the database.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Records that `fence` was at least `token` (after an accepted write, a claim, or a
-    /// refusal that reported the current value). Only ever raises the cached value.
-    pub fn observe(&self, fence: &Fenced, token: FencingToken) {
+    /// refusal that reported the current value), unless the cache was cleared since `since`
+    /// (the epoch taken before the database work). Only ever raises the cached value.
+    pub fn observe(&self, since: u64, fence: &Fenced, token: FencingToken) {
         if self.per_shard == 0 {
             return;
         }
         let mut shard = self.shard(fence).lock().unwrap_or_else(|p| p.into_inner());
+        if self.epoch.load(Ordering::SeqCst) != since {
+            return;
+        }
         if let Some(cached) = shard.get_mut(fence) {
             *cached = (*cached).max(token);
             return;
@@ -95,8 +120,8 @@ mod tests {
         let cache = HighWater::new(1000);
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
         assert!(cache.refuse(&k, t(1), Rule::Inclusive).is_none(), "unknown fence: ask the database");
-        cache.observe(&k, t(10));
-        cache.observe(&k, t(5)); // an older observation must not lower it
+        cache.observe(0, &k, t(10));
+        cache.observe(0, &k, t(5)); // an older observation must not lower it
         assert!(cache.refuse(&k, t(10), Rule::Inclusive).is_none());
         assert!(cache.refuse(&k, t(11), Rule::Inclusive).is_none());
         let stale = cache.refuse(&k, t(9), Rule::Inclusive).unwrap();
@@ -108,7 +133,7 @@ mod tests {
     fn stays_bounded() {
         let cache = HighWater::new(64);
         for i in 0..10_000 {
-            cache.observe(&Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()), t(i));
+            cache.observe(0, &Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()), t(i));
         }
         let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert!(total <= 64, "{total}");
@@ -118,7 +143,19 @@ mod tests {
     fn disabled_cache_refuses_nothing() {
         let cache = HighWater::new(0);
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
-        cache.observe(&k, t(10));
+        cache.observe(0, &k, t(10));
         assert!(cache.refuse(&k, t(1), Rule::Inclusive).is_none());
+    }
+
+    #[test]
+    fn a_value_read_before_a_clear_is_not_cached_after_it() {
+        let cache = HighWater::new(1000);
+        let k = Fenced::Key(Key::parse("k", 10).unwrap());
+        let since = cache.epoch(); // a write starts; the database says the fence is 1000...
+        cache.clear(); // ...while a reset lowers it and clears the cache
+        cache.observe(since, &k, t(1000)); // the write's late observation
+        assert!(cache.refuse(&k, t(500), Rule::Inclusive).is_none(), "the old fence came back");
+        cache.observe(cache.epoch(), &k, t(1000));
+        assert!(cache.refuse(&k, t(500), Rule::Inclusive).is_some());
     }
 }

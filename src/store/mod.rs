@@ -255,11 +255,12 @@ pub(crate) fn sql_issued_check(scope: &str, token: &str) -> String {
     format!("NOT EXISTS (SELECT 1 FROM fencegate_locks AS issued WHERE issued.name = {scope} AND issued.token < {token})")
 }
 
-/// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence read by the
-/// scalar subquery `fence` (NULL: no fence, counted as 0) by more than the cap. Both operands
-/// are non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
-/// validated configuration, never request text. On a snapshot the fence is at most its real
-/// value, so a concurrent raise can only make the check refuse more.
+/// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
+/// or a scalar subquery; NULL: no fence, counted as 0) by more than the cap. Both operands are
+/// non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
+/// validated configuration, never request text. Each statement checks it twice: in the row it
+/// inserts (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as locked,
+/// since an admin reset may lower a fence after the snapshot was taken.
 pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
     match jump {
         JumpCap(0) => "TRUE".to_owned(),
@@ -404,6 +405,7 @@ impl Store {
     /// Takes the write by value: it moves onto the database task (and into the coalescer)
     /// without copying the value.
     pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        let since = self.high_water.epoch();
         let fence = HighWater::fence_of(guard, write.key());
         if let Some(stale) = self.high_water.refuse(&fence, guard.token, guard.rule) {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
@@ -419,39 +421,41 @@ impl Store {
                 detached!(self, b => b.write(write, &owned_guard).await)?
             }
         };
-        self.learn(&outcome, &fence, guard.token);
+        self.learn(since, &outcome, &fence, guard.token);
         Ok(outcome)
     }
 
     /// Applies every write or none, under one token. Always asks the database, so a refusal
     /// names every stale key, not just the ones the cache knows.
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let since = self.high_water.epoch();
         let (owned_writes, owned_guard) = (writes.to_vec(), guard.clone());
         let outcome = detached!(self, b => b.batch(&owned_writes, &owned_guard).await)?;
         match &outcome {
             Outcome::Accepted(written) => {
                 for w in written {
-                    self.high_water.observe(&HighWater::fence_of(guard, &w.key), guard.token);
+                    self.high_water.observe(since, &HighWater::fence_of(guard, &w.key), guard.token);
                 }
             }
-            Outcome::Stale(stale) => self.learn_refusals(stale),
+            Outcome::Stale(stale) => self.learn_refusals(since, stale),
             // These say nothing about any fence's value.
             Outcome::Mismatch(_) | Outcome::NotIssued(_) | Outcome::Jump(_) => {}
         }
         Ok(outcome)
     }
 
-    fn learn<T>(&self, outcome: &Outcome<T>, fence: &Fenced, token: FencingToken) {
+    /// `since`: the cache's epoch before the database work (see `HighWater::observe`).
+    fn learn<T>(&self, since: u64, outcome: &Outcome<T>, fence: &Fenced, token: FencingToken) {
         match outcome {
-            Outcome::Accepted(_) => self.high_water.observe(fence, token),
-            Outcome::Stale(stale) => self.learn_refusals(stale),
+            Outcome::Accepted(_) => self.high_water.observe(since, fence, token),
+            Outcome::Stale(stale) => self.learn_refusals(since, stale),
             Outcome::Mismatch(_) | Outcome::NotIssued(_) | Outcome::Jump(_) => {}
         }
     }
 
-    fn learn_refusals(&self, stale: &[Stale]) {
+    fn learn_refusals(&self, since: u64, stale: &[Stale]) {
         for s in stale {
-            self.high_water.observe(&s.fenced, s.current);
+            self.high_water.observe(since, &s.fenced, s.current);
         }
     }
 
@@ -469,6 +473,7 @@ impl Store {
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
     /// rule whatever `kv.strict` says: a claim consumes nothing, it only shuts out lower tokens.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        let since = self.high_water.epoch();
         let fence = Fenced::Scope(scope.clone());
         if let Some(stale) = self.high_water.refuse(&fence, token, Rule::Inclusive) {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
@@ -476,7 +481,7 @@ impl Store {
         }
         let owned_scope = scope.clone();
         let outcome = detached!(self, b => b.claim(&owned_scope, token).await)?;
-        self.learn(&outcome, &fence, token);
+        self.learn(since, &outcome, &fence, token);
         Ok(outcome)
     }
 
@@ -488,11 +493,12 @@ impl Store {
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
     /// transaction. `actor` (the authenticated actor, if auth is on) is recorded with the lease.
     pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+        let since = self.high_water.epoch();
         let (owned_name, owner, actor) = (name.clone(), owner.to_owned(), actor.map(str::to_owned));
         let acquired = detached!(self, b => b.acquire(&owned_name, &owner, ttl, actor.as_deref()).await)?;
         if let Acquired::Granted(lease) = &acquired {
             // The grant claimed the scope: this process can refuse the old holder at once.
-            self.high_water.observe(&Fenced::Scope(name.clone()), lease.token);
+            self.high_water.observe(since, &Fenced::Scope(name.clone()), lease.token);
         }
         Ok(acquired)
     }

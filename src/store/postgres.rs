@@ -65,14 +65,17 @@ const KV_ON_CONFLICT: &str = "
 /// once (ON CONFLICT cannot touch a row twice); the fence is raised to the token if `rule`
 /// admits it, and the statement returns `returning` for every fence it raised. Callers gate
 /// `rows` with [`scope_gate`] (every claim but a lock grant's).
-fn scope_claim_rows(rule: Rule, rows: &str, returning: &str) -> String {
+/// `jump`: the cap checked again on the fence row as locked (the gate in `rows` reads the
+/// statement's snapshot, and a reset may lower the fence in between); `JumpCap(0)` for grants.
+fn scope_claim_rows(rule: Rule, jump: JumpCap, rows: &str, returning: &str) -> String {
     format!(
         "INSERT INTO fencegate_fences AS f (scope, fence_token) {rows}
          ON CONFLICT (scope) DO UPDATE SET
              fence_token = EXCLUDED.fence_token, version = f.version + 1, updated_at = now()
-         WHERE f.fence_token {op} EXCLUDED.fence_token
+         WHERE f.fence_token {op} EXCLUDED.fence_token AND {jump}
          RETURNING {returning}",
-        op = sql_fence_op(rule)
+        op = sql_fence_op(rule),
+        jump = sql_jump_check(jump, "f.fence_token", "EXCLUDED.fence_token"),
     )
 }
 
@@ -89,7 +92,8 @@ fn scope_gate(checks: Checks, scope: &str, token: &str) -> String {
 /// the token itself, one step at a time, so neither guard applies).
 fn scope_claim(rule: Rule, checks: Checks, scope: &str, token: &str, gated: bool) -> String {
     let gate = if gated { scope_gate(checks, scope, token) } else { "TRUE".to_owned() };
-    scope_claim_rows(rule, &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"), "version")
+    let jump = if gated { checks.jump } else { JumpCap(0) };
+    scope_claim_rows(rule, jump, &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"), "version")
 }
 
 /// Reads a live value: `$1` key.
@@ -163,6 +167,8 @@ impl Statements {
     fn new(rule: Rule, checks: Checks) -> Self {
         let op = sql_fence_op(rule);
         let scope_check = kv_scope_check(checks.scopes);
+        // The jump cap again on the row as locked (see `scope_claim_rows`).
+        let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // `key_fence <op> token`, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
         // The row to insert exists only if the jump cap admits the token.
@@ -177,7 +183,7 @@ impl Statements {
             "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              {row}
              {KV_ON_CONFLICT}
-             WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
+             WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check} AND {key_jump}
              RETURNING version"
         );
         // A scoped write leaves the key's own fence alone (key_fence 0 on insert, GREATEST on
@@ -191,6 +197,7 @@ impl Statements {
              RETURNING version",
             claim = scope_claim_rows(
                 rule,
+                checks.jump,
                 &format!(
                     "SELECT $5::text, $4::int8 WHERE {} AND {}",
                     kv_unbound(checks.scopes, "$1", "$5::text"),
@@ -228,6 +235,7 @@ impl Statements {
 fn upsert_rows(rule: Rule, checks: Checks) -> String {
     let op = sql_fence_op(rule);
     let scope_check = kv_scope_check(checks.scopes);
+    let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
     format!(
         "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
@@ -235,7 +243,7 @@ fn upsert_rows(rule: Rule, checks: Checks) -> String {
          WHERE {jump}
          ORDER BY w.key
          {KV_ON_CONFLICT}
-         WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check}
+         WHERE kv.key_fence {op} EXCLUDED.key_fence AND {scope_check} AND {key_jump}
          RETURNING key, version",
         jump = kv_jump(checks, "w.key", "w.token"),
     )
@@ -266,6 +274,7 @@ fn upsert_scoped_rows(rule: Rule, checks: Checks) -> String {
          RETURNING key, version",
         claim = scope_claim_rows(
             rule,
+            checks.jump,
             &format!(
                 "SELECT DISTINCT scope, token FROM w WHERE {} AND {} ORDER BY scope",
                 kv_unbound(checks.scopes, "w.key", "w.scope"),

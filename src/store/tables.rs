@@ -202,9 +202,11 @@ fn ledger_sql(rule: Rule, checks: Checks) -> String {
          SELECT $1::text, $2::text, $3::int8, $3::int8, NULL::text WHERE {jump}
          ON CONFLICT (relation, key) DO UPDATE SET
              fence = EXCLUDED.fence, token = EXCLUDED.token, scope = NULL, updated_at = now()
-         WHERE l.fence {op} EXCLUDED.fence AND {scope_check}
+         WHERE l.fence {op} EXCLUDED.fence AND {scope_check} AND {row_jump}
          RETURNING 1",
         op = sql_fence_op(rule),
+        // Again on the ledger row as locked: a reset may have lowered it since the snapshot.
+        row_jump = sql_jump_check(checks.jump, "l.fence", "EXCLUDED.fence"),
         scope_check = sql_scope_check(checks.scopes, "l.scope", "EXCLUDED.scope"),
         jump = sql_jump_check(
             checks.jump,
