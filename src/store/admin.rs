@@ -306,6 +306,78 @@ impl Change {
     }
 }
 
+/// The statements of a reset that are the same on both backends (sqlx binds `$n` on SQLite
+/// too), written once: `reset_scope`, `reset_key` and the audit row. What differs is passed
+/// in: the connection type, the row lock (`FOR UPDATE`; SQLite has no such syntax and needs
+/// none, its one connection serializes transactions) and the clock.
+macro_rules! reset_targets {
+    ($conn:ty, $lock:literal, $now:expr) => {
+        async fn reset_scope(tx: &mut $conn, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+            let current: Option<i64> =
+                sqlx::query_scalar(concat!("SELECT fence_token FROM fencegate_fences WHERE scope = $1", $lock))
+                    .bind(scope.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some(current) = current else {
+                return Ok(Err(ResetRefused::NotFound(format!("no fence for scope {:?}", scope.as_str()))));
+            };
+            let from = token_from_db(current)?;
+            let (to, _) = match decide(reset, from, None) {
+                Ok(next) => next,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            sqlx::query(&format!(
+                "UPDATE fencegate_fences SET fence_token = $2, version = version + 1, updated_at = {} WHERE scope = $1",
+                $now
+            ))
+            .bind(scope.as_str())
+            .bind(to.get())
+            .execute(&mut *tx)
+            .await?;
+            Ok(Ok(Change { name: scope.as_str().to_owned(), resource: None, from, to, from_scope: None, to_scope: None }))
+        }
+
+        async fn reset_key(tx: &mut $conn, reset: &Reset, key: &Key) -> Result<Result<Change, ResetRefused>, StoreError> {
+            let row = sqlx::query(concat!("SELECT key_fence, scope FROM fencegate_kv WHERE key = $1", $lock))
+                .bind(key.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                return Ok(Err(ResetRefused::NotFound(format!("key {:?} was never written", key.as_str()))));
+            };
+            let from = token_from_db(row.try_get(0)?)?;
+            let from_scope: Option<String> = row.try_get(1)?;
+            let (to, to_scope) = match decide(reset, from, from_scope.clone()) {
+                Ok(next) => next,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            sqlx::query("UPDATE fencegate_kv SET key_fence = $2, scope = $3 WHERE key = $1")
+                .bind(key.as_str())
+                .bind(to.get())
+                .bind(&to_scope)
+                .execute(&mut *tx)
+                .await?;
+            Ok(Ok(Change { name: key.as_str().to_owned(), resource: None, from, to, from_scope, to_scope }))
+        }
+
+        /// The reset's audit row, in the reset's transaction; its id.
+        async fn insert_audit(tx: &mut $conn, reset: &Reset, change: &Change) -> Result<i64, StoreError> {
+            Ok(sqlx::query_scalar(&audit_insert($now))
+                .bind(&reset.actor)
+                .bind(reset.target.kind())
+                .bind(&change.name)
+                .bind(&change.resource)
+                .bind(change.from.get())
+                .bind(change.to.get())
+                .bind(&change.from_scope)
+                .bind(&change.to_scope)
+                .bind(&reset.reason)
+                .fetch_one(&mut *tx)
+                .await?)
+        }
+    };
+}
+
 mod pg {
     use sqlx::{Connection, PgConnection, Row};
 
@@ -339,18 +411,7 @@ mod pg {
                     return Ok(Err(refused));
                 }
             };
-            let audit_id: i64 = sqlx::query_scalar(&audit_insert("now()"))
-                .bind(&reset.actor)
-                .bind(reset.target.kind())
-                .bind(&change.name)
-                .bind(&change.resource)
-                .bind(change.from.get())
-                .bind(change.to.get())
-                .bind(&change.from_scope)
-                .bind(&change.to_scope)
-                .bind(&reset.reason)
-                .fetch_one(&mut *tx)
-                .await?;
+            let audit_id = insert_audit(&mut tx, reset, &change).await?;
             // Delivered to every listening process when (and only if) this commits.
             sqlx::query("SELECT pg_notify('fencegate_reset', $1)").bind(audit_id.to_string()).execute(&mut *tx).await?;
             tx.commit().await?;
@@ -409,49 +470,7 @@ mod pg {
         }
     }
 
-    async fn reset_scope(tx: &mut PgConnection, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
-        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE")
-            .bind(scope.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(current) = current else {
-            return Ok(Err(ResetRefused::NotFound(format!("no fence for scope {:?}", scope.as_str()))));
-        };
-        let from = token_from_db(current)?;
-        let (to, _) = match decide(reset, from, None) {
-            Ok(next) => next,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        sqlx::query("UPDATE fencegate_fences SET fence_token = $2, version = version + 1, updated_at = now() WHERE scope = $1")
-            .bind(scope.as_str())
-            .bind(to.get())
-            .execute(&mut *tx)
-            .await?;
-        Ok(Ok(Change { name: scope.as_str().to_owned(), resource: None, from, to, from_scope: None, to_scope: None }))
-    }
-
-    async fn reset_key(tx: &mut PgConnection, reset: &Reset, key: &Key) -> Result<Result<Change, ResetRefused>, StoreError> {
-        let row = sqlx::query("SELECT key_fence, scope FROM fencegate_kv WHERE key = $1 FOR UPDATE")
-            .bind(key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else {
-            return Ok(Err(ResetRefused::NotFound(format!("key {:?} was never written", key.as_str()))));
-        };
-        let from = token_from_db(row.try_get(0)?)?;
-        let from_scope: Option<String> = row.try_get(1)?;
-        let (to, to_scope) = match decide(reset, from, from_scope.clone()) {
-            Ok(next) => next,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        sqlx::query("UPDATE fencegate_kv SET key_fence = $2, scope = $3 WHERE key = $1")
-            .bind(key.as_str())
-            .bind(to.get())
-            .bind(&to_scope)
-            .execute(&mut *tx)
-            .await?;
-        Ok(Ok(Change { name: key.as_str().to_owned(), resource: None, from, to, from_scope, to_scope }))
-    }
+    reset_targets!(PgConnection, " FOR UPDATE", "now()");
 }
 
 mod sqlite {
@@ -479,24 +498,13 @@ mod sqlite {
                     return Ok(Err(refused));
                 }
             };
-            let audit_id: i64 = sqlx::query_scalar(&audit_insert(NOW_TEXT).replace('$', "?"))
-                .bind(&reset.actor)
-                .bind(reset.target.kind())
-                .bind(&change.name)
-                .bind(&change.resource)
-                .bind(change.from.get())
-                .bind(change.to.get())
-                .bind(&change.from_scope)
-                .bind(&change.to_scope)
-                .bind(&reset.reason)
-                .fetch_one(&mut *tx)
-                .await?;
+            let audit_id = insert_audit(&mut tx, reset, &change).await?;
             tx.commit().await?;
             Ok(Ok(change.done(reset, audit_id)))
         }
 
         pub(crate) async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-            let sql = AUDIT_SELECT.replace("AT_TEXT", "at").replace('$', "?");
+            let sql = AUDIT_SELECT.replace("AT_TEXT", "at");
             let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&self.pool).await?;
             rows.iter().map(audit_entry).collect()
         }
@@ -506,49 +514,6 @@ mod sqlite {
         }
     }
 
-    async fn reset_scope(tx: &mut SqliteConnection, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
-        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
-            .bind(scope.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(current) = current else {
-            return Ok(Err(ResetRefused::NotFound(format!("no fence for scope {:?}", scope.as_str()))));
-        };
-        let from = token_from_db(current)?;
-        let (to, _) = match decide(reset, from, None) {
-            Ok(next) => next,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        sqlx::query(&format!(
-            "UPDATE fencegate_fences SET fence_token = ?2, version = version + 1, updated_at = {NOW_TEXT} WHERE scope = ?1"
-        ))
-        .bind(scope.as_str())
-        .bind(to.get())
-        .execute(&mut *tx)
-        .await?;
-        Ok(Ok(Change { name: scope.as_str().to_owned(), resource: None, from, to, from_scope: None, to_scope: None }))
-    }
-
-    async fn reset_key(tx: &mut SqliteConnection, reset: &Reset, key: &Key) -> Result<Result<Change, ResetRefused>, StoreError> {
-        let row = sqlx::query("SELECT key_fence, scope FROM fencegate_kv WHERE key = ?1")
-            .bind(key.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(row) = row else {
-            return Ok(Err(ResetRefused::NotFound(format!("key {:?} was never written", key.as_str()))));
-        };
-        let from = token_from_db(row.try_get(0)?)?;
-        let from_scope: Option<String> = row.try_get(1)?;
-        let (to, to_scope) = match decide(reset, from, from_scope.clone()) {
-            Ok(next) => next,
-            Err(refused) => return Ok(Err(refused)),
-        };
-        sqlx::query("UPDATE fencegate_kv SET key_fence = ?2, scope = ?3 WHERE key = ?1")
-            .bind(key.as_str())
-            .bind(to.get())
-            .bind(&to_scope)
-            .execute(&mut *tx)
-            .await?;
-        Ok(Ok(Change { name: key.as_str().to_owned(), resource: None, from, to, from_scope, to_scope }))
-    }
+    // No row locks in SQLite: its single connection serializes transactions.
+    reset_targets!(SqliteConnection, "", NOW_TEXT);
 }

@@ -382,6 +382,18 @@ impl Refusal {
     }
 }
 
+/// A scope's fence and the latest token granted by the built-in lock of that name: what
+/// explains a refused claim. `$1` the scope; one text for both backends (sqlx binds `$n` on
+/// SQLite too). Decoded by [`scope_state_from`].
+pub(crate) const SCOPE_STATE: &str = "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
+                                             (SELECT token FROM fencegate_locks WHERE name = $1)";
+
+type ScopeState = (Option<FencingToken>, Option<FencingToken>);
+
+pub(crate) fn scope_state_from((fence, latest): (Option<i64>, Option<i64>)) -> Result<ScopeState, StoreError> {
+    Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
+}
+
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
     FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
 }

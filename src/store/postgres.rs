@@ -29,8 +29,8 @@ use super::{
     coalesce::{Coalescer, Upserts},
     connections::Connections,
     reads::Reads,
-    explain_refusal, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
-    Entry, KeyState, Refusal, Seen, StoreError, Write, Written,
+    explain_refusal, scope_state_from, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
+    Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
 };
 use crate::{
     config::DatabaseSettings,
@@ -158,6 +158,12 @@ fn kv_unbound(scopes: ScopeRule, key_expr: &str, scope_expr: &str) -> String {
     }
 }
 
+/// What a scoped kv write must pass before its autocommit statement may claim the scope: the
+/// key is not bound to another scope, and the poisoning guards admit the token.
+fn write_claim_gate(checks: Checks, key: &str, scope: &str, token: &str) -> String {
+    format!("{} AND {}", kv_unbound(checks.scopes, key, scope), scope_gate(checks, scope, token))
+}
+
 /// The jump cap of an unscoped write of `key` with `token`, against the key's own fence.
 fn kv_jump(checks: Checks, key: &str, token: &str) -> String {
     sql_jump_check(checks.jump, &format!("(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = {key})"), token)
@@ -198,11 +204,7 @@ impl Statements {
             claim = scope_claim_rows(
                 rule,
                 checks.jump,
-                &format!(
-                    "SELECT $5::text, $4::int8 WHERE {} AND {}",
-                    kv_unbound(checks.scopes, "$1", "$5::text"),
-                    scope_gate(checks, "$5::text", "$4::int8")
-                ),
+                &format!("SELECT $5::text, $4::int8 WHERE {}", write_claim_gate(checks, "$1", "$5::text", "$4::int8")),
                 "version"
             ),
         );
@@ -275,11 +277,7 @@ fn upsert_scoped_rows(rule: Rule, checks: Checks) -> String {
         claim = scope_claim_rows(
             rule,
             checks.jump,
-            &format!(
-                "SELECT DISTINCT scope, token FROM w WHERE {} AND {} ORDER BY scope",
-                kv_unbound(checks.scopes, "w.key", "w.scope"),
-                scope_gate(checks, "w.scope", "w.token")
-            ),
+            &format!("SELECT DISTINCT scope, token FROM w WHERE {} ORDER BY scope", write_claim_gate(checks, "w.key", "w.scope", "w.token")),
             "scope"
         ),
         scope_check = kv_scope_check(checks.scopes),
@@ -776,14 +774,7 @@ async fn scope_state(
     conn: &mut sqlx::PgConnection,
     scope: &Scope,
 ) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
-    let (fence, latest): (Option<i64>, Option<i64>) = sqlx::query_as(
-        "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
-                (SELECT token FROM fencegate_locks WHERE name = $1)",
-    )
-    .bind(scope.as_str())
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
+    scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&mut *conn).await?)
 }
 
 /// A lease from a RENEW/RELEASE row (owner, expires_at).

@@ -15,8 +15,8 @@ use sqlx::{
 };
 
 use super::{
-    explain_refusal, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
-    Entry, KeyState, Refusal, Seen, StoreError, Write, Written,
+    explain_refusal, scope_state_from, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
+    Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
 };
 use crate::{
     config::DatabaseSettings,
@@ -267,14 +267,7 @@ impl SqliteStore {
 
     /// A scope's fence and the latest token granted by the built-in lock of that name.
     async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
-        let (fence, latest): (Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = ?1),
-                    (SELECT token FROM fencegate_locks WHERE name = ?1)",
-        )
-        .bind(scope.as_str())
-        .fetch_one(&self.pool)
-        .await?;
-        Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
+        scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&self.pool).await?)
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
