@@ -32,7 +32,7 @@ pub struct Settings {
     pub auth: AuthSettings,
 }
 
-/// `[auth]`: who may do what (DESIGN.md, *Trust*, *Credentials*).
+/// `[auth]`: who may do what (README, *Securing a deployment*).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {

@@ -93,6 +93,14 @@ impl State {
         self.write_blocked_since.store(0, Ordering::Relaxed);
     }
 
+    /// The request is answered: idle from now, and the watchdog has a deadline again (it had
+    /// none while the request was handled).
+    fn handled(&self) {
+        self.last_io.store(self.now(), Ordering::Relaxed);
+        self.phase.store(IDLE, Ordering::Release);
+        self.changed.notify_one();
+    }
+
     fn write_blocked(&self) {
         if self.write_blocked_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             self.changed.notify_one();
@@ -182,6 +190,39 @@ impl AsyncWrite for Watched {
     }
 }
 
+/// A streaming response's body: the connection goes back to idle when it ends (or is dropped,
+/// e.g. the client went away).
+struct Streaming {
+    body: Body,
+    state: Arc<State>,
+}
+
+impl axum::body::HttpBody for Streaming {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.state.handled();
+    }
+}
+
 /// The router for one connection: marks the phase of each request.
 #[derive(Clone)]
 struct Serve {
@@ -203,12 +244,16 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
         let state = self.state.clone();
         let router = self.router.clone();
         Box::pin(async move {
-            let response = router.oneshot(req).await;
-            state.last_io.store(state.now(), Ordering::Relaxed);
-            state.phase.store(IDLE, Ordering::Release);
-            // The watchdog had no deadline while the request was handled: it has one now.
-            state.changed.notify_one();
-            response
+            let Ok(response) = router.oneshot(req).await;
+            if response.body().size_hint().exact().is_some() {
+                // The whole body is at hand (every response but a stream): it is written next,
+                // under the write timeout, and the request is done.
+                state.handled();
+                return Ok(response);
+            }
+            // A stream (the console's events): the request is handled until its body ends, so
+            // that shutdown lets it finish rather than cutting it as an idle connection.
+            Ok(response.map(|body| Body::new(Streaming { body, state })))
         })
     }
 }

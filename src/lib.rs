@@ -8,17 +8,21 @@
 //! - [`tables`]: legacy PostgreSQL tables fenced in place (no SQL, no HTTP in there).
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
+//! - [`client`]: fencegate as its own client (`kv`, `fence`, `lock -- CMD`), over HTTP.
 //! - [`auth`]: credentials (API keys, JWTs) and rights. No HTTP, no SQL.
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
+//! - [`events`]: grants, releases and refusals as they happen, for the console (`/ui`).
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
 //! - [`conn`]: one client connection and its timeouts.
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod client;
 pub mod config;
 pub mod conn;
 pub mod demo;
+pub mod events;
 pub mod fence;
 pub mod http;
 pub mod issuers;

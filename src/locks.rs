@@ -9,6 +9,7 @@
 //! This module holds the domain types and input rules; the SQL is in `store`.
 
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use crate::fence::{FencingToken, Scope};
 
@@ -70,16 +71,23 @@ impl Held {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of a grant: who asks (shown to others in a 409), for how long.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
+    /// 1..=256 printable bytes.
     pub owner: String,
+    /// 1..=locks.max_ttl_ms.
+    #[schema(minimum = 1)]
     pub ttl_ms: u64,
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of a renew: the new lease, from now.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewRequest {
+    /// 1..=locks.max_ttl_ms.
+    #[schema(minimum = 1)]
     pub ttl_ms: u64,
 }
 

@@ -43,6 +43,25 @@ enum Command {
         #[command(subcommand)]
         command: AuthCommand,
     },
+    /// Run CMD while holding the built-in lock NAME: FENCEGATE_URL, FENCEGATE_TOKEN and
+    /// FENCEGATE_SCOPE in its environment, renewed every ttl/3, released when CMD exits. A lost
+    /// lease stops CMD (SIGTERM, then SIGKILL) and exits 70; a lock still held after --wait-ms
+    /// exits 75; otherwise CMD's own status (128+N for signal N).
+    Lock(fencegate::client::lock::LockArgs),
+    /// A value: `kv get KEY`, `kv put KEY JSON`, `kv delete KEY` (--token and --scope default
+    /// to FENCEGATE_TOKEN and FENCEGATE_SCOPE). Exit 0 on 2xx, 4 on 412, 3 on 404, 2 on another
+    /// 4xx, 1 on 5xx or no answer.
+    Kv {
+        #[command(subcommand)]
+        command: fencegate::client::KvCommand,
+    },
+    /// A scope's fence: `fence get SCOPE`, `fence claim SCOPE --token N` (exit codes as for kv).
+    Fence {
+        #[command(subcommand)]
+        command: fencegate::client::FenceCommand,
+    },
+    /// Who holds the built-in lock NAME and for how long (exit 3 when it is free).
+    LockInfo(fencegate::client::LockInfo),
     /// Show a zombie write rejected: real worker processes, a real SIGSTOP, fenced and unfenced.
     Demo {
         /// Use this running fencegate instead of starting one.
@@ -161,8 +180,17 @@ enum AuthCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    match start(cli) {
+    use fencegate::client::{block_on, lock, requests};
+    let Cli { config, database_url, command } = Cli::parse();
+    // The client commands need no settings, no database, and have exit statuses of their own.
+    let command = match command {
+        Command::Lock(args) => return block_on(lock::run(args)).into(),
+        Command::Kv { command } => return block_on(requests::kv(command)).into(),
+        Command::Fence { command } => return block_on(requests::fence(command)).into(),
+        Command::LockInfo(args) => return block_on(requests::lock_info(args)).into(),
+        command => command,
+    };
+    match start(Cli { config, database_url, command }) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("fencegate: {err:#}");
@@ -282,11 +310,18 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
                 Err(refused) => anyhow::bail!("{refused}"),
             }
         }
-        Command::Auth { .. } => unreachable!("handled before the runtime starts"),
+        Command::Auth { .. } | Command::Lock(_) | Command::Kv { .. } | Command::Fence { .. } | Command::LockInfo(_) => {
+            unreachable!("handled before the runtime starts")
+        }
         Command::Migrate => {
             let mut settings = settings;
             settings.database.migrate_on_start = true;
             let store = fencegate::server::open_store(&settings).await?;
+            if store.awaits_primary() {
+                anyhow::bail!(
+                    "the database is in recovery (a standby): nothing was migrated; run `fencegate migrate` against the primary"
+                );
+            }
             drop(store);
             println!("migrations applied");
             Ok(())

@@ -13,20 +13,13 @@ use crate::{
     config::Settings,
     conn,
     http::{app, AppState, Limits},
-    store::{Backend, PgStore, SqliteStore, Store},
+    store::Store,
     telemetry,
 };
 
 /// Opens the configured store (running migrations if configured).
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    let url = settings.database.effective_url();
-    let backend = if settings.database.is_sqlite() {
-        tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-        Backend::Sqlite(SqliteStore::connect(&settings.database, &url, settings.kv.checks()).await?)
-    } else {
-        Backend::Postgres(PgStore::connect(&settings.database, &url, settings.kv.checks()).await?)
-    };
-    Ok(Store::new(backend, settings.kv.fence_cache_capacity))
+    Store::open(settings).await
 }
 
 /// Connects, migrates, then serves on `listener` until `shutdown` resolves; requests being
@@ -55,7 +48,7 @@ pub async fn serve_announced(
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
-    let state = AppState {
+    let state = AppState::new(crate::http::Shared {
         store,
         kv: Arc::new(settings.kv.clone()),
         locks: Arc::new(settings.locks.clone()),
@@ -67,7 +60,9 @@ pub async fn serve_announced(
         ),
         metrics: telemetry::metrics_handle(),
         auth,
-    };
+        events: crate::events::Events::new(),
+    });
+    let events = state.events.clone();
     let addr = listener.local_addr().context("listener has no local address")?;
     let limits = Limits::from_settings(&settings, addr);
     // Aborted when this function returns or its future is dropped (an embedding caller may
@@ -75,6 +70,8 @@ pub async fn serve_announced(
     let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
     // Resets made by other processes serving the same database (see `store::admin`).
     let _resets = AbortOnDrop(tokio::spawn(state.store.clone().watch_resets()));
+    // The database's role (a standby it started against being promoted) and replication.
+    let _replication = AbortOnDrop(tokio::spawn(state.store.clone().watch_replication()));
     let router = app(state, limits);
 
     tracing::info!(%addr, "listening");
@@ -92,6 +89,10 @@ pub async fn serve_announced(
     drop(listener);
     tracing::info!(connections = connections.len(), "shutting down: draining in-flight requests");
     let _ = stop.send(true);
+    // Event streams never end by themselves: end them, so that their connections (handling a
+    // response until its body ends) finish it within the grace, and their clients see the end
+    // of the stream rather than a cut connection.
+    events.close();
     let grace = settings.shutdown_grace();
     let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {

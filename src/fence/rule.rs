@@ -19,7 +19,7 @@ impl Rule {
     }
 
     /// THE fencing decision. The store evaluates exactly this comparison inside the database
-    /// (see `store::sql_fence_op`), so it can be applied atomically with the write; this Rust
+    /// (see `store::sql::fence_admits`), so it can be applied atomically with the write; this Rust
     /// form is used by anything that decides outside SQL (a reject-only cache, tests) and to
     /// double-check what the database reported.
     pub fn accepts(self, presented: FencingToken, fence: FencingToken) -> bool {

@@ -12,6 +12,7 @@ use axum::{
 use serde::Deserialize;
 use serde_json::json;
 
+use super::openapi::{self as doc, schemas as body};
 use super::{
     auth::check_admin,
     extract::{JsonBody, KeyPath, ScopePath},
@@ -26,16 +27,19 @@ use crate::{
 };
 
 /// `{"to": "N", "reason": "why", "scope": "S" | null}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResetRequest {
-    /// The new fence, a token as a JSON string.
+    /// The new fence, a token as a JSON string, below the current one.
     #[serde(default)]
+    #[schema(value_type = Option<doc::TokenText>)]
     to: Option<String>,
+    /// Why (1..=1000 bytes): recorded in the audit log. Required.
     #[serde(default)]
     reason: Option<String>,
-    /// Present (a name or null): rebind. Absent: leave the binding.
+    /// Keys and rows only. Present (a name or null): rebind the sticky scope. Absent: leave it.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
     scope: Option<Option<String>>,
 }
 
@@ -75,6 +79,16 @@ async fn run(state: &AppState, reset: Reset) -> Result<Response, ApiError> {
     }
 }
 
+#[utoipa::path(
+    operation_id = "reset_fence",
+    post,
+    path = super::routes::ADMIN_FENCE_RESET,
+    tag = "admin",
+    summary = "Lower a scope's fence (audited)",
+    params(ScopePath),
+    request_body(content = ResetRequest, content_type = "application/json"),
+    responses((status = 200, description = "Lowered; the audit log has the row", body = body::ResetDone), doc::Reset)
+)]
 pub async fn reset_fence(
     State(state): State<AppState>,
     actor: Actor,
@@ -85,6 +99,16 @@ pub async fn reset_fence(
     run(&state, reset).await
 }
 
+#[utoipa::path(
+    operation_id = "reset_key",
+    post,
+    path = super::routes::ADMIN_KV_RESET,
+    tag = "admin",
+    summary = "Lower a key's fence, or rebind its sticky scope (audited)",
+    params(KeyPath),
+    request_body(content = ResetRequest, content_type = "application/json"),
+    responses((status = 200, description = "Done; the audit log has the row", body = body::ResetDone), doc::Reset)
+)]
 pub async fn reset_key(
     State(state): State<AppState>,
     actor: Actor,
@@ -114,6 +138,16 @@ impl FromRequestParts<AppState> for AdminRowPath {
     }
 }
 
+#[utoipa::path(
+    operation_id = "reset_row",
+    post,
+    path = super::routes::ADMIN_TABLE_RESET,
+    tag = "admin",
+    summary = "Lower a table row's fence, or rebind its sticky scope (audited)",
+    params(doc::RowParams),
+    request_body(content = ResetRequest, content_type = "application/json"),
+    responses((status = 200, description = "Done; the audit log has the row", body = body::ResetDone), doc::Reset)
+)]
 pub async fn reset_row(
     State(state): State<AppState>,
     actor: Actor,
@@ -131,6 +165,15 @@ pub struct AuditQuery {
 }
 
 /// `GET /v1/admin/audit?limit=N` (1..=1000, default 100): newest first.
+#[utoipa::path(
+    operation_id = "audit",
+    get,
+    path = super::routes::ADMIN_AUDIT,
+    tag = "admin",
+    summary = "The audit log, newest first",
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "How many entries (1..=1000, default 100)")),
+    responses((status = 200, description = "The entries", body = body::AuditLog), doc::Audit)
+)]
 pub async fn audit(
     State(state): State<AppState>,
     actor: Actor,

@@ -2,8 +2,10 @@
 //!
 //! - [`authenticate`], a middleware on every route (the fallback included), turns the
 //!   `Authorization` header into an [`Actor`] in the request's extensions, or answers 401. Only
-//!   `/healthz`, `/readyz` and (unless `auth.protect_metrics`) `/metrics` are let through
-//!   without a credential. It is not installed at all when auth is off.
+//!   `/healthz`, `/readyz`, `/openapi.json`, `/docs`, (unless `auth.protect_metrics`)
+//!   `/metrics`, and the console's static page and assets (`/ui`, `/ui/console.js`,
+//!   `/ui/console.css`, which hold no data) are let through without a credential. It is not
+//!   installed at all when auth is off.
 //! - Handlers take the [`Actor`] extractor and call [`check`] (or [`check_table`],
 //!   [`check_admin`]) next to the route, before any store call: a refused request changes
 //!   nothing.
@@ -43,7 +45,10 @@ impl Named {
 /// 401 unless the request carries a valid credential (or is one of the open routes).
 pub async fn authenticate(State(auth): State<Arc<Authenticator>>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let open = path == "/healthz" || path == "/readyz" || (path == "/metrics" && !auth.protect_metrics);
+    let open = path == "/healthz"
+        || path == "/readyz"
+        || (path == "/metrics" && !auth.protect_metrics)
+        || super::routes::is_console_asset(path);
     if !open {
         let mut values = req.headers().get_all(AUTHORIZATION).iter();
         let found = match (values.next(), values.next()) {

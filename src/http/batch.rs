@@ -4,6 +4,7 @@ use axum::{extract::State, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::openapi::{self as doc, schemas as body};
 use super::{
     auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
@@ -14,30 +15,36 @@ use super::{
 };
 use crate::{
     auth::{Actor, Right},
-    fence::{Key, Scope},
+    fence::{Guard, Key, Scope, Target},
     store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
 
-#[derive(Deserialize)]
+/// `{"ops": [...]}`: 1..=kv.max_batch_ops ops, applied all or nothing.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     ops: Vec<OpRequest>,
 }
 
-#[derive(Deserialize)]
+/// One op: `{"op": "put", "key", "value"}`, `{"op": "delete", "key"}`, or a table op with
+/// `resource` (then `key` is the row key's URL form) and `row` (put, patch).
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct OpRequest {
+    /// put, delete, or patch (tables only).
     op: String,
     key: String,
     // `Option<Value>` cannot tell a missing value from `null`; a JSON null is a legal value.
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Object>)]
     value: Option<Value>,
     /// A table op: the resource name; `key` is then the URL form of the row key.
     #[serde(default)]
     resource: Option<String>,
     /// A table op's row (put) or columns (patch).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     row: Option<RowBody>,
 }
 
@@ -45,6 +52,16 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     Value::deserialize(d).map(Some)
 }
 
+#[utoipa::path(
+    operation_id = "batch",
+    post,
+    path = super::routes::BATCH,
+    tag = "kv",
+    summary = "Several writes under one token: all or nothing",
+    params(Token, ScopeHeader, Proof),
+    request_body(content = BatchRequest, content_type = "application/json"),
+    responses((status = 200, description = "Every op applied", body = body::BatchDone), doc::Batch)
+)]
 pub async fn batch(
     actor: Actor,
     State(state): State<AppState>,
@@ -105,8 +122,8 @@ fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> Result<Op
 
 /// A batch with table ops: kv and table writes in one transaction.
 async fn batch_tables(state: &AppState, token: Token, scope: Option<Scope>, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
-    let (kv_written, rows_written) =
-        accepted(state.store.batch_tables(&ops, token.0, scope.as_ref(), state.kv.rule()).await?)?;
+    let guard = Guard { token: token.0, target: scope.clone().map_or(Target::Key, Target::Scope), rule: state.kv.rule() };
+    let (kv_written, rows_written) = accepted(state.store.batch_tables(&ops, &guard).await?)?;
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
     let kv: Vec<Write> = ops.iter().filter_map(|op| if let Op::Kv(w) = op { Some(w.clone()) } else { None }).collect();
     let rows = ops.iter().filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });

@@ -1,5 +1,5 @@
 //! The edge: what a request must be before any handler, limit or database sees it
-//! (DESIGN.md, *Trust*, *The edge*).
+//! (README, *Securing a deployment*; docs/wire.md).
 //!
 //! In order:
 //! 1. **Host** (when auth is off on a loopback listener): only a loopback address or

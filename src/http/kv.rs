@@ -9,6 +9,7 @@ use axum::{
 use serde::Serialize;
 use serde_json::json;
 
+use super::openapi::{self as doc, schemas as body};
 use super::{
     auth::{check, Named},
     extract::{JsonBody, KeyPath, Proof, ScopeHeader, Token},
@@ -72,6 +73,20 @@ struct Read<'a> {
     version: i64,
 }
 
+#[utoipa::path(
+    operation_id = "kv_put",
+    put,
+    path = super::routes::KV,
+    tag = "kv",
+    summary = "Write a value, fenced by the token (and the scope, if any)",
+    params(KeyPath, Token, ScopeHeader, Proof),
+    request_body(content = serde_json::Value, description = "The value: any JSON document", content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created: the key was absent or deleted", body = body::KvWritten),
+        (status = 200, description = "Updated", body = body::KvWritten),
+        doc::KvPut
+    )
+)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,
@@ -89,6 +104,15 @@ pub async fn put(
     Ok((status, Json(body)).into_response())
 }
 
+#[utoipa::path(
+    operation_id = "kv_delete",
+    delete,
+    path = super::routes::KV,
+    tag = "kv",
+    summary = "Delete a value; the tombstone keeps the fence",
+    params(KeyPath, Token, ScopeHeader, Proof),
+    responses((status = 200, description = "Deleted (also for a key never written)", body = body::KvDeleted), doc::KvDelete)
+)]
 pub async fn delete(
     actor: Actor,
     State(state): State<AppState>,
@@ -108,6 +132,19 @@ pub async fn delete(
     .into_response())
 }
 
+#[utoipa::path(
+    operation_id = "kv_get",
+    get,
+    path = super::routes::KV,
+    tag = "kv",
+    summary = "Read a value and its fence",
+    params(KeyPath),
+    responses(
+        (status = 200, description = "The value", body = body::KvRead,
+         headers(("X-Fencing-Token" = String, description = "The key's fence token"))),
+        doc::KvGet
+    )
+)]
 pub async fn get(actor: Actor, State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {
     check(&actor, Right::Read, Named::Key, key.as_str())?;
     let Some(entry) = state.store.get(&key).await? else {

@@ -12,6 +12,8 @@
 //! - **Server errors** (5xx) are logged at ERROR with the request id, method, route and the
 //!   error's detail (which [`super::problem`] leaves in the response's extensions and never
 //!   sends to the client).
+//! - **Console events**: an accepted fenced write is counted, a refused one (the problem leaves
+//!   it in the response's extensions) is published ([`crate::events`]).
 //! - **DEBUG**: a `request` span (method, route, request id) around the handler, so every event
 //!   logged while serving carries them, and one event per response with status and latency.
 
@@ -32,6 +34,8 @@ use axum::{
     http::{HeaderName, HeaderValue, Method, Response, StatusCode},
 };
 use tower::{Layer, Service};
+
+use crate::events::{Events, Refused};
 use tracing::Instrument;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -49,12 +53,13 @@ pub struct WriteOutcome(pub &'static str);
 pub struct ObserveLayer {
     ids: RequestIds,
     routes: &'static [&'static str],
+    events: Events,
 }
 
 impl ObserveLayer {
     /// `routes`: every route template of the router, so that metric labels are static strings.
-    pub fn new(routes: &'static [&'static str]) -> Self {
-        ObserveLayer { ids: RequestIds::new(), routes }
+    pub fn new(routes: &'static [&'static str], events: Events) -> Self {
+        ObserveLayer { ids: RequestIds::new(), routes, events }
     }
 }
 
@@ -62,7 +67,7 @@ impl<S> Layer<S> for ObserveLayer {
     type Service = Observe<S>;
 
     fn layer(&self, inner: S) -> Observe<S> {
-        Observe { inner, ids: self.ids.clone(), routes: self.routes }
+        Observe { inner, ids: self.ids.clone(), routes: self.routes, events: self.events.clone() }
     }
 }
 
@@ -71,6 +76,7 @@ pub struct Observe<S> {
     inner: S,
     ids: RequestIds,
     routes: &'static [&'static str],
+    events: Events,
 }
 
 impl<S, B> Service<Request> for Observe<S>
@@ -110,6 +116,7 @@ where
         // The clone that was made ready serves this request; the fresh one waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let events = self.events.clone();
         Box::pin(async move {
             let Ok(mut response) = inner.call(req).instrument(span.clone()).await;
             let status = response.status();
@@ -130,7 +137,14 @@ where
             span.in_scope(|| tracing::debug!(status = status.as_u16(), latency_us = elapsed.as_micros() as u64, "response"));
             response.headers_mut().insert(REQUEST_ID, id);
             let outcome = response.extensions().get::<WriteOutcome>().map(|o| o.0);
-            record(method, route, status, outcome, elapsed.as_secs_f64());
+            let op = record(method, route, status, outcome, elapsed.as_secs_f64());
+            if let Some(op) = op.filter(|op| !op.starts_with("lock_")) {
+                match response.extensions_mut().remove::<Refused>() {
+                    Some(refused) => events.refused(refused, op),
+                    None if status.is_success() => events.accepted(),
+                    None => {}
+                }
+            }
             Ok(response)
         })
     }
@@ -143,8 +157,14 @@ fn acceptable_id(id: &[u8]) -> bool {
     (1..=128).contains(&id.len()) && id.iter().all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b))
 }
 
-/// Counts requests and writes by outcome and records latency.
-fn record(method: &'static str, route: &'static str, status: StatusCode, outcome: Option<&'static str>, seconds: f64) {
+/// Counts requests and writes by outcome and records latency; the write op, if it was one.
+fn record(
+    method: &'static str,
+    route: &'static str,
+    status: StatusCode,
+    outcome: Option<&'static str>,
+    seconds: f64,
+) -> Option<&'static str> {
     metrics::counter!("fencegate_http_requests_total",
         "method" => method, "route" => route, "status" => status_label(status))
     .increment(1);
@@ -159,7 +179,9 @@ fn record(method: &'static str, route: &'static str, status: StatusCode, outcome
             _ => "invalid",
         });
         metrics::counter!("fencegate_writes_total", "op" => op, "outcome" => outcome).increment(1);
+        return Some(op);
     }
+    None
 }
 
 /// The route template a request matched, as the router's own static string.

@@ -8,16 +8,33 @@ use axum::{
 };
 use serde_json::json;
 
+use super::openapi::{self as doc, schemas as body};
 use super::{problem::ApiError, AppState};
 use crate::store::StoreError;
 
 /// The process is up and serving HTTP. Does not touch the database: a database outage must not
 /// get healthy fencegate processes restarted.
+#[utoipa::path(
+    operation_id = "healthz",
+    get,
+    path = super::routes::HEALTHZ,
+    tag = "ops",
+    security(()),
+    responses((status = 200, description = "Serving HTTP", body = body::Status), doc::Edge)
+)]
 pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// Ready to take writes: the database answers and is fully migrated.
+#[utoipa::path(
+    operation_id = "readyz",
+    get,
+    path = super::routes::READYZ,
+    tag = "ops",
+    security(()),
+    responses((status = 200, description = "The database answers and is migrated", body = body::Status), doc::Readiness)
+)]
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.store.ready().await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
@@ -26,8 +43,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             // Always 503 (never 500): readiness is about "not now", whatever the cause.
             let err = match err {
                 StoreError::Unavailable(e) | StoreError::Internal(e) => ApiError::Store(StoreError::Unavailable(e)),
+                // Says why (a standby, migrations owed): fencegate's own words, safe to send.
+                StoreError::NotReady(why) => ApiError::Store(StoreError::NotReady(why)),
                 StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Refused(msg) | StoreError::Raced(msg) => {
-                    ApiError::Store(StoreError::Unavailable(sqlx::Error::Protocol(msg)))
+                    ApiError::Store(StoreError::unavailable(msg))
                 }
             };
             err.into_response()
@@ -35,6 +54,15 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
+/// Prometheus text. Open unless `auth.protect_metrics`, then it needs the admin right.
+#[utoipa::path(
+    operation_id = "metrics",
+    get,
+    path = super::routes::METRICS,
+    tag = "ops",
+    security((), ("bearer" = [])),
+    responses((status = 200, description = "Prometheus exposition format", content_type = "text/plain"), doc::Guarded)
+)]
 pub async fn metrics(State(state): State<AppState>) -> Response {
     crate::telemetry::record_pool(&state.store);
     (

@@ -17,6 +17,93 @@ use crate::{
 
 const TYPE_BASE: &str = "https://fencegate.dev/problems/";
 
+/// A problem type: the status it comes with, the last segment of its `type` URI, its title.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProblemType {
+    pub status: u16,
+    pub slug: &'static str,
+    pub title: &'static str,
+}
+
+impl ProblemType {
+    /// The `type` URI of the problem.
+    pub fn uri(&self) -> String {
+        format!("{TYPE_BASE}{}", self.slug)
+    }
+}
+
+/// Every problem type a client can see (`ApiError::kind` maps each error to one of them; the
+/// OpenAPI document lists them all).
+pub mod kinds {
+    use super::{ProblemType, StatusCode};
+
+    pub const MISSING_TOKEN: ProblemType =
+        ProblemType { status: StatusCode::PRECONDITION_REQUIRED.as_u16(), slug: "missing-token", title: "Fencing token required" };
+    pub const MALFORMED_TOKEN: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "malformed-token", title: "Malformed fencing token" };
+    pub const INVALID_KEY: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-key", title: "Invalid key" };
+    pub const INVALID_SCOPE: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-scope", title: "Invalid scope" };
+    pub const INVALID_JSON: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-json", title: "Invalid JSON body" };
+    pub const INVALID_BATCH: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-batch", title: "Invalid batch" };
+    pub const PAYLOAD_TOO_LARGE: ProblemType =
+        ProblemType { status: StatusCode::PAYLOAD_TOO_LARGE.as_u16(), slug: "payload-too-large", title: "Request body too large" };
+    pub const UNSUPPORTED_MEDIA_TYPE: ProblemType =
+        ProblemType { status: StatusCode::UNSUPPORTED_MEDIA_TYPE.as_u16(), slug: "unsupported-media-type", title: "Request body must be JSON" };
+    pub const MISDIRECTED_REQUEST: ProblemType =
+        ProblemType { status: StatusCode::MISDIRECTED_REQUEST.as_u16(), slug: "misdirected-request", title: "Host not served" };
+    pub const BODY_TIMEOUT: ProblemType =
+        ProblemType { status: StatusCode::REQUEST_TIMEOUT.as_u16(), slug: "body-timeout", title: "Request body too slow" };
+    pub const NOT_FOUND: ProblemType =
+        ProblemType { status: StatusCode::NOT_FOUND.as_u16(), slug: "not-found", title: "Not found" };
+    pub const METHOD_NOT_ALLOWED: ProblemType =
+        ProblemType { status: StatusCode::METHOD_NOT_ALLOWED.as_u16(), slug: "method-not-allowed", title: "Method not allowed" };
+    pub const STALE_TOKEN: ProblemType =
+        ProblemType { status: StatusCode::PRECONDITION_FAILED.as_u16(), slug: "stale-token", title: "Stale fencing token" };
+    pub const SCOPE_MISMATCH: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "scope-mismatch", title: "Scope mismatch" };
+    pub const TOKEN_NOT_ISSUED: ProblemType =
+        ProblemType { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), slug: "token-not-issued", title: "Token never issued" };
+    pub const TOKEN_JUMP: ProblemType =
+        ProblemType { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), slug: "token-jump", title: "Token jumps too far" };
+    pub const MISSING_TOKEN_PROOF: ProblemType =
+        ProblemType { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), slug: "missing-token-proof", title: "Token proof required" };
+    pub const INVALID_TOKEN_PROOF: ProblemType =
+        ProblemType { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), slug: "invalid-token-proof", title: "Invalid token proof" };
+    pub const INVALID_ROW: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-row", title: "Invalid row" };
+    pub const INVALID_VALUE: ProblemType =
+        ProblemType { status: StatusCode::UNPROCESSABLE_ENTITY.as_u16(), slug: "invalid-value", title: "Value refused by the table" };
+    pub const INVALID_REQUEST: ProblemType =
+        ProblemType { status: StatusCode::BAD_REQUEST.as_u16(), slug: "invalid-request", title: "Invalid request" };
+    pub const RESET_NOT_BELOW: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "reset-not-below", title: "A reset only lowers a fence" };
+    pub const LOCK_HELD: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-held", title: "Lock is held" };
+    pub const LOCK_EXHAUSTED: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-exhausted", title: "No token left to grant" };
+    pub const LOCK_LOST: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-lost", title: "Lease lost" };
+    pub const UNAUTHENTICATED: ProblemType =
+        ProblemType { status: StatusCode::UNAUTHORIZED.as_u16(), slug: "unauthenticated", title: "Authentication required" };
+    pub const FORBIDDEN: ProblemType =
+        ProblemType { status: StatusCode::FORBIDDEN.as_u16(), slug: "forbidden", title: "Forbidden" };
+    pub const UNAVAILABLE: ProblemType =
+        ProblemType { status: StatusCode::SERVICE_UNAVAILABLE.as_u16(), slug: "unavailable", title: "Service temporarily unavailable" };
+    pub const INTERNAL: ProblemType =
+        ProblemType { status: StatusCode::INTERNAL_SERVER_ERROR.as_u16(), slug: "internal", title: "Internal server error" };
+    pub const ALL: &[ProblemType] = &[
+        MISSING_TOKEN, MALFORMED_TOKEN, INVALID_KEY, INVALID_SCOPE, INVALID_JSON, INVALID_BATCH,
+        PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, MISDIRECTED_REQUEST, BODY_TIMEOUT, NOT_FOUND,
+        METHOD_NOT_ALLOWED, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED, TOKEN_JUMP, MISSING_TOKEN_PROOF,
+        INVALID_TOKEN_PROOF, INVALID_ROW, INVALID_VALUE, INVALID_REQUEST, RESET_NOT_BELOW, LOCK_HELD,
+        LOCK_EXHAUSTED, LOCK_LOST, UNAUTHENTICATED, FORBIDDEN, UNAVAILABLE, INTERNAL,
+    ];
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("missing X-Fencing-Token header")]
@@ -82,6 +169,9 @@ pub enum ApiError {
     Timeout,
     #[error("too many requests in flight")]
     Overloaded,
+    /// `GET /v1/admin/events` while the most streams a process serves are open.
+    #[error("{0} event streams are open already, the most one process serves (events::MAX_SUBSCRIBERS); close a console tab or retry later")]
+    TooManyStreams(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
@@ -129,50 +219,49 @@ impl ApiError {
         ApiError::InvalidScope(format!("the scope {err}"))
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+    /// The problem type of this error: its status, slug and title.
+    pub fn kind(&self) -> ProblemType {
         use ApiError::*;
         match self {
-            MissingToken => (StatusCode::PRECONDITION_REQUIRED, "missing-token", "Fencing token required"),
-            MalformedToken(_) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
-            InvalidKey(_) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
-            InvalidScope(_) => (StatusCode::BAD_REQUEST, "invalid-scope", "Invalid scope"),
-            InvalidJson(_) | Store(StoreError::Refused(_)) => (StatusCode::BAD_REQUEST, "invalid-json", "Invalid JSON body"),
-            InvalidBatch(_) => (StatusCode::BAD_REQUEST, "invalid-batch", "Invalid batch"),
-            PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Request body too large"),
-            UnsupportedMediaType(_) => {
-                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Request body must be JSON")
-            }
-            Misdirected(_) => (StatusCode::MISDIRECTED_REQUEST, "misdirected-request", "Host not served"),
-            BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "body-timeout", "Request body too slow"),
-            NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
-            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed"),
-            Stale(_) => (StatusCode::PRECONDITION_FAILED, "stale-token", "Stale fencing token"),
-            ScopeMismatch(_) => (StatusCode::CONFLICT, "scope-mismatch", "Scope mismatch"),
-            NotIssued(_) => (StatusCode::UNPROCESSABLE_ENTITY, "token-not-issued", "Token never issued"),
-            Jump(_) => (StatusCode::UNPROCESSABLE_ENTITY, "token-jump", "Token jumps too far"),
-            Proof(crate::issuers::ProofError::Missing { .. }) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "missing-token-proof", "Token proof required")
-            }
-            Proof(crate::issuers::ProofError::Invalid { .. }) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "invalid-token-proof", "Invalid token proof")
-            }
-            Row(RowError::Key { .. }) => (StatusCode::BAD_REQUEST, "invalid-key", "Invalid key"),
-            Row(RowError::Row { .. }) => (StatusCode::BAD_REQUEST, "invalid-row", "Invalid row"),
-            Row(RowError::Value { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid-value", "Value refused by the table"),
-            Row(RowError::NoRow(_)) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
-            Row(RowError::Token(_)) => (StatusCode::BAD_REQUEST, "malformed-token", "Malformed fencing token"),
-            InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid-request", "Invalid request"),
-            ResetNotBelow(_) => (StatusCode::CONFLICT, "reset-not-below", "A reset only lowers a fence"),
-            LockHeld { .. } => (StatusCode::CONFLICT, "lock-held", "Lock is held"),
-            LockExhausted => (StatusCode::CONFLICT, "lock-exhausted", "No token left to grant"),
-            LockLost { .. } => (StatusCode::CONFLICT, "lock-lost", "Lease lost"),
-            Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
-            Forbidden { .. } | ForeignLease(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
-            Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service temporarily unavailable")
-            }
-            Store(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal server error"),
+            MissingToken => kinds::MISSING_TOKEN,
+            MalformedToken(_) => kinds::MALFORMED_TOKEN,
+            InvalidKey(_) => kinds::INVALID_KEY,
+            InvalidScope(_) => kinds::INVALID_SCOPE,
+            InvalidJson(_) | Store(StoreError::Refused(_)) => kinds::INVALID_JSON,
+            InvalidBatch(_) => kinds::INVALID_BATCH,
+            PayloadTooLarge { .. } => kinds::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType(_) => kinds::UNSUPPORTED_MEDIA_TYPE,
+            Misdirected(_) => kinds::MISDIRECTED_REQUEST,
+            BodyTimeout(_) => kinds::BODY_TIMEOUT,
+            NotFound(_) => kinds::NOT_FOUND,
+            MethodNotAllowed => kinds::METHOD_NOT_ALLOWED,
+            Stale(_) => kinds::STALE_TOKEN,
+            ScopeMismatch(_) => kinds::SCOPE_MISMATCH,
+            NotIssued(_) => kinds::TOKEN_NOT_ISSUED,
+            Jump(_) => kinds::TOKEN_JUMP,
+            Proof(crate::issuers::ProofError::Missing { .. }) => kinds::MISSING_TOKEN_PROOF,
+            Proof(crate::issuers::ProofError::Invalid { .. }) => kinds::INVALID_TOKEN_PROOF,
+            Row(RowError::Key { .. }) => kinds::INVALID_KEY,
+            Row(RowError::Row { .. }) => kinds::INVALID_ROW,
+            Row(RowError::Value { .. }) => kinds::INVALID_VALUE,
+            Row(RowError::NoRow(_)) => kinds::NOT_FOUND,
+            Row(RowError::Token(_)) => kinds::MALFORMED_TOKEN,
+            InvalidRequest(_) => kinds::INVALID_REQUEST,
+            ResetNotBelow(_) => kinds::RESET_NOT_BELOW,
+            LockHeld { .. } => kinds::LOCK_HELD,
+            LockExhausted => kinds::LOCK_EXHAUSTED,
+            LockLost { .. } => kinds::LOCK_LOST,
+            Unauthenticated(_) => kinds::UNAUTHENTICATED,
+            Forbidden { .. } | ForeignLease(_) => kinds::FORBIDDEN,
+            TooManyStreams(_) => kinds::UNAVAILABLE,
+            Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) | Store(StoreError::NotReady(_)) => kinds::UNAVAILABLE,
+            Store(_) | Internal(_) => kinds::INTERNAL,
         }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        let kind = self.kind();
+        (StatusCode::from_u16(kind.status).expect("problem statuses are valid"), kind.slug, kind.title)
     }
 
     fn detail(&self) -> String {
@@ -212,6 +301,7 @@ impl ApiError {
                 "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
             }
             ApiError::Store(StoreError::Raced(why)) => format!("{why}; retry with the same token (a retry is safe)"),
+            ApiError::Store(StoreError::NotReady(why)) => format!("{why}; retry later"),
             // Never leak internals; the log has them, under the request id.
             ApiError::Store(_) | ApiError::Internal(_) => {
                 "the server failed to handle the request; see the server log for this request id".into()
@@ -372,7 +462,29 @@ impl IntoResponse for ApiError {
         if let Some(outcome) = outcome {
             response.extensions_mut().insert(super::WriteOutcome(outcome));
         }
+        if let Some(refused) = self.refused() {
+            // For the console's events (`observe` takes it out): moved, not copied.
+            response.extensions_mut().insert(refused);
+        }
         response
+    }
+}
+
+impl ApiError {
+    /// The fencing refusal this error answers, if it is one.
+    fn refused(self) -> Option<crate::events::Refused> {
+        use crate::{events::Refused, issuers::ProofError};
+        Some(match self {
+            ApiError::Stale(stale) => Refused::Stale(stale),
+            ApiError::NotIssued(refused) => Refused::NotIssued(refused),
+            ApiError::Jump(refused) => Refused::Jump(refused),
+            ApiError::ScopeMismatch(mismatch) => Refused::Mismatch(mismatch),
+            ApiError::Proof(ProofError::Missing { scope, issuer }) => {
+                Refused::BadProof { scope: Some(scope), issuer, why: "no X-Fencing-Proof".into() }
+            }
+            ApiError::Proof(ProofError::Invalid { issuer, why }) => Refused::BadProof { scope: None, issuer, why: why.into() },
+            _ => return None,
+        })
     }
 }
 

@@ -12,6 +12,7 @@ use axum::{
 use serde::Serialize;
 use serde_json::{json, value::RawValue};
 
+use super::openapi::{self as doc, schemas as body};
 use super::{
     auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
@@ -94,6 +95,19 @@ async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, 
 }
 
 /// Replaces the row (creating it if absent); columns left out get their default.
+#[utoipa::path(
+    operation_id = "table_put",
+    put,
+    path = super::routes::TABLES,
+    tag = "tables",
+    params(doc::RowParams, Token, ScopeHeader, Proof),
+    request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = body::RowWritten),
+        (status = 200, description = "Replaced", body = body::RowWritten),
+        doc::TableWrite
+    )
+)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,
@@ -110,6 +124,15 @@ pub async fn put(
 }
 
 /// Updates the named columns of an existing row.
+#[utoipa::path(
+    operation_id = "table_patch",
+    patch,
+    path = super::routes::TABLES,
+    tag = "tables",
+    params(doc::RowParams, Token, ScopeHeader, Proof),
+    request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
+    responses((status = 200, description = "Updated", body = body::RowWritten), doc::TableWrite)
+)]
 pub async fn patch(
     actor: Actor,
     State(state): State<AppState>,
@@ -126,6 +149,14 @@ pub async fn patch(
 }
 
 /// Deletes the row; its fence stays (a tombstone in the ledger).
+#[utoipa::path(
+    operation_id = "table_delete",
+    delete,
+    path = super::routes::TABLES,
+    tag = "tables",
+    params(doc::RowParams, Token, ScopeHeader, Proof),
+    responses((status = 200, description = "Deleted", body = body::RowWritten), doc::TableDelete)
+)]
 pub async fn delete(
     actor: Actor,
     State(state): State<AppState>,
@@ -149,6 +180,19 @@ struct RowResponse<'a> {
     scope: Option<&'a str>,
 }
 
+#[utoipa::path(
+    operation_id = "table_get",
+    get,
+    path = super::routes::TABLES,
+    tag = "tables",
+    summary = "Read a row and its fence",
+    params(doc::RowParams),
+    responses(
+        (status = 200, description = "The row", body = body::RowRead,
+         headers(("X-Fencing-Token" = String, description = "The row's fence token, when it has one"))),
+        doc::TableGet
+    )
+)]
 pub async fn get(actor: Actor, State(state): State<AppState>, RowPath { resource, key }: RowPath) -> Result<Response, ApiError> {
     check_table(&actor, Right::Read, &resource.name)?;
     let Some(entry) = state.store.table_get(&resource, &key).await? else {

@@ -5,12 +5,11 @@
 //! as the write) and reports an [`Outcome`].
 
 pub mod admin;
-mod batching;
 mod catalog;
-mod coalesce;
-mod connections;
+pub mod overview;
+mod sql;
 mod postgres;
-mod reads;
+mod replication;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -19,22 +18,26 @@ use std::sync::Arc;
 
 use crate::{
     fence::{
-        Fenced, FencingToken, Guard, HighWater, Jump, JumpCap, Key, NotIssued, Outcome, Rule, Scope, ScopeMismatch,
-        ScopeRule, Stale,
+        Fenced, FencingToken, Guard, HighWater, Jump, Key, NotIssued, Outcome, Rule, Scope, ScopeMismatch, Stale,
     },
     locks::{Acquired, Held, Ttl},
 };
 
-pub use postgres::{kv_put_scoped_sql, kv_put_sql, PgStore, KV_GET};
-pub use sqlite::SqliteStore;
+use postgres::PgStore;
+pub use postgres::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+pub use sql::Checks;
+pub(crate) use sql::SCOPE_STATE;
+use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
 /// The backend in use. An enum rather than a trait object: the set is closed and small, and
-/// async methods stay plain `async fn`.
+/// async methods stay plain `async fn`. Private to the store: every caller goes through
+/// [`Store`], so nothing can bypass the reject-only cache or the detaching of database work.
 #[derive(Clone)]
-pub enum Backend {
+enum Backend {
     Postgres(PgStore),
-    /// The embedded default (no server needed); kv, batch, fences and locks behave the same.
+    /// The embedded default (no server needed): the same fence rules for kv, batch, fences and
+    /// locks; no coalescing, no legacy tables (see `sqlite`).
     Sqlite(SqliteStore),
 }
 
@@ -67,12 +70,14 @@ macro_rules! detached {
 /// the transaction, and later writes on it would be acknowledged but never committed. Detached,
 /// the work always ends in COMMIT or ROLLBACK and the connection goes back clean; the caller
 /// that went away just never hears the outcome (which is "unknown" for it, as with any 503).
-async fn run_detached<T: Send + 'static>(
-    work: impl std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-) -> Result<T, StoreError> {
+async fn run_detached<T, E>(work: impl std::future::Future<Output = Result<T, E>> + Send + 'static) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<StoreError> + Send + 'static,
+{
     match tokio::spawn(work).await {
         Ok(result) => result,
-        Err(err) => Err(StoreError::Task(err.to_string())),
+        Err(err) => Err(StoreError::Task(err.to_string()).into()),
     }
 }
 
@@ -140,14 +145,14 @@ pub struct Claimed {
     pub created: bool,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or is overloaded right now; the client may retry.
     #[error("database unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
+    Unavailable(#[source] Cause),
     /// Anything else: a bug or a broken database. Logged, never sent to clients.
     #[error("database error: {0}")]
-    Internal(#[source] sqlx::Error),
+    Internal(#[source] Cause),
     #[error("the database holds an invalid value: {0}")]
     Corrupt(String),
     /// The database refused a value the request sent (SQLSTATE class 22, a data exception:
@@ -163,33 +168,71 @@ pub enum StoreError {
     /// token is safe and may now succeed (503).
     #[error("the write raced a concurrent change: {0}")]
     Raced(String),
+    /// The database cannot take writes yet, for a reason fencegate states itself (never a
+    /// driver's text): a standby, migrations owed. 503; the detail is sent.
+    #[error("not ready: {0}")]
+    NotReady(String),
+}
+
+/// What lies under an unavailable or internal [`StoreError`]: the database driver's error,
+/// shared (a coalesced statement's failure is the failure of every write that waited on it, so
+/// each gets the whole error, not a copy of its text), or fencegate's own account of it.
+#[derive(Debug, Clone)]
+pub enum Cause {
+    Database(Arc<sqlx::Error>),
+    Said(std::borrow::Cow<'static, str>),
+}
+
+impl Cause {
+    /// Whether the database itself answered with an error (rather than the connection or the
+    /// pool failing): the statement was refused, so nothing of it was committed.
+    pub fn is_database_refusal(&self) -> bool {
+        matches!(self, Cause::Database(err) if matches!(**err, sqlx::Error::Database(_)))
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::Database(err) => err.fmt(f),
+            Cause::Said(text) => f.write_str(text),
+        }
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Cause::Database(err) => Some(&**err),
+            Cause::Said(_) => None,
+        }
+    }
 }
 
 impl StoreError {
-    /// The same error for each of several callers (sqlx errors are not `Clone`): same class,
-    /// same text.
-    pub(crate) fn duplicate(&self) -> StoreError {
-        match self {
-            StoreError::Unavailable(e) => StoreError::Unavailable(sqlx::Error::Protocol(e.to_string())),
-            StoreError::Internal(e) => StoreError::Internal(sqlx::Error::Protocol(e.to_string())),
-            StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
-            StoreError::Refused(m) => StoreError::Refused(m.clone()),
-            StoreError::Task(m) => StoreError::Task(m.clone()),
-            StoreError::Raced(m) => StoreError::Raced(m.clone()),
-        }
+    /// Unavailable, in fencegate's words (the pool is closed, a worker is gone, ...).
+    pub fn unavailable(why: impl Into<std::borrow::Cow<'static, str>>) -> StoreError {
+        StoreError::Unavailable(Cause::Said(why.into()))
     }
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         if is_transient(&err) {
-            return StoreError::Unavailable(err);
+            return StoreError::Unavailable(Cause::Database(Arc::new(err)));
         }
         match &err {
             sqlx::Error::Database(db) if db.code().is_some_and(|code| code.starts_with("22")) => {
                 StoreError::Refused(db.message().to_owned())
             }
-            _ => StoreError::Internal(err),
+            // 42P01: a table fencegate needs does not exist: the database is not migrated (a
+            // standby of an unmigrated primary, before its promotion). Not now, not a bug: 503.
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => StoreError::NotReady(
+                "a table fencegate needs does not exist: the database is not migrated yet (`fencegate migrate`, \
+                 or wait for the standby to be promoted)"
+                    .into(),
+            ),
+            _ => StoreError::Internal(Cause::Database(Arc::new(err))),
         }
     }
 }
@@ -208,63 +251,14 @@ fn is_transient(err: &sqlx::Error) -> bool {
             // 08: connection exception; 40001 serialization failure; 40P01 deadlock;
             // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now;
             // 3D000: the database does not exist (dropped or not yet created: an outage).
+            // 25006: read-only transaction: the server is a standby now (a failover is under
+            // way, or the URL routes to a standby); the write was not applied.
             code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
-                || code == "40001" || code == "40P01" || code == "3D000"
+                || code == "40001" || code == "40P01" || code == "3D000" || code == "25006"
                 // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
                 || matches!(code.as_ref(), "5" | "6" | "261" | "517" | "262")
         }),
         _ => false,
-    }
-}
-
-/// The SQL spelling of [`Rule::accepts`]: `fence <op> token`. This is the one place the rule is
-/// turned into SQL; every fenced statement is built with it.
-pub(crate) fn sql_fence_op(rule: Rule) -> &'static str {
-    match rule {
-        Rule::Inclusive => "<=",
-        Rule::Strict => "<",
-    }
-}
-
-/// The checks every fenced statement makes besides the accept rule, fixed by configuration
-/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Checks {
-    pub scopes: ScopeRule,
-    pub jump: JumpCap,
-}
-
-/// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's
-/// scope column, `presented` the write's scope (NULL: unscoped). The one place the scope rule
-/// is turned into SQL; every fenced statement that writes a key or a row is built with it,
-/// next to [`sql_fence_op`]. `IS NOT DISTINCT FROM` is NULL-safe equality on PostgreSQL and on
-/// SQLite (3.39+), so both backends share the spelling.
-pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &str) -> String {
-    match scopes {
-        ScopeRule::Sticky => format!("{remembered} IS NOT DISTINCT FROM {presented}"),
-        ScopeRule::Free => "TRUE".to_owned(),
-    }
-}
-
-/// The SQL spelling of [`crate::fence::issued`]: `token` is not above the latest grant of the
-/// built-in lock named `scope`, if there is one. Every statement that raises a scope's fence
-/// for a write or a claim is gated by it (lock grants pass it by construction: the grant
-/// updates the lock row first, in the same transaction). Evaluated on the statement's snapshot:
-/// a grant committed after it is not seen, which can only refuse more, never admit more.
-pub(crate) fn sql_issued_check(scope: &str, token: &str) -> String {
-    format!("NOT EXISTS (SELECT 1 FROM fencegate_locks AS issued WHERE issued.name = {scope} AND issued.token < {token})")
-}
-
-/// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
-/// or a scalar subquery; NULL: no fence, counted as 0) by more than the cap. Both operands are
-/// non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
-/// validated configuration, never request text. Each statement checks it twice: in the row it
-/// inserts (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as locked,
-/// since an admin reset may lower a fence after the snapshot was taken.
-pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
-    match jump {
-        JumpCap(0) => "TRUE".to_owned(),
-        JumpCap(cap) => format!("{token} - COALESCE({fence}, 0) <= {cap}"),
     }
 }
 
@@ -382,16 +376,36 @@ impl Refusal {
     }
 }
 
-/// A scope's fence and the latest token granted by the built-in lock of that name: what
-/// explains a refused claim. `$1` the scope; one text for both backends (sqlx binds `$n` on
-/// SQLite too). Decoded by [`scope_state_from`].
-pub(crate) const SCOPE_STATE: &str = "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
-                                             (SELECT token FROM fencegate_locks WHERE name = $1)";
-
 type ScopeState = (Option<FencingToken>, Option<FencingToken>);
 
 pub(crate) fn scope_state_from((fence, latest): (Option<i64>, Option<i64>)) -> Result<ScopeState, StoreError> {
     Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
+}
+
+/// Ready as far as the schema goes: every migration this binary knows (`migrator`) is applied.
+fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), StoreError> {
+    let known = migrator.iter().count() as i64;
+    if applied < known {
+        return Err(StoreError::Corrupt(format!("{applied} of {known} migrations applied; run `fencegate migrate`")));
+    }
+    Ok(())
+}
+
+/// A [`Holder`](crate::locks::Holder) from a row of either backend's holder query: owner, the
+/// lease's remaining milliseconds, token, actor.
+pub(crate) fn holder_from<R>(row: &R) -> Result<crate::locks::Holder, StoreError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(crate::locks::Holder {
+        owner: row.try_get(0)?,
+        remaining_ms: row.try_get(1)?,
+        token: token_from_db(row.try_get(2)?)?,
+        actor: row.try_get(3)?,
+    })
 }
 
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
@@ -399,13 +413,18 @@ pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
 }
 
 impl Store {
-    /// `cache_capacity`: how many fences the reject-only cache may hold (0 disables it).
-    pub fn new(backend: Backend, cache_capacity: usize) -> Self {
-        Store { backend, high_water: Arc::new(HighWater::new(cache_capacity)) }
-    }
-
-    pub fn backend(&self) -> &Backend {
-        &self.backend
+    /// Opens the configured database (running migrations if configured): PostgreSQL when a
+    /// URL is set, else the embedded SQLite file.
+    pub async fn open(settings: &crate::config::Settings) -> anyhow::Result<Self> {
+        let url = settings.database.effective_url();
+        let checks = settings.kv.checks();
+        let backend = if settings.database.is_sqlite() {
+            tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
+            Backend::Sqlite(SqliteStore::connect(&settings.database, &url, checks).await?)
+        } else {
+            Backend::Postgres(PgStore::connect(&settings.database, &url, checks).await?)
+        };
+        Ok(Store { backend, high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)) })
     }
 
     pub async fn ready(&self) -> Result<(), StoreError> {
@@ -474,7 +493,7 @@ impl Store {
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         match &self.backend {
             // Like coalesced writes: a read worker owns the statement, no task of our own.
-            Backend::Postgres(pg) if pg.reads().is_some() => pg.get(key).await,
+            Backend::Postgres(pg) if pg.coalesces_reads() => pg.get(key).await,
             _ => {
                 let key = key.clone();
                 detached!(self, b => b.get(&key).await)
@@ -533,6 +552,12 @@ impl Store {
             Some(lease) => Ok(Held::Yes(lease)),
             None => Ok(Held::refused(b.holder(&name).await?, token, actor.as_deref())),
         })
+    }
+
+    /// Who holds the lock `name` now (a live lease), if anyone.
+    pub async fn holder(&self, name: &Scope) -> Result<Option<crate::locks::Holder>, StoreError> {
+        let name = name.clone();
+        detached!(self, b => b.holder(&name).await)
     }
 
     /// (open, idle) connections, for the pool gauges.

@@ -1,12 +1,18 @@
 //! The embedded SQLite backend: the zero-setup default when no PostgreSQL is configured, so
 //! `fencegate serve` and `fencegate demo` work on a fresh machine with nothing but Rust.
 //!
-//! Same semantics as the PostgreSQL backend and the same shape of SQL: an unscoped write is one
-//! `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE <fence check> RETURNING`. SQLite has no
-//! data-modifying CTEs, so scoped writes and batches run as a transaction; the pool has ONE
-//! connection, so transactions are serialized and cannot interleave (SQLite has a single
-//! writer anyway). Durability: WAL with `synchronous = FULL`, so a 2xx means on disk.
-
+//! The fence rules are the PostgreSQL backend's, spelled by the same functions (`store::sql`)
+//! and explained by the same code (`store::explain_refusal`): an unscoped write is one
+//! `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE <fence check> RETURNING`. What differs:
+//! - SQLite has no data-modifying CTEs, so scoped writes and batches run as a transaction;
+//! - the pool has ONE connection (SQLite has a single writer anyway), so transactions are
+//!   serialized and cannot interleave, and there is no coalescing: writes to one key are
+//!   applied in arrival order;
+//! - no legacy tables (`[[resources]]` is refused at start-up);
+//! - lock leases run on this machine's clock; a reset made by another process reaches the
+//!   reject-only cache through the audit-log poll (0.5 s), not a notification.
+//!
+//! Durability: WAL with `synchronous = FULL`, so a 2xx means on disk.
 use std::{collections::BTreeMap, str::FromStr, time::Duration};
 
 use sqlx::{
@@ -15,8 +21,9 @@ use sqlx::{
 };
 
 use super::{
-    explain_refusal, scope_state_from, sql_fence_op, sql_issued_check, sql_jump_check, sql_scope_check, token_from_db, Checks, Claimed,
-    Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
+    explain_refusal, holder_from, scope_state_from,
+    sql::{fence_admits, sql_issued_check, sql_jump_check, sql_scope_check, ByRule, MIGRATIONS_APPLIED},
+    token_from_db, Checks, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
 };
 use crate::{
     config::DatabaseSettings,
@@ -62,7 +69,6 @@ struct Statements {
 
 impl Statements {
     fn new(rule: Rule, checks: Checks) -> Self {
-        let op = sql_fence_op(rule);
         let on_conflict = kv_on_conflict();
         let scope_check = sql_scope_check(checks.scopes, "kv.scope", "excluded.scope");
         let key_jump = sql_jump_check(checks.jump, "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = ?1)", "?4");
@@ -77,8 +83,9 @@ impl Statements {
                 "INSERT INTO fencegate_fences AS f (scope, fence_token, updated_at) SELECT ?1, ?2, {NOW_TEXT} WHERE {gate}
                  ON CONFLICT (scope) DO UPDATE SET
                      fence_token = excluded.fence_token, version = f.version + 1, updated_at = {NOW_TEXT}
-                 WHERE f.fence_token {op} excluded.fence_token
-                 RETURNING version"
+                 WHERE {admits}
+                 RETURNING version",
+                admits = fence_admits(rule, "f.fence_token", "excluded.fence_token"),
             )
         };
         Statements {
@@ -86,8 +93,9 @@ impl Statements {
                 "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
                  SELECT ?1, ?2, ?3, ?4, ?4, NULL, {NOW_TEXT} WHERE {key_jump}
                  {on_conflict}
-                 WHERE kv.key_fence {op} excluded.key_fence AND {scope_check}
-                 RETURNING version"
+                 WHERE {admits} AND {scope_check}
+                 RETURNING version",
+                admits = fence_admits(rule, "kv.key_fence", "excluded.key_fence"),
             ),
             put_scoped: format!(
                 "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope, updated_at)
@@ -103,10 +111,9 @@ impl Statements {
 }
 
 #[derive(Clone)]
-pub struct SqliteStore {
+pub(in crate::store) struct SqliteStore {
     pub(super) pool: SqlitePool,
-    inclusive: std::sync::Arc<Statements>,
-    strict: std::sync::Arc<Statements>,
+    sql: std::sync::Arc<ByRule<Statements>>,
     /// Built into the statements; needed again to explain a refusal.
     checks: Checks,
 }
@@ -127,8 +134,7 @@ impl SqliteStore {
             .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
         let store = SqliteStore {
             pool,
-            inclusive: Statements::new(Rule::Inclusive, checks).into(),
-            strict: Statements::new(Rule::Strict, checks).into(),
+            sql: ByRule::build(|rule| Statements::new(rule, checks)).into(),
             checks,
         };
         if settings.migrate_on_start {
@@ -142,10 +148,7 @@ impl SqliteStore {
     }
 
     fn statements(&self, rule: Rule) -> &Statements {
-        match rule {
-            Rule::Inclusive => &self.inclusive,
-            Rule::Strict => &self.strict,
-        }
+        self.sql.get(rule)
     }
 
     pub fn pool_stats(&self) -> (u32, usize) {
@@ -153,14 +156,8 @@ impl SqliteStore {
     }
 
     pub async fn ready(&self) -> Result<(), StoreError> {
-        let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
-            .fetch_one(&self.pool)
-            .await?;
-        let known = MIGRATOR.iter().count() as i64;
-        if applied < known {
-            return Err(StoreError::Corrupt(format!("{applied} of {known} migrations applied; run `fencegate migrate`")));
-        }
-        Ok(())
+        let applied: i64 = sqlx::query_scalar(MIGRATIONS_APPLIED).fetch_one(&self.pool).await?;
+        super::migrated(applied, &MIGRATOR)
     }
 
     /// Applies one kv write inside `conn` (a transaction). Returns the new version, or `None`
@@ -292,7 +289,7 @@ impl SqliteStore {
     /// Raises the scope's fence to `token` (inclusive rule); `None` if the fence refused it.
     /// Raises the scope's fence to `token` (inclusive rule), or says why not.
     pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
-        let version: Option<i64> = sqlx::query_scalar(&self.inclusive.claim)
+        let version: Option<i64> = sqlx::query_scalar(&self.sql.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
@@ -312,25 +309,50 @@ impl SqliteStore {
         current.map(token_from_db).transpose()
     }
 
+    /// Grants the lock `name` if it is free or expired, and claims its scope, in one
+    /// transaction that reads the clock once: the grant and, if it refuses, the holder are
+    /// judged at the same instant, so "not granted" always finds the holder. (The single
+    /// connection serializes transactions: nothing else runs in between.)
     pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let acquired = self.acquire_in(&mut tx, name, owner, ttl, actor).await?;
+        match acquired {
+            Acquired::Granted(_) => tx.commit().await?,
+            Acquired::Held(_) | Acquired::Exhausted => tx.rollback().await?,
+        }
+        Ok(acquired)
+    }
+
+    async fn acquire_in(
+        &self,
+        tx: &mut SqliteConnection,
+        name: &Scope,
+        owner: &str,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Acquired, StoreError> {
         let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
             .bind(name.as_str())
             .fetch_optional(&mut *tx)
             .await?;
-        // Checked, not left to `max(l.token, ?4) + 1`: SQLite would turn the overflow into a
-        // float. The single connection serializes transactions, so the fence stays as read.
-        if fence == Some(i64::MAX) {
-            tx.rollback().await?;
+        let latest: Option<i64> = sqlx::query_scalar("SELECT token FROM fencegate_locks WHERE name = ?1")
+            .bind(name.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+        // The next token is `max(l.token, fence) + 1`. Checked here, not left to SQLite, which
+        // would turn the overflow into a float; the lock's own token counts too (an admin
+        // reset may have lowered the fence below it).
+        if fence.unwrap_or(0).max(latest.unwrap_or(0)) == i64::MAX {
             return Ok(Acquired::Exhausted);
         }
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(&mut *tx).await?;
         let acquire = format!(
             "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at, actor)
-             VALUES (?1, ?2, ?4 + 1, {NOW_MS} + ?3, {NOW_TEXT}, ?5)
+             VALUES (?1, ?2, ?4 + 1, ?6 + ?3, {NOW_TEXT}, ?5)
              ON CONFLICT (name) DO UPDATE SET
                  owner = excluded.owner, actor = excluded.actor, token = max(l.token, ?4) + 1,
                  expires_at_ms = excluded.expires_at_ms, granted_at = {NOW_TEXT}
-             WHERE l.owner IS NULL OR l.expires_at_ms <= {NOW_MS}
+             WHERE l.owner IS NULL OR l.expires_at_ms <= ?6
              RETURNING token, {}",
             ms_to_text("expires_at_ms")
         );
@@ -340,40 +362,27 @@ impl SqliteStore {
             .bind(ttl.ms())
             .bind(fence.unwrap_or(0))
             .bind(actor)
+            .bind(now)
             .fetch_optional(&mut *tx)
             .await?;
         let Some(row) = granted else {
-            tx.rollback().await?;
-            return match self.holder(name).await? {
+            // Refused at `now`: held at `now`, by the row as it is (nothing else ran since).
+            return match holder_at(&mut *tx, name, now).await? {
                 Some(holder) => Ok(Acquired::Held(holder)),
-                None => Err(StoreError::Corrupt("a lock is neither free nor held".into())),
+                None => Err(StoreError::Corrupt(format!("lock {name} is neither free nor held"))),
             };
         };
         let token = token_from_db(row.try_get(0)?)?;
-        // The single connection serializes everything, so the fence read above still holds.
-        if !Self::claim_in(&mut tx, &self.inclusive.grant_claim, name, token).await? {
-            tx.rollback().await?;
-            return Err(StoreError::Corrupt("a lock grant could not claim its scope".into()));
+        if !Self::claim_in(&mut *tx, &self.sql.inclusive.grant_claim, name, token).await? {
+            return Err(StoreError::Corrupt(format!("the grant of lock {name} could not claim its scope")));
         }
-        tx.commit().await?;
         Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at: row.try_get(1)? }))
     }
 
     pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
-        let sql = format!(
-            "SELECT owner, max(0, expires_at_ms - {NOW_MS}), token, actor FROM fencegate_locks
-             WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}"
-        );
-        let row = sqlx::query(&sql).bind(name.as_str()).fetch_optional(&self.pool).await?;
-        row.map(|row| {
-            Ok(Holder {
-                owner: row.try_get(0)?,
-                remaining_ms: row.try_get(1)?,
-                token: token_from_db(row.try_get(2)?)?,
-                actor: row.try_get(3)?,
-            })
-        })
-        .transpose()
+        let mut conn = self.pool.acquire().await?;
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(&mut *conn).await?;
+        holder_at(&mut conn, name, now).await
     }
 
     /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
@@ -418,4 +427,17 @@ impl SqliteStore {
         tx.commit().await?;
         Ok(Some(Lease { name: name.clone(), owner, token, expires_at: now }))
     }
+}
+
+/// Who holds the lock `name` at `now_ms`, if anyone.
+async fn holder_at(conn: &mut SqliteConnection, name: &Scope, now_ms: i64) -> Result<Option<Holder>, StoreError> {
+    let row = sqlx::query(
+        "SELECT owner, max(0, expires_at_ms - ?2), token, actor FROM fencegate_locks
+         WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > ?2",
+    )
+    .bind(name.as_str())
+    .bind(now_ms)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(holder_from).transpose()
 }

@@ -1,4 +1,4 @@
-//! Recovery, audited (DESIGN.md, Trust): `POST /v1/admin/.../reset` is the only way a fence goes
+//! Recovery, audited (README, *Securing a deployment*): `POST /v1/admin/.../reset` is the only way a fence goes
 //! down; every reset is an audit row; every process serving the database honours it at once.
 
 use std::time::{Duration, Instant};

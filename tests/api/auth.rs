@@ -1,6 +1,6 @@
 //! Trust: API keys and JWTs, rights × prefixes × tables on every route, 401/403 that change
 //! nothing, leases that belong to the actor that took them, and the start-up refusal of an
-//! open server on a reachable address (DESIGN.md, *Trust*, *Credentials*; docs/wire.md).
+//! open server on a reachable address (README, *Securing a deployment*; docs/wire.md).
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -142,10 +142,11 @@ enum Route {
     Acquire,
     Renew,
     Release,
+    GetLock,
 }
 
 impl Route {
-    const ALL: [Route; 9] = [
+    const ALL: [Route; 10] = [
         Route::GetKv,
         Route::PutKv,
         Route::DeleteKv,
@@ -155,6 +156,7 @@ impl Route {
         Route::Acquire,
         Route::Renew,
         Route::Release,
+        Route::GetLock,
     ];
 
     /// The right it needs and the problem field naming the refused name.
@@ -165,6 +167,7 @@ impl Route {
             Route::Claim => ("fence", "scope"),
             Route::GetFence => ("read", "scope"),
             Route::Acquire | Route::Renew | Route::Release => ("lock", "lock"),
+            Route::GetLock => ("read", "lock"),
         }
     }
 
@@ -204,6 +207,10 @@ impl Route {
                 let token = token_of(&acquire(app, keys.of("lock"), &name).await.expect(201));
                 (release(app, secret, &name, &token).await, 200)
             }
+            Route::GetLock => {
+                acquire(app, keys.of("lock"), &name).await.expect(201);
+                (get(app, secret, &format!("/v1/locks/{name}")).await, 200)
+            }
         };
         (resp.0, name, resp.1)
     }
@@ -217,7 +224,7 @@ impl Route {
             Route::Claim | Route::Acquire => get(app, admin, &format!("/v1/fences/{name}")).await.problem(404, "not-found"),
             // The lease is still held by the lock key: a second grant is refused.
             Route::Renew | Route::Release => acquire(app, admin, name).await.problem(409, "lock-held"),
-            Route::GetKv | Route::GetFence => json!(null),
+            Route::GetKv | Route::GetFence | Route::GetLock => json!(null),
         };
     }
 }

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 
+use crate::drain::Drain;
 use crate::helpers::{self, spawn_app, unique, TestApp};
 use crate::support_pg::{free_port, shell_quote, watchdog};
 
@@ -413,8 +414,7 @@ struct Run {
     pgid: Pid,
     stdout: Lines<BufReader<ChildStdout>>,
     seen: Vec<String>,
-    stderr: Arc<Mutex<String>>,
-    stderr_task: tokio::task::JoinHandle<()>,
+    stderr: Drain,
     finished: bool,
 }
 
@@ -520,20 +520,7 @@ impl Run {
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
         let pgid = Pid::from_raw(child.id().expect("just spawned") as i32);
 
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        let stderr_task = tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let stderr = Drain::start(child.stderr.take().unwrap());
         Run {
             label: format!(
                 "{label} ({} as {})",
@@ -545,7 +532,6 @@ impl Run {
             pgid,
             seen: Vec::new(),
             stderr,
-            stderr_task,
             finished: false,
         }
     }
@@ -555,7 +541,7 @@ impl Run {
             "{}\nstdout so far:\n{}\nstderr so far:\n{}",
             self.label,
             self.seen.join("\n"),
-            self.stderr.lock().unwrap()
+            self.stderr.text()
         )
     }
 
@@ -654,12 +640,12 @@ impl Run {
             Err(_) => panic!("closed stdout but did not exit\n{}", self.ctx()),
         };
         self.finished = true;
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.stderr_task).await;
+        let stderr = self.stderr.finish(Duration::from_secs(5)).await;
         Outcome {
             label: self.label.clone(),
             code: status.code(),
             stdout: std::mem::take(&mut self.seen),
-            stderr: self.stderr.lock().unwrap().clone(),
+            stderr,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The edge under attack (issue 14; DESIGN.md, *Trust*, *The edge*): non-JSON bodies, oversized
+//! The edge under attack (README, *Securing a deployment* and *Limits*): non-JSON bodies, oversized
 //! declarations, forged request ids, slow and silent connections, trickled bodies, readers that
 //! never read, half-sent requests at shutdown, too many sockets, foreign Host headers, CORS.
 //! Slow clients are real sockets (`TcpStream`) against timeouts shortened in the settings.
@@ -141,12 +141,7 @@ async fn a_number_whose_expansion_exceeds_max_number_digits_is_400_before_any_da
     assert!(got.text.len() < 2000, "{} bytes", got.text.len());
     // Batches too: nothing of them is applied.
     let batch = app
-        .send(
-            app.req(Method::POST, "/v1/batch")
-                .header(TOKEN, "2")
-                .header("content-type", "application/json")
-                .body(r#"{"ops":[{"op":"put","key":"ok","value":2},{"op":"put","key":"b","value":1e131071}]}"#),
-        )
+        .batch_raw("2", r#"{"ops":[{"op":"put","key":"ok","value":2},{"op":"put","key":"b","value":1e131071}]}"#)
         .await;
     batch.problem(400, "invalid-json");
     assert_eq!(app.kv_get("ok").await.expect(200)["fence_token"], json!("1"), "the batch was applied");
@@ -219,9 +214,8 @@ async fn connections_beyond_max_connections_wait_until_one_closes() {
 #[tokio::test]
 async fn running_out_of_file_descriptors_backs_off_and_recovers() {
     let db = crate::pg::fresh_database().await;
-    let config = std::env::temp_dir().join(format!("{}.toml", unique("fencegate-emfile")));
-    std::fs::write(&config, "[server]\nidle_timeout_ms = 1500\n[database]\nmax_connections = 4\n").unwrap();
-    let bin = crate::helpers::spawn_binary_limited(&db, &["--config", config.to_str().unwrap()], Some(64)).await;
+    let config = "[server]\nidle_timeout_ms = 1500\n[database]\nmax_connections = 4\n";
+    let bin = crate::helpers::spawn_binary_configured(&db, config, Some(64)).await;
     let addr = bin.address.trim_start_matches("http://").to_owned();
     let mut silent = Vec::new();
     for _ in 0..100 {
@@ -239,7 +233,6 @@ async fn running_out_of_file_descriptors_backs_off_and_recovers() {
     }
     drop(silent);
     let (status, stderr) = bin.terminate().await;
-    std::fs::remove_file(&config).ok();
     assert_eq!(status.code(), Some(0), "{stderr}");
     let failures = stderr.lines().filter(|l| l.contains("accept")).count();
     assert!(failures >= 1, "accept never failed: the test did not reach the file limit\n{stderr}");
@@ -328,9 +321,7 @@ async fn a_reader_that_never_reads_is_disconnected_after_write_timeout() {
 #[tokio::test]
 async fn half_sent_requests_do_not_hold_up_shutdown() {
     let db = crate::pg::fresh_database().await;
-    let config = std::env::temp_dir().join(format!("{}.toml", unique("fencegate-drain")));
-    std::fs::write(&config, "[server]\nshutdown_grace_ms = 8000\n").unwrap();
-    let bin = crate::helpers::spawn_binary_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let bin = crate::helpers::spawn_binary_configured(&db, "[server]\nshutdown_grace_ms = 8000\n", None).await;
     let app = bin.view();
     app.kv_put("k", "1", &json!(1)).await.expect(201);
     let mut half = Vec::new();
@@ -346,7 +337,6 @@ async fn half_sent_requests_do_not_hold_up_shutdown() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let (status, stderr) = bin.terminate().await;
-    std::fs::remove_file(&config).ok();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(4), "SIGTERM took {:?}\n{stderr}", started.elapsed());
     assert!(!stderr.contains("did not finish"), "a misleading drain warning:\n{stderr}");

@@ -47,14 +47,7 @@ async fn invalid_json_is_400_and_stores_nothing() {
             .await;
         r.problem(400, "invalid-json");
     }
-    let r = app
-        .send(
-            app.req(Method::POST, "/v1/batch")
-                .header(TOKEN, "1")
-                .header("content-type", "application/json")
-                .body(r#"{"ops":[{"op":"put","key":"k","value":1}"#),
-        )
-        .await;
+    let r = app.batch_raw("1", r#"{"ops":[{"op":"put","key":"k","value":1}"#).await;
     r.problem(400, "invalid-json");
     app.assert_absent("k").await;
 }

@@ -199,9 +199,7 @@ async fn a_server_error_is_logged_with_its_request_id_method_and_route() {
     // The detail of a 5xx goes to the log, never to the client: the log line must be findable
     // by the id the client got.
     let db = crate::pg::fresh_database().await;
-    let config = std::env::temp_dir().join(format!("{}.toml", unique("fencegate-timeout")));
-    std::fs::write(&config, "[server]\nrequest_timeout_ms = 300\n").unwrap();
-    let bin = crate::helpers::spawn_binary_with(&db, &["--config", config.to_str().unwrap()]).await;
+    let bin = crate::helpers::spawn_binary_configured(&db, "[server]\nrequest_timeout_ms = 300\n", None).await;
     let app = bin.view();
     let key = unique("k");
     app.kv_put(&key, "1", &json!("before")).await.expect(201);
@@ -212,10 +210,36 @@ async fn a_server_error_is_logged_with_its_request_id_method_and_route() {
     let id = stuck.header("x-request-id").expect("a request id").to_owned();
     drop(holder);
     let (_, stderr) = bin.terminate().await;
-    std::fs::remove_file(&config).ok();
     let line = stderr
         .lines()
         .find(|l| l.contains("request failed") && l.contains(&id))
         .unwrap_or_else(|| panic!("no `request failed` line with request id {id}:\n{stderr}"));
     assert!(line.contains("PUT") && line.contains("/v1/kv/{key}"), "method and route: {line}");
+}
+
+/// An acquire that waited for its scope's fence row (held here by another transaction, as a
+/// long scoped batch would) still gets its whole lease: the lease starts when the grant is
+/// decided, not when its transaction began (found in review: after a 1.5 s wait, a 1 s lease
+/// was granted already expired, and the next acquirer got the lock at once).
+#[tokio::test]
+async fn an_acquire_that_waited_for_its_fence_gets_its_whole_lease() {
+    let db = crate::pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |_| {}).await;
+    let name = unique("waited");
+    app.claim(&name, "1").await.expect(201);
+    let acquire = |owner: &'static str| {
+        app.send(app.req(reqwest::Method::POST, &format!("/v1/locks/{name}")).json(&json!({"owner": owner, "ttl_ms": 1000})))
+    };
+
+    let mut fence_holder = PgConnection::connect(&db).await.expect("connect for the fence row");
+    fence_holder.execute("BEGIN").await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate_fences WHERE scope = $1 FOR UPDATE").bind(&name).execute(&mut fence_holder).await.unwrap();
+    let (granted, ()) = tokio::join!(acquire("waited"), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        fence_holder.execute("COMMIT").await.unwrap();
+    });
+    granted.expect(201);
+    let held = acquire("next").await.problem(409, "lock-held");
+    let remaining = held["remaining_ms"].as_i64().unwrap();
+    assert!(remaining > 500, "the lease granted after the wait has {remaining} ms left of 1000: {held}");
 }

@@ -3,6 +3,12 @@
 
 mod helpers;
 mod pg;
+#[path = "../support/db_url.rs"]
+mod db_url;
+#[path = "../support/drain.rs"]
+mod drain;
+#[path = "../support/proxy.rs"]
+mod proxy;
 #[path = "../support/postgres.rs"]
 mod support_pg;
 
@@ -13,6 +19,8 @@ mod admin;
 mod auth;
 mod batch;
 mod byol;
+mod client;
+mod console;
 mod concurrency;
 mod demo;
 mod edge;
@@ -21,6 +29,7 @@ mod kv;
 mod limits;
 mod locks;
 mod model;
+mod openapi;
 mod ops;
 mod poison;
 mod outage;

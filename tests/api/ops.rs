@@ -71,3 +71,31 @@ async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
     let mine = app.send(app.req(reqwest::Method::GET, "/healthz").header("x-request-id", "trace-42")).await;
     assert_eq!(mine.header("x-request-id"), Some("trace-42"), "the caller's id is kept for its logs");
 }
+
+/// `fencegate_replication_synchronous`: on PostgreSQL, 0 or 1 from the start (the test server
+/// has no standby: 0); absent on SQLite, which has no replication to report.
+#[tokio::test]
+async fn metrics_say_whether_replication_is_synchronous() {
+    let app = spawn_app().await;
+    app.get("/readyz").await.expect(200);
+    let sample = |text: &str| text.lines().find(|l| l.starts_with("fencegate_replication_synchronous ")).map(str::to_owned);
+    if crate::BACKEND == crate::pg::Backend::Sqlite {
+        let r = app.get("/metrics").await;
+        assert_eq!(sample(&r.text), None, "SQLite has no replication to report:\n{}", r.text);
+        return;
+    }
+    // Checked at start, on the process's own task: give it a moment.
+    let mut last = String::new();
+    for _ in 0..50 {
+        last = app.get("/metrics").await.text;
+        if sample(&last).is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sample(&last).as_deref(),
+        Some("fencegate_replication_synchronous 0"),
+        "a server with no synchronous standby must say so:\n{last}"
+    );
+}

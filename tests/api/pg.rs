@@ -14,6 +14,9 @@ use std::sync::OnceLock;
 
 use sqlx::{Connection, Executor, PgConnection};
 
+use fencegate::config::redact_url;
+
+use crate::db_url::with_database;
 use crate::support_pg;
 
 /// Admin URL of the server the per-test databases are created on.
@@ -43,7 +46,7 @@ pub async fn fresh_database() -> String {
     let name = format!("fg_test_{}", uuid::Uuid::new_v4().simple());
     let mut conn = PgConnection::connect(admin)
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {}: {e}", redact(admin)));
+        .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {}: {e}", redact_url(admin)));
     // template0 + UTF8/C: deterministic encoding whatever the server's defaults are (the key tests
     // store non-ASCII text), and template0 never has other sessions attached, so concurrent
     // CREATE DATABASE calls from parallel tests do not trip over each other.
@@ -54,7 +57,7 @@ pub async fn fresh_database() -> String {
         .as_str(),
     )
     .await
-    .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed on {}: {e}", redact(admin)));
+    .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed on {}: {e}", redact_url(admin)));
     // Tag the database with its owner, so a later run can drop it once this process is gone
     // (on a shared DATABASE_URL server nothing else would; the throwaway cluster goes whole).
     let _ = conn
@@ -112,31 +115,6 @@ async fn sweep_leftovers(conn: &mut PgConnection) {
     }
 }
 
-/// Replaces the database name (path) of a `postgres://` URL, keeping any query string.
-fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.find('?') {
-        Some(i) => (&url[..i], &url[i..]),
-        None => (url, ""),
-    };
-    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map(|i| authority_start + i)
-        .unwrap_or(base.len());
-    format!("{}/{}{}", &base[..path_start], db, query)
-}
-
-fn redact(url: &str) -> String {
-    // postgres://user:password@host -> postgres://user:***@host
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if url[s + 3..at].contains(':') => {
-            let colon = s + 3 + url[s + 3..at].find(':').unwrap();
-            format!("{}:***{}", &url[..colon], &url[at..])
-        }
-        _ => url.to_string(),
-    }
-}
-
 const NOT_FOUND: &str = "PostgreSQL server binaries not found: install them \
      (Debian: apt-get install postgresql) or set DATABASE_URL";
 
@@ -169,7 +147,7 @@ fn fresh_sqlite_database() -> String {
 
 #[cfg(test)]
 mod unit {
-    use super::*;
+    use crate::db_url::*;
 
     #[test]
     fn database_name_is_replaced_and_query_kept() {
@@ -178,6 +156,15 @@ mod unit {
             "postgres://u:p@h:5432/x?sslmode=disable"
         );
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
-        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+    }
+
+    #[test]
+    fn the_server_address_is_found_and_replaced() {
+        // A password may hold an `@`: the host follows the last one.
+        let url = "postgres://u:p@ss@db.example:6543/app?sslmode=disable";
+        assert_eq!(host_port(url), "db.example:6543");
+        assert_eq!(with_host_port(url, "127.0.0.1:9"), "postgres://u:p@ss@127.0.0.1:9/app?sslmode=disable");
+        assert_eq!(host_port("postgres://postgres@127.0.0.1/postgres"), "127.0.0.1:5432");
+        assert_eq!(with_host_port("postgres://h/db", "p:1"), "postgres://p:1/db");
     }
 }

@@ -1,5 +1,5 @@
-//! Tokens that would poison a fence (DESIGN.md, Trust: "Tokens that were never issued are
-//! refused"): a token above what a built-in lock granted, and a jump past `kv.max_token_jump`.
+//! Tokens that would poison a fence (README, *How it decides*: a token a built-in lock never
+//! issued is refused): a token above what a built-in lock granted, and a jump past `kv.max_token_jump`.
 //! Every attempt is checked to have changed nothing: values, fences and the lock's counter.
 
 use reqwest::Method;
@@ -280,6 +280,18 @@ async fn a_lock_whose_fence_is_at_the_maximum_answers_409() {
     let reset = app.req(Method::POST, &format!("/v1/admin/fences/{lock}/reset")).json(&json!({"to": "5", "reason": "maxed out"}));
     app.send(reset).await.expect(200);
     assert_eq!(acquire(&app, &lock).await, "6");
+
+    // A grant that issued the largest token: the lock's own counter is at the maximum, also
+    // after a reset lowers the fence (found in review: 400 on PostgreSQL, 500 on SQLite).
+    let granted = unique("maxed-grant");
+    app.claim(&granted, "9223372036854775806").await.expect(201);
+    let token = acquire(&app, &granted).await;
+    assert_eq!(token, MAX);
+    release(&app, &granted, &token).await;
+    let reset = app.req(Method::POST, &format!("/v1/admin/fences/{granted}/reset")).json(&json!({"to": "5", "reason": "maxed out"}));
+    app.send(reset).await.expect(200);
+    let r = app.send(app.req(Method::POST, &format!("/v1/locks/{granted}")).json(&json!({"owner": "w", "ttl_ms": 1000})));
+    r.await.problem(409, "lock-exhausted");
 }
 
 /// Concurrent scoped writes with issued and unissued tokens: on PostgreSQL they share

@@ -551,8 +551,11 @@ pub fn check(input: &Input) -> Report {
     writeln!(s, "  write attempts {} ({} writes retried after an unknown outcome)", writes.iter().map(|w| w.attempts.len()).sum::<usize>(), retried).unwrap();
 
     writeln!(s, "faults injected:").unwrap();
-    for kind in FaultKind::ALL {
+    for kind in FaultKind::ALL.into_iter().chain([FaultKind::Failover]) {
         let list: Vec<&Fault> = faults.iter().filter(|f| f.kind == kind).collect();
+        if kind == FaultKind::Failover && list.is_empty() {
+            continue;
+        }
         let extra = match kind {
             FaultKind::Pause => format!(" ({} while holding the lock)", list.iter().filter(|f| f.held_token.is_some()).count()),
             _ => String::new(),
@@ -591,7 +594,7 @@ pub fn check(input: &Input) -> Report {
     let probes = &input.nemesis.probes;
     let p503 = probes.iter().filter(|p| p.status == Some(503)).count();
     writeln!(s, "/readyz during outages: {} probes, {p503} x 503, slowest {:.0} ms", probes.len(), probes.iter().map(|p| p.latency_ms).fold(0.0, f64::max)).unwrap();
-    for kind in [FaultKind::CrashPg, FaultKind::ProxyCut, FaultKind::ProxyStall, FaultKind::KillNode] {
+    for kind in [FaultKind::CrashPg, FaultKind::ProxyCut, FaultKind::ProxyStall, FaultKind::KillNode, FaultKind::Failover] {
         let times: Vec<f64> = input.nemesis.recoveries.iter().filter(|r| r.after == kind).filter_map(|r| r.ms).collect();
         if !times.is_empty() {
             let max = times.iter().cloned().fold(0.0, f64::max);

@@ -88,3 +88,123 @@ fn which(bin: &str) -> bool {
         .map(|paths| std::env::split_paths(&paths).any(|p| p.join(bin).is_file()))
         .unwrap_or(false)
 }
+
+/// A primary and a hot standby made from it with `pg_basebackup -R`, the standby streaming
+/// through `link` (a proxy the nemesis can stall: a lagging standby). With `synchronous`, the
+/// primary waits for the standby to flush each commit before acknowledging it
+/// (`synchronous_standby_names = '*'`); else replication is asynchronous.
+pub struct Replicated {
+    pub primary: Cluster,
+    pub standby: Cluster,
+    pub link: crate::proxy::Proxy,
+}
+
+impl Replicated {
+    /// Both servers live under `root` (`primary/`, `standby/`); once this process is gone the
+    /// watchdogs stop both, then remove `root` (unless `keep`).
+    pub async fn create(root: &Path, keep: bool, synchronous: bool) -> Replicated {
+        let bindir = support_pg::bindir(
+            std::env::var_os("FAULT_PG_BINDIR").map(PathBuf::from),
+            NOT_FOUND,
+        );
+        if is_root() {
+            let _ = std::process::Command::new("chmod")
+                .arg("755")
+                .arg(root)
+                .status();
+        }
+        let settings = "-c fsync=off -c full_page_writes=off -c max_connections=200 -c log_min_messages=warning";
+        let primary_dir = root.join("primary");
+        std::fs::create_dir_all(&primary_dir).expect("create the primary's directory");
+        let primary = Cluster::new(&bindir, &primary_dir, settings, "", "");
+        let link = crate::proxy::Proxy::start(([127, 0, 0, 1], primary.port).into()).await;
+        // The standby's watchdog stops it, then the primary, then removes everything.
+        let stop_primary = {
+            let cmd = primary.stop_command("immediate");
+            let args: Vec<String> = std::iter::once(cmd.get_program())
+                .chain(cmd.get_args())
+                .map(|a| support_pg::shell_quote(Path::new(a)))
+                .collect();
+            args.join(" ")
+        };
+        let remove = if keep {
+            String::new()
+        } else {
+            format!("rm -rf {}", shell_quote(root))
+        };
+        let standby_settings = format!("{settings} -c cluster_name=standby -c hot_standby=on");
+        let (dir, port) = (root.join("standby"), link.port);
+        let standby = tokio::task::spawn_blocking(move || {
+            Cluster::standby_of(
+                &bindir,
+                &dir,
+                port,
+                &standby_settings,
+                &format!("{stop_primary} >/dev/null 2>&1; {remove}"),
+            )
+        })
+        .await
+        .expect("create the standby");
+        let pair = Replicated {
+            primary,
+            standby,
+            link,
+        };
+        if synchronous {
+            pair.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                .await;
+            pair.sql("SELECT pg_reload_conf()").await;
+        }
+        let want = if synchronous { "sync" } else { "async" };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = pair.replication_state().await;
+            if state.iter().any(|s| s == &format!("streaming/{want}")) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the standby is not streaming ({want}) after 30 s: {state:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        pair
+    }
+
+    async fn sql(&self, statement: &str) {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&self.primary.url())
+            .await
+            .expect("connect to the primary");
+        sqlx::query(statement)
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        let _ = conn.close().await;
+    }
+
+    /// `state/sync_state` of each standby, as the primary sees it.
+    async fn replication_state(&self) -> Vec<String> {
+        use sqlx::Connection;
+        let Ok(mut conn) = sqlx::PgConnection::connect(&self.primary.url()).await else {
+            return Vec::new();
+        };
+        let rows: Vec<String> =
+            sqlx::query_scalar("SELECT state || '/' || sync_state FROM pg_stat_replication")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap_or_default();
+        let _ = conn.close().await;
+        rows
+    }
+
+    /// `pg_ctl promote -w` on the standby.
+    pub async fn promote(&self) -> Result<(), String> {
+        run(
+            self.standby.promote_command(),
+            "pg_ctl promote",
+            &self.standby.log,
+        )
+        .await
+    }
+}

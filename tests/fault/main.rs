@@ -4,7 +4,8 @@
 //! The run: a throwaway PostgreSQL cluster of its own (it gets crashed), two or more real
 //! `fencegate serve` processes on it (n0 through a TCP proxy the nemesis can cut or stall, n1
 //! directly), and four or more worker processes (this binary, re-executed) incrementing one
-//! counter under the built-in lock with short leases, each writing its history as JSON lines.
+//! counter under the built-in lock with short leases, each writing its history as JSON lines
+//! (examples/fault_worker.rs, which `cargo test` builds).
 //! Meanwhile the nemesis freezes workers past their lease (zombies), SIGKILLs and restarts
 //! fencegate processes, crash-restarts PostgreSQL, and cuts or stalls n0's database link. Then
 //! the faults are healed, the workers stop, the final state is read, and `checker` judges it all.
@@ -28,16 +29,23 @@
 //! nemesis freezes lock holders. The checker MUST then report accepted zombie writes and lost
 //! updates; if it does not, the checker is blind and the test fails.
 //!
-//! Run: `cargo test --test fault -- --nocapture`.
+//! The failover scenario (tests/fault/failover.rs) runs as a test of its own, after or before
+//! this one, never beside it.
+//!
+//! Run: `cargo build --example fault_worker && cargo test --test fault -- --nocapture`.
 
 mod checker;
 mod cluster;
+mod failover;
 mod history;
 mod nemesis;
 mod node;
+#[path = "../support/proxy.rs"]
 mod proxy;
 #[path = "../support/postgres.rs"]
 mod support_pg;
+// The harness uses its configuring half; the running half is examples/fault_worker.rs's.
+#[allow(dead_code)]
 mod worker;
 
 use std::path::{Path, PathBuf};
@@ -55,14 +63,35 @@ use crate::nemesis::{stamp, Nemesis, NemesisLog, WorkerRef};
 use crate::node::{die_with_parent, Node};
 use crate::proxy::Proxy;
 
-/// A worker process runs this "test" (`--exact fault_worker_process`); in a normal test run,
-/// without `FAULT_WORKER_ID`, it returns at once.
-#[test]
-fn fault_worker_process() {
-    if let Some(cfg) = worker::WorkerConfig::from_env() {
-        worker::run(cfg);
+/// The worker program (examples/fault_worker.rs), next to this test binary: `cargo test`
+/// builds it. Missing or older than its sources: say how to build it (nothing here may run
+/// cargo: the running `cargo test` holds the build directory's lock).
+fn worker_program() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of this test binary");
+    // target/<profile>/deps/fault-<hash> -> target/<profile>/examples/fault_worker
+    let program = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("examples").join("fault_worker"))
+        .expect("this test binary lives in target/<profile>/deps");
+    let build = "build it with `cargo build --example fault_worker` (a plain `cargo test` builds it; \
+                 `cargo test --test fault` alone does not)";
+    let built = std::fs::metadata(&program)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("the fault worker program {} is missing: {build}", program.display()));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for source in ["examples/fault_worker.rs", "tests/fault/worker.rs", "tests/fault/history.rs"] {
+        let changed = std::fs::metadata(root.join(source)).and_then(|m| m.modified());
+        if changed.is_ok_and(|changed| changed > built) {
+            panic!("the fault worker program {} is older than {source}: {build}", program.display());
+        }
     }
+    program
 }
+
+/// The scenarios of this binary run one at a time: each starts its own clusters and processes,
+/// and their timing checks (no hang, time to ready) must not measure each other's load.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Config {
     fault_secs: u64,
@@ -129,6 +158,14 @@ struct WorkerProc {
     output: PathBuf,
 }
 
+/// What the nemesis needs to know of each worker: its name, pid and history file.
+fn worker_refs(workers: &[WorkerProc]) -> Vec<WorkerRef> {
+    workers
+        .iter()
+        .map(|w| WorkerRef { name: w.name.clone(), pid: w.child.id().expect("worker pid"), history: w.history.clone() })
+        .collect()
+}
+
 /// What a group of workers works on.
 struct Job<'a> {
     /// Worker names are `{prefix}{i}`.
@@ -160,16 +197,14 @@ fn spawn_worker(i: usize, cfg: &Config, root: &Path, nodes: &[String], job: &Job
     };
     let out = std::fs::File::create(&output).expect("create the worker output file");
     let err = out.try_clone().expect("clone a file handle");
-    let exe = std::env::current_exe().expect("the path of this test binary");
-    let mut cmd = tokio::process::Command::new(exe);
-    cmd.args(["--exact", "fault_worker_process", "--nocapture", "--test-threads=1"])
-        .envs(wcfg.to_env())
+    let mut cmd = tokio::process::Command::new(worker_program());
+    cmd.envs(wcfg.to_env())
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
         .kill_on_drop(true);
     die_with_parent(&mut cmd);
-    let child = cmd.spawn().expect("cannot start a worker process (this test binary)");
+    let child = cmd.spawn().expect("cannot start a worker process (examples/fault_worker)");
     WorkerProc { name, child, history, output }
 }
 
@@ -276,10 +311,7 @@ async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0
         workers.len(),
         cfg.control_secs
     ));
-    let refs: Vec<WorkerRef> = workers
-        .iter()
-        .map(|w| WorkerRef { name: w.name.clone(), pid: w.child.id().expect("worker pid"), history: w.history.clone() })
-        .collect();
+    let refs = worker_refs(&workers);
     let log = Mutex::new(NemesisLog::default());
     let settings = nemesis::Settings {
         kinds: Vec::new(),
@@ -311,6 +343,7 @@ async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nothing_is_lost_under_faults() {
+    let _serial = SERIAL.lock().await;
     let cfg = Config::from_env();
     let began = Instant::now();
     let t0 = now_us();
@@ -380,10 +413,7 @@ async fn nothing_is_lost_under_faults() {
         hard_deadline_us: fault_end_us + (cfg.quiet_secs + 120) * 1_000_000,
     };
     let mut workers: Vec<WorkerProc> = (1..=cfg.workers).map(|i| spawn_worker(i, &cfg, &root, &node_urls, &job)).collect();
-    let worker_refs: Vec<WorkerRef> = workers
-        .iter()
-        .map(|w| WorkerRef { name: w.name.clone(), pid: w.child.id().expect("worker pid"), history: w.history.clone() })
-        .collect();
+    let worker_refs = worker_refs(&workers);
     say(&format!("{} workers started; fault phase until {}", workers.len(), stamp(t0, fault_end_us)));
 
     // Fault phase.
@@ -547,4 +577,42 @@ async fn nothing_is_lost_under_faults() {
     if let Some(blind) = control_blind {
         panic!("{blind}");
     }
+}
+
+/// A PostgreSQL failover to a synchronous standby loses no acknowledged fence, and the same
+/// checker catches an asynchronous one losing them (tests/fault/failover.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fences_survive_a_failover_to_a_synchronous_standby() {
+    let _serial = SERIAL.lock().await;
+    let cfg = Config::from_env();
+    let t0 = now_us();
+    println!(
+        "== failover: a synchronous standby, then an asynchronous one (negative control); seed {} (replay: FAULT_SEED={}) ==",
+        cfg.seed, cfg.seed
+    );
+    let synchronous = failover::run(&cfg, true, t0).await;
+    synchronous.print();
+    let control = failover::run(&cfg, false, t0).await;
+    control.print();
+    assert!(
+        synchronous.report.violations.is_empty(),
+        "failover to a synchronous standby: {} violation(s) (seed {}):\n{}",
+        synchronous.report.violations.len(),
+        cfg.seed,
+        synchronous.report.violations.join("\n")
+    );
+    assert_eq!(synchronous.lost, 0, "acknowledged increments were lost in a failover to a synchronous standby");
+    let found = |rule: &str| control.report.rules.get(rule).copied().unwrap_or(0);
+    let lost_rules = found("2-lost-write") + found("3-lost-update") + found("3-reads");
+    assert!(
+        lost_rules > 0,
+        "the negative control failed over to an asynchronous standby that had fallen behind, yet the checker \
+         found no lost acknowledged write (rules found: {:?}): it would not see a loss in the synchronous run either",
+        control.report.rules
+    );
+    println!(
+        "negative control: the checker caught the asynchronous failover losing acknowledged writes \
+         ({} acknowledged increments missing from the counter; rules {:?})",
+        control.lost, control.report.rules
+    );
 }

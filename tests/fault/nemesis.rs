@@ -31,6 +31,9 @@ pub enum FaultKind {
     CrashPg,
     ProxyCut,
     ProxyStall,
+    /// The primary crashed, its standby was promoted, clients were switched to it
+    /// (tests/fault/failover.rs; not one of the random faults).
+    Failover,
 }
 
 impl FaultKind {
@@ -56,6 +59,7 @@ impl FaultKind {
             FaultKind::CrashPg => "crash-postgres",
             FaultKind::ProxyCut => "cut-db-link",
             FaultKind::ProxyStall => "stall-db-link",
+            FaultKind::Failover => "failover",
         }
     }
 }
@@ -393,7 +397,7 @@ impl Infra<'_, '_> {
                 FaultKind::CrashPg => self.crash_pg().await,
                 FaultKind::ProxyCut => self.cut_link().await,
                 FaultKind::ProxyStall => self.stall_link().await,
-                FaultKind::Pause => unreachable!(),
+                FaultKind::Pause | FaultKind::Failover => unreachable!(),
             }
         }
     }

@@ -1,7 +1,7 @@
 //! A worker process: read-modify-write of one counter under the built-in lock, recording every
 //! request in its history file.
 //!
-//! The test re-executes its own binary (`--exact fault_worker_process`) with `FAULT_WORKER_*`
+//! Compiled into examples/fault_worker.rs: the harness starts that program with `FAULT_WORKER_*`
 //! variables, so workers are real processes the nemesis can SIGSTOP. One cycle:
 //!
 //! 1. `POST /v1/locks/counter {owner, ttl_ms}` -> token (409: someone holds it; try again soon);

@@ -1,13 +1,19 @@
-//! The contract tests again, on the embedded SQLite backend: kv, batch, fences and locks must
-//! behave exactly as on PostgreSQL. The modules are the very files of `tests/api`; only the
-//! database differs (`BACKEND`). PostgreSQL-only features (legacy tables, the throwaway
-//! cluster) are not included.
+//! The contract tests again, on the embedded SQLite backend: every request these modules send
+//! must get the answer it gets on PostgreSQL. The modules are the very files of `tests/api`;
+//! only the database differs (`BACKEND`). Not included: what SQLite does not have or does
+//! differently (README.md, Configuration): legacy tables (`tables`), coalescing and the
+//! connection pool (`limits`), the database behind a TCP proxy (`outage`); and what does not
+//! depend on the backend (`edge`, `byol`).
 #![allow(dead_code)]
 
 #[path = "../api/helpers.rs"]
 mod helpers;
 #[path = "../api/pg.rs"]
 mod pg;
+#[path = "../support/db_url.rs"]
+mod db_url;
+#[path = "../support/drain.rs"]
+mod drain;
 #[path = "../support/postgres.rs"]
 mod support_pg;
 
@@ -19,6 +25,10 @@ mod admin;
 mod auth;
 #[path = "../api/batch.rs"]
 mod batch;
+#[path = "../api/client.rs"]
+mod client;
+#[path = "../api/console.rs"]
+mod console;
 #[path = "../api/concurrency.rs"]
 mod concurrency;
 #[path = "../api/demo.rs"]
@@ -31,6 +41,8 @@ mod kv;
 mod locks;
 #[path = "../api/model.rs"]
 mod model;
+#[path = "../api/openapi.rs"]
+mod openapi;
 #[path = "../api/ops.rs"]
 mod ops;
 #[path = "../api/poison.rs"]

@@ -114,6 +114,35 @@ pub fn check(what: &str, out: std::io::Result<Output>, log: &Path) -> Result<(),
     ))
 }
 
+/// Before a cluster is made in `dir`: the watchdog that stops it (and runs `cleanup`) once this
+/// process is gone, set up first so that even a failed start leaves nothing behind; and, as
+/// root, `dir` handed to the `postgres` user. Returns (pg_ctl, data directory, server log).
+fn prepare(bindir: &Path, dir: &Path, cleanup: &str, hint: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let pg_ctl = bindir.join("pg_ctl");
+    let data = dir.join("data");
+    let log = dir.join("server.log");
+    let stop = if is_root() {
+        format!("runuser -u postgres -- {}", shell_quote(&pg_ctl))
+    } else {
+        shell_quote(&pg_ctl)
+    };
+    watchdog(&format!("{stop} -D {} stop -m immediate >/dev/null 2>&1; {cleanup}", shell_quote(&data)), None);
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:"])
+            .arg(dir)
+            .status()
+            .expect("cannot run chown");
+        assert!(
+            status.success(),
+            "chown of {} to postgres failed: running as root needs a `postgres` user \
+             (Debian: apt-get install postgresql){hint}",
+            dir.display()
+        );
+    }
+    (pg_ctl, data, log)
+}
+
 /// A cluster in `dir` (`dir/data`, `dir/server.log`, the socket), listening on 127.0.0.1:`port`,
 /// the same port after every restart.
 pub struct Cluster {
@@ -129,31 +158,7 @@ impl Cluster {
     /// (`-c name=value ...`). Once this process is gone, a watchdog stops the cluster and runs
     /// `cleanup` (shell). `hint` ends the message when root has no `postgres` user to run it as.
     pub fn new(bindir: &Path, dir: &Path, settings: &str, cleanup: &str, hint: &str) -> Cluster {
-        let pg_ctl = bindir.join("pg_ctl");
-        let data = dir.join("data");
-        let log = dir.join("server.log");
-
-        // Tear-down first, so that even a failed start leaves nothing behind.
-        let stop = if is_root() {
-            format!("runuser -u postgres -- {}", shell_quote(&pg_ctl))
-        } else {
-            shell_quote(&pg_ctl)
-        };
-        watchdog(&format!("{stop} -D {} stop -m immediate >/dev/null 2>&1; {cleanup}", shell_quote(&data)), None);
-
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(dir)
-                .status()
-                .expect("cannot run chown");
-            assert!(
-                status.success(),
-                "chown of {} to postgres failed: running as root needs a `postgres` user \
-                 (Debian: apt-get install postgresql){hint}",
-                dir.display()
-            );
-        }
+        let (pg_ctl, data, log) = prepare(bindir, dir, cleanup, hint);
 
         let mut cmd = pg_command(&bindir.join("initdb"));
         cmd.arg("-D")
@@ -166,6 +171,31 @@ impl Cluster {
         let cluster = Cluster { port, log, data, pg_ctl, opts };
         check("pg_ctl start", cluster.start_command().output(), &cluster.log).unwrap_or_else(|e| panic!("{e}"));
         cluster
+    }
+
+    /// A hot standby of the server on 127.0.0.1:`source_port` (which may be a proxy in front of
+    /// it: the standby then streams through that proxy), made with `pg_basebackup -R` into
+    /// `dir/data` and started; `settings` as for [`Cluster::new`]. Once this process is gone, a
+    /// watchdog stops it and runs `cleanup`. Panics with what went wrong.
+    pub fn standby_of(bindir: &Path, dir: &Path, source_port: u16, settings: &str, cleanup: &str) -> Cluster {
+        std::fs::create_dir_all(dir).expect("create the standby's directory");
+        let (pg_ctl, data, log) = prepare(bindir, dir, cleanup, "");
+        let mut cmd = pg_command(&bindir.join("pg_basebackup"));
+        cmd.args(["-h", "127.0.0.1", "-p", &source_port.to_string(), "-U", "postgres", "-R", "-X", "stream", "--no-sync", "-D"])
+            .arg(&data);
+        check("pg_basebackup", cmd.output(), &log).unwrap_or_else(|e| panic!("{e}"));
+        let port = free_port();
+        let opts = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}", shell_quote(dir));
+        let cluster = Cluster { port, log, data, pg_ctl, opts };
+        check("pg_ctl start (standby)", cluster.start_command().output(), &cluster.log).unwrap_or_else(|e| panic!("{e}"));
+        cluster
+    }
+
+    /// `pg_ctl promote -w`: the standby ends recovery and becomes a primary.
+    pub fn promote_command(&self) -> Command {
+        let mut cmd = pg_command(&self.pg_ctl);
+        cmd.arg("-D").arg(&self.data).args(["-w", "-t", "60", "promote"]);
+        cmd
     }
 
     /// Admin URL (database `postgres`) straight to the server.

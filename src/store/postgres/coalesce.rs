@@ -39,8 +39,11 @@ use std::{
 use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::oneshot;
 
-use super::{batching::WorkQueue, connections::Connections, StoreError};
-use crate::fence::{FencingToken, Key, Rule, Scope};
+use super::{batching::WorkQueue, connections::Connections, sql::Statements};
+use crate::{
+    fence::{FencingToken, Key, Rule, Scope},
+    store::{sql::ByRule, StoreError},
+};
 
 /// One queued write. `value: None` is a delete (a tombstone).
 pub struct Job {
@@ -59,44 +62,20 @@ pub struct Coalescer {
     queue: WorkQueue<Job>,
 }
 
-/// The fenced upserts, per rule. `rows`: the multi-row form, `$1` keys, `$2` values, `$3`
-/// deleted flags, `$4` tokens (shared with `POST /v1/batch`, which passes one token for every
-/// row). `single`: the one-row form (`$1` key, `$2` value, `$3` deleted, `$4` token), cheaper to
-/// plan and execute when only one write is waiting. `scoped_rows` and `scoped_single`: the
-/// same for scoped writes, with the scopes (or scope) as `$5`.
-pub struct Upserts {
-    pub rows: [String; 2],
-    pub single: [String; 2],
-    pub scoped_rows: [String; 2],
-    pub scoped_single: [String; 2],
-}
-
-fn index(rule: Rule) -> usize {
-    match rule {
-        Rule::Inclusive => 0,
-        Rule::Strict => 1,
-    }
-}
-
-impl Upserts {
-    pub fn for_rule(&self, rule: Rule) -> &str {
-        &self.rows[index(rule)]
-    }
-
-    /// The statement for one round.
-    fn for_round(&self, round: &Round) -> &str {
-        let i = index(round.rule);
-        match (round.scoped(), round.jobs.len()) {
-            (false, 1) => &self.single[i],
-            (false, _) => &self.rows[i],
-            (true, 1) => &self.scoped_single[i],
-            (true, _) => &self.scoped_rows[i],
-        }
+/// The statement for one round: the one-row forms are cheaper to plan and execute when only
+/// one write is waiting.
+fn statement<'a>(sql: &'a ByRule<Statements>, round: &Round) -> &'a str {
+    let sql = sql.get(round.rule);
+    match (round.scoped(), round.jobs.len()) {
+        (false, 1) => &sql.put_key,
+        (false, _) => &sql.rows,
+        (true, 1) => &sql.put_scope,
+        (true, _) => &sql.scoped_rows,
     }
 }
 
 impl Coalescer {
-    pub(super) fn start(conns: Arc<Connections>, sql: Arc<Upserts>, workers: usize, max_rows: usize) -> Self {
+    pub(super) fn start(conns: Arc<Connections>, sql: Arc<ByRule<Statements>>, workers: usize, max_rows: usize) -> Self {
         let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<Job>| {
             let (conns, sql) = (conns.clone(), sql.clone());
             async move {
@@ -156,8 +135,8 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
                         claim.insert(job.token);
                     }
                     // The scope's claim in this round is for this token: one more write under
-                    // it, if the inclusive rule lets a token write more than once.
-                    Entry::Occupied(claim) if rule == Rule::Inclusive && *claim.get() == job.token => {}
+                    // it, if the rule admits a token equal to the fence the claim leaves.
+                    Entry::Occupied(claim) if *claim.get() == job.token && rule.accepts(job.token, *claim.get()) => {}
                     Entry::Occupied(_) => return false,
                 }
             }
@@ -172,7 +151,7 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
 
 /// Applies the rounds and replies to every write, each only after its commit: the unscoped
 /// rounds together (one transaction), then each scoped round on its own.
-async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
+async fn run_rounds(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round>) {
     let (unscoped, scoped): (Vec<Round>, Vec<Round>) = rounds.into_iter().partition(|round| !round.scoped());
     if !unscoped.is_empty() {
         settle(conns, sql, unscoped).await;
@@ -185,7 +164,7 @@ async fn run_rounds(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
 /// Applies `rounds` atomically (one statement, or one transaction) and replies to their writes.
 /// If the database refuses it, nothing was committed, and each write is tried again on its own
 /// so that one bad write cannot fail the others.
-async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
+async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round>) {
     let writes: usize = rounds.iter().map(|round| round.jobs.len()).sum();
     match apply(conns, sql, &rounds).await {
         Ok(applied) => {
@@ -199,7 +178,7 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
         // Any other failure (the connection, or decoding the reply of an autocommit statement
         // that did commit) may have applied the writes, and a retry could apply them twice or,
         // under the strict rule, refuse a write that is in fact applied.
-        Err(err) if writes > 1 && matches!(err, StoreError::Internal(sqlx::Error::Database(_)) | StoreError::Refused(_)) => {
+        Err(err) if writes > 1 && refused_whole(&err) => {
             tracing::warn!(error = %err, writes, "combined write failed; retrying its writes one by one");
             for round in rounds {
                 for job in round.jobs {
@@ -210,11 +189,10 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
         }
         Err(err) => {
             let mut jobs: Vec<Job> = rounds.into_iter().flat_map(|round| round.jobs).collect();
-            // The last caller gets the error itself (sqlx errors are not Clone; a copy keeps
-            // only the class and the text), so a lone write keeps every detail of its error.
+            // Every caller gets the whole error (the driver's error is shared, not copied).
             let last = jobs.pop();
             for job in jobs {
-                let _ = job.reply.send(Err(err.duplicate()));
+                let _ = job.reply.send(Err(err.clone()));
             }
             if let Some(job) = last {
                 let _ = job.reply.send(Err(err));
@@ -223,17 +201,28 @@ async fn settle(conns: &Connections, sql: &Upserts, rounds: Vec<Round>) {
     }
 }
 
+/// Whether the database refused the combined statement itself (so nothing of it was
+/// committed, and its writes may be retried one by one): a database error, or a value it
+/// cannot store (SQLSTATE class 22).
+fn refused_whole(err: &StoreError) -> bool {
+    match err {
+        StoreError::Internal(cause) => cause.is_database_refusal(),
+        StoreError::Refused(_) => true,
+        _ => false,
+    }
+}
+
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
 /// instead of paying an fsync each. Returns, per round, the version of every key applied.
-async fn apply(conns: &Connections, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply(conns: &Connections, sql: &ByRule<Statements>, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     let mut conn = conns.take().await?;
     let applied = apply_on(&mut conn, sql, rounds).await?;
     conn.done();
     Ok(applied)
 }
 
-async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply_on(conn: &mut PgConnection, sql: &ByRule<Statements>, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     if let [round] = rounds {
         return Ok(vec![execute(conn, sql, round).await?]);
     }
@@ -247,8 +236,8 @@ async fn apply_on(conn: &mut PgConnection, sql: &Upserts, rounds: &[Round]) -> R
 }
 
 /// Runs the statement for one round; returns the version of every key it applied.
-async fn execute(conn: &mut PgConnection, sql: &Upserts, round: &Round) -> Result<HashMap<String, i64>, StoreError> {
-    let statement = sql.for_round(round);
+async fn execute(conn: &mut PgConnection, sql: &ByRule<Statements>, round: &Round) -> Result<HashMap<String, i64>, StoreError> {
+    let statement = statement(sql, round);
     if let [job] = round.jobs.as_slice() {
         let mut query = sqlx::query_scalar(statement)
             .bind(job.key.as_str())

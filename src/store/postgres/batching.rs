@@ -10,7 +10,7 @@ use std::{future::Future, sync::Arc, task::Poll};
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::StoreError;
+use crate::store::StoreError;
 
 pub(super) struct WorkQueue<J> {
     queue: mpsc::Sender<J>,
@@ -48,9 +48,9 @@ impl<J: Send + 'static> WorkQueue<J> {
     pub(super) async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J) -> Result<T, StoreError> {
         let (reply, outcome) = oneshot::channel();
         if self.queue.send(job(reply)).await.is_err() {
-            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+            return Err(StoreError::unavailable("the work queue is closed (shutting down)"));
         }
-        outcome.await.unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+        outcome.await.unwrap_or(Err(StoreError::unavailable("the worker running this statement is gone")))
     }
 }
 

@@ -29,14 +29,14 @@ use std::{
 use sqlx::{pool::PoolConnection, PgConnection, PgPool, Postgres};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// How long fencegate keeps one connection before handing it back to the pool: long enough
 /// that the pool's costs are off the per-statement path, short enough that connections are
 /// recycled (`max_lifetime_secs`) and follow a failover.
 const HOLD_FOR: Duration = Duration::from_secs(30);
 
-pub(super) struct Connections {
+pub(in crate::store) struct Connections {
     pool: PgPool,
     /// Connections not in use, most recently used last.
     idle: Mutex<Vec<Held>>,
@@ -62,7 +62,7 @@ impl Held {
 
 /// One connection in use. Derefs to the connection; call [`Borrowed::done`] when the work
 /// succeeded, else it goes back to the sqlx pool (and its release check) on drop.
-pub(super) struct Borrowed<'a> {
+pub(in crate::store) struct Borrowed<'a> {
     conns: &'a Connections,
     held: Option<Held>,
     clean: bool,
@@ -71,7 +71,7 @@ pub(super) struct Borrowed<'a> {
 }
 
 impl Connections {
-    pub(super) fn new(pool: PgPool, max_connections: u32, acquire_timeout: Duration) -> Self {
+    pub(in crate::store) fn new(pool: PgPool, max_connections: u32, acquire_timeout: Duration) -> Self {
         Connections {
             pool,
             idle: Mutex::new(Vec::new()),
@@ -82,15 +82,15 @@ impl Connections {
 
     /// The most recently used idle connection if it is still young, else one from the pool.
     /// Waits at most `acquire_timeout_ms` for a free connection; then 503.
-    pub(super) async fn take(&self) -> Result<Borrowed<'_>, StoreError> {
+    pub(in crate::store) async fn take(&self) -> Result<Borrowed<'_>, StoreError> {
         // A free permit is taken at once; only a caller that must wait arms a timer (this runs
         // for every statement).
         let permit = match self.permits.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => match tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned()).await {
                 Ok(Ok(permit)) => permit,
-                Ok(Err(_closed)) => return Err(StoreError::Unavailable(sqlx::Error::PoolClosed)),
-                Err(_elapsed) => return Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)),
+                Ok(Err(_closed)) => return Err(StoreError::unavailable("the connection pool is closed (shutting down)")),
+                Err(_elapsed) => return Err(StoreError::unavailable("no database connection came free in time (database.acquire_timeout_ms)")),
             },
         };
         let top = self.idle.lock().expect("idle connections lock").pop();
@@ -108,7 +108,7 @@ impl Connections {
     }
 
     /// Connections kept here, not in use.
-    pub(super) fn idle_count(&self) -> usize {
+    pub(in crate::store) fn idle_count(&self) -> usize {
         self.idle.lock().expect("idle connections lock").len()
     }
 
@@ -126,7 +126,7 @@ impl Connections {
 
 impl Borrowed<'_> {
     /// The work on this connection succeeded: it goes back on the stack for the next caller.
-    pub(super) fn done(mut self) {
+    pub(in crate::store) fn done(mut self) {
         self.clean = true;
     }
 }

@@ -16,10 +16,12 @@ use tokio::sync::oneshot;
 use super::{
     batching::WorkQueue,
     connections::Connections,
-    postgres::{entry_from, KV_GET, KV_GET_MANY},
-    Entry, StoreError,
+    sql::{entry_from, KV_GET, KV_GET_MANY},
 };
-use crate::fence::Key;
+use crate::{
+    fence::Key,
+    store::{Entry, StoreError},
+};
 
 struct ReadJob {
     key: Key,
@@ -59,14 +61,14 @@ async fn answer(conns: &Connections, jobs: Vec<ReadJob>) {
                 let answer = match found.get(job.key.as_str()) {
                     None => Ok(None),
                     Some(Ok(entry)) => Ok(Some(entry.clone())),
-                    Some(Err(err)) => Err(err.duplicate()),
+                    Some(Err(err)) => Err(err.clone()),
                 };
                 let _ = job.reply.send(answer);
             }
         }
         Err(err) => {
             for job in jobs {
-                let _ = job.reply.send(Err(err.duplicate()));
+                let _ = job.reply.send(Err(err.clone()));
             }
         }
     }

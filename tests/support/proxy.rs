@@ -1,12 +1,17 @@
-//! A TCP proxy between one fencegate process and PostgreSQL that the nemesis can break, without
-//! root networking:
+//! A TCP proxy between fencegate and PostgreSQL that a test can break, without root networking.
+//! One copy for the test binaries (`#[path]`-included as `proxy`): tests/api's outage test and
+//! tests/fault's nemesis drive it:
 //! - `cut`: every proxied connection is reset (RST) at once and new ones are closed as soon as
 //!   they are accepted, until `heal` (a firewall rejecting the traffic, a pooler restart);
 //! - `stall`: bytes stop flowing in both directions and new connections wait, until `heal`
 //!   (a partition that drops packets: nothing fails, everything just waits);
-//! - `heal`: back to forwarding (stalled bytes are then delivered).
+//! - `heal`: back to forwarding (stalled bytes are then delivered);
+//! - `switch`: new connections go to another server, and every existing one is reset (what
+//!   HAProxy or a DNS change does at a failover: the old primary is gone).
+#![allow(dead_code)] // each test binary uses a different part
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +33,7 @@ type State = (Mode, u64);
 pub struct Proxy {
     pub port: u16,
     state: watch::Sender<State>,
+    upstream: Arc<Mutex<SocketAddr>>,
     task: JoinHandle<()>,
 }
 
@@ -36,8 +42,15 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
         let (state, rx) = watch::channel((Mode::Pass, 0u64));
-        let task = tokio::spawn(accept_loop(listener, upstream, rx));
-        Proxy { port, state, task }
+        let upstream = Arc::new(Mutex::new(upstream));
+        let task = tokio::spawn(accept_loop(listener, upstream.clone(), rx));
+        Proxy { port, state, upstream, task }
+    }
+
+    /// From now on, connections go to `upstream`; the existing ones are reset.
+    pub fn switch(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap() = upstream;
+        self.state.send_modify(|s| *s = (Mode::Pass, s.1 + 1));
     }
 
     pub fn cut(&self) {
@@ -62,12 +75,13 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: SocketAddr, rx: watch::Receiver<State>) {
+async fn accept_loop(listener: TcpListener, upstream: Arc<Mutex<SocketAddr>>, rx: watch::Receiver<State>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        let upstream = *upstream.lock().unwrap();
         tokio::spawn(connection(client, upstream, rx.clone()));
     }
 }

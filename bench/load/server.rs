@@ -1,0 +1,170 @@
+//! The process under test: the real fencegate binary (release build) on the bench database,
+//! configured by BENCH_AUTH / BENCH_ISSUER, and what /proc says about it (RSS, CPU time).
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{Mutex, OnceLock},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+use crate::HOT_SCOPE;
+
+pub struct Fencegate {
+    child: Child,
+    pub pid: u32,
+    pub addr: SocketAddr,
+}
+
+/// With `BENCH_AUTH=1`: the API key every request sends (`Authorization: Bearer ...`).
+pub fn bench_key() -> Option<&'static str> {
+    static KEY: OnceLock<Option<String>> = OnceLock::new();
+    KEY.get_or_init(|| {
+        (std::env::var("BENCH_AUTH").as_deref() == Ok("1")).then(|| fencegate::auth::new_key().expect("a random key"))
+    })
+    .as_deref()
+}
+
+/// With `BENCH_ISSUER=1`: fencegate has an Ed25519 `[[issuers]]` entry covering every scope,
+/// and every scoped write sends the proof of its token (one signature per token, made by the
+/// client once: a lock holder's signer signs each token once).
+pub fn bench_issuer() -> bool {
+    std::env::var("BENCH_ISSUER").as_deref() == Ok("1")
+}
+
+const ISSUER_SEED: [u8; 32] = [3; 32];
+
+/// The proof of `token` for the bench scope, signed once per token.
+pub fn proof_of(token: i64) -> String {
+    static LAST: std::sync::Mutex<Option<(i64, String)>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap();
+    match &*last {
+        Some((t, proof)) if *t == token => proof.clone(),
+        _ => {
+            let proof = fencegate::issuers::sign(
+                HOT_SCOPE,
+                fencegate::fence::FencingToken::from_db(token).expect("a bench token"),
+                fencegate::issuers::SigningKey::Ed25519(&ISSUER_SEED),
+            );
+            *last = Some((token, proof.clone()));
+            proof
+        }
+    }
+}
+
+/// Where the stderr of fencegate process number `index` goes (its log, at level warn).
+pub fn stderr_log(out_dir: &Path, index: usize) -> PathBuf {
+    match index {
+        0 => out_dir.join("fencegate.stderr.log"),
+        _ => out_dir.join(format!("fencegate-{index}.stderr.log")),
+    }
+}
+
+/// Starts fencegate process number `index` (0: the one whose memory is reported).
+pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Result<Fencegate> {
+    let bin = env!("CARGO_BIN_EXE_fencegate");
+    let log_path = stderr_log(out_dir, index);
+    let log = std::fs::File::create(&log_path)?;
+    let mut args = vec!["serve".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--database-url".into(), db_url.into()];
+    let mut config_text = String::new();
+    if let Some(key) = bench_key() {
+        config_text.push_str(&format!(
+            "[[auth.keys]]\nname = \"bench\"\nsha256 = \"{}\"\nrights = [\"read\", \"write\"]\nprefixes = [\"\"]\n",
+            fencegate::auth::digest_hex(key)
+        ));
+    }
+    if bench_issuer() {
+        config_text.push_str(&format!(
+            "[[issuers]]\nname = \"bench\"\nscopes = [\"\"]\ned25519_public_key = \"{}\"\n",
+            fencegate::issuers::ed25519_public_key(&ISSUER_SEED)
+        ));
+    }
+    if !config_text.is_empty() {
+        let config = out_dir.join("bench.toml");
+        std::fs::write(&config, config_text)?;
+        args.extend(["--config".to_owned(), config.display().to_string()]);
+    }
+    let mut child = Command::new(bin)
+        .args(&args)
+        .env("FENCEGATE_LOG", "warn")
+        .env_remove("RUST_LOG")
+        .env_remove("FENCEGATE_CONFIG")
+        .env_remove("FENCEGATE_LISTEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {bin}"))?;
+    let pid = child.id().context("fencegate exited at once")?;
+    FG_PIDS.lock().expect("pids").push(pid);
+    let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
+    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+    let line = match first {
+        Ok(Ok(Some(line))) => line,
+        other => {
+            let _ = child.start_kill();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let why = match other {
+                Err(_) => "no `listening on` line within 60 s".to_owned(),
+                Ok(Err(e)) => format!("reading its stdout: {e}"),
+                _ => "it exited before listening".to_owned(),
+            };
+            bail!("fencegate did not start ({why}); its stderr:\n{}", log.trim());
+        }
+    };
+    let addr: SocketAddr = line
+        .strip_prefix("listening on ")
+        .with_context(|| format!("unexpected first line from fencegate: {line:?}"))?
+        .trim()
+        .parse()?;
+    // Keep draining stdout so fencegate can never block on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(Fencegate { child, pid, addr })
+}
+
+pub async fn stop_fencegate(mut fg: Fencegate) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(fg.pid as i32), nix::sys::signal::Signal::SIGTERM);
+    if tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await.is_err() {
+        let _ = fg.child.kill().await;
+    }
+}
+
+/// (VmRSS, VmHWM) in KiB.
+pub fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The fencegate processes' pids, for their CPU time (set by `start_fencegate`).
+static FG_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// User + system CPU time of the fencegate processes so far, in clock ticks (1/100 s on Linux).
+pub fn fg_cpu_ticks() -> u64 {
+    let pids = FG_PIDS.lock().expect("pids").clone();
+    pids.iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+            field(14) + field(15)
+        })
+        .sum()
+}
+

@@ -1,0 +1,147 @@
+//! The measured steps of a run, in order: for each workload, fencegate then pgbench on a freshly
+//! reset table, and at the end the soak (fencegate alone, RSS sampled while it runs).
+
+use std::{
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use anyhow::Result;
+use sqlx::PgConnection;
+
+use crate::{
+    database::reset_table,
+    server::{rss_kib, Fencegate},
+    load_generator::{fencegate_step, scrape_metrics, Workload, TOKENS},
+    pgbench::{pgbench_step, Scripts},
+    report::{errors_cell, mib, report_fg, report_pg, Row},
+    settings::Settings,
+};
+
+pub struct Soak {
+    pub rate: f64,
+    pub errors: String,
+    pub samples: Vec<u64>,
+    pub every: Duration,
+    /// GET /metrics done during the soak (None: not asked for, BENCH_SCRAPE_SECONDS unset).
+    pub scrapes: Option<u64>,
+}
+
+pub async fn measure(
+    s: &Settings,
+    fg: &Fencegate,
+    addrs: &[std::net::SocketAddr],
+    db_url: &str,
+    db: &mut PgConnection,
+    admin: &mut PgConnection,
+    scripts: &Scripts,
+) -> Result<(Vec<Row>, Option<Soak>)> {
+    let mut rows = Vec::new();
+    let steps: [(&str, &str, usize, Workload, &Path); 6] = [
+        ("random", "random key, writes/s", 1, Workload::Random, &scripts.random),
+        ("random", "random key, writes/s", 16, Workload::Random, &scripts.random),
+        ("random", "random key, writes/s", 64, Workload::Random, &scripts.random),
+        ("hot", "one hot key, writes/s", 64, Workload::Hot, &scripts.hot),
+        ("scope", "one hot scope (random keys), writes/s", 64, Workload::Scope { token: 0 }, &scripts.scope),
+        ("mix", "90% GET / 10% PUT, ops/s", 64, Workload::Mix { read_pct: 90 }, &scripts.mix),
+    ];
+    println!();
+    for (name, title, conns, workload, script) in steps {
+        let id = if name == "random" { format!("{name}{conns}") } else { name.to_owned() };
+        if !s.runs(&id) {
+            continue;
+        }
+        let (workload_name, unit) = title.split_once(", ").expect("title");
+        // The hot scope's holder presents one token for the whole step, above every earlier one.
+        let workload = match workload {
+            Workload::Scope { .. } => Workload::Scope { token: TOKENS.next() },
+            other => other,
+        };
+        reset_table(db, admin).await?;
+        let r = fencegate_step(addrs, conns, workload, s, s.step, db).await?;
+        let (fg_rate, fg_lat) = report_fg(name, conns, &r);
+        reset_table(db, admin).await?;
+        let defines = match workload {
+            Workload::Scope { .. } => vec![format!("t={}", TOKENS.next())],
+            _ => Vec::new(),
+        };
+        let p = pgbench_step(s, &format!("{name}_c{conns}"), conns, script, &defines, db_url, s.step, db).await?;
+        let pg = report_pg(name, conns, &p, workload != (Workload::Mix { read_pct: 90 }));
+        println!(
+            "  ratio      fencegate/pgbench: ok/s {:.2}×, p99 {:.2}×   (fencegate VmRSS {})\n",
+            fg_rate / pg.0,
+            fg_lat.p99 / pg.1.p99,
+            mib(rss_kib(fg.pid).0)
+        );
+        rows.push(Row {
+            workload: workload_name.to_owned(),
+            conns,
+            unit,
+            fg_rate,
+            fg: fg_lat,
+            fg_errors: errors_cell(&r.stats),
+            pg: Some(pg),
+        });
+    }
+
+    // Soak: 64 connections of random-key PUTs, RSS sampled while it runs.
+    if !s.runs("soak") {
+        return Ok((rows, None));
+    }
+    reset_table(db, admin).await?;
+    let every = Duration::from_secs((s.soak.as_secs() / 12).clamp(1, 5));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, pid) = (stop.clone(), fg.pid);
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            // Bounded: at most one sample per `every` for one hour.
+            for _ in 0..3600 {
+                tick.tick().await;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                samples.push(rss_kib(pid).0);
+            }
+            samples
+        })
+    };
+    let scraper = s.scrape_every.map(|every| {
+        let (stop, addr) = (stop.clone(), fg.addr);
+        tokio::spawn(async move {
+            let mut scrapes = 0u64;
+            for _ in 0..3600 {
+                tokio::time::sleep(every).await;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if scrape_metrics(addr).await.is_ok() {
+                    scrapes += 1;
+                }
+            }
+            scrapes
+        })
+    });
+    let r = fencegate_step(addrs, 64, Workload::Random, s, s.soak, db).await?;
+    stop.store(true, Ordering::Relaxed);
+    let mut samples = sampler.await?;
+    let scrapes = match scraper {
+        Some(t) => Some(t.await?),
+        None => None,
+    };
+    samples.push(rss_kib(fg.pid).0);
+    let (rate, _) = report_fg("soak", 64, &r);
+    println!(
+        "  soak RSS every {} s (MiB): {}",
+        every.as_secs(),
+        samples.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect::<Vec<_>>().join(" ")
+    );
+    let soak = Soak { rate, errors: errors_cell(&r.stats), samples, every, scrapes };
+    Ok((rows, Some(soak)))
+}
+

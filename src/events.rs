@@ -1,0 +1,551 @@
+//! Fencing as it happens, for the console (`/ui`): lock grants and releases, refused writes,
+//! and writes per second, seen by this process.
+//!
+//! Publishing is meant to cost nothing on the write path when nobody watches:
+//! - an accepted or refused write is one atomic update of a per-second bucket ([`Rate`]);
+//! - a refusal is kept in a small ring of the latest ([`REFUSALS_KEPT`]) for the overview, and
+//!   sent to subscribers only if there are any (refusals are the slow path anyway);
+//! - a grant or release is built and sent only when someone subscribed.
+//!
+//! Subscribers read from one `tokio::sync::broadcast` channel of [`CHANNEL_CAPACITY`] events:
+//! memory is bounded whatever the subscribers do. One that falls further behind than that is
+//! told so and dropped (its stream ends); it never holds events for itself. At most
+//! [`MAX_SUBSCRIBERS`] streams are open at once.
+//!
+//! Events are per process: with several processes in front of one database, each one's stream
+//! shows the writes it served. Locks and fences in the overview come from the database.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, watch};
+
+use crate::fence::{Fenced, FencingToken, Jump, NotIssued, ScopeMismatch, Stale};
+
+/// Events buffered for subscribers; one that lags further is dropped.
+pub const CHANNEL_CAPACITY: usize = 1024;
+/// Open event streams at once (a console tab holds one); more are refused with 503.
+pub const MAX_SUBSCRIBERS: usize = 64;
+/// Refused writes kept for the overview, newest first.
+pub const REFUSALS_KEPT: usize = 50;
+/// Seconds of writes/s kept (10 minutes).
+pub const RATE_SECONDS: usize = 600;
+
+/// A fenced write refused, as the problem answered it (moved out of the `ApiError`, no copy).
+#[derive(Debug, Clone)]
+pub enum Refused {
+    Stale(Vec<Stale>),
+    NotIssued(NotIssued),
+    Jump(Jump),
+    Mismatch(ScopeMismatch),
+    /// `[[issuers]]`: a missing or invalid `X-Fencing-Proof`.
+    BadProof {
+        scope: Option<String>,
+        issuer: String,
+        why: String,
+    },
+}
+
+/// One event, as the stream's `data:` JSON and an overview's `refusals` entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Increasing within a process: the SSE `id:`.
+    pub id: u64,
+    /// Milliseconds since the Unix epoch, this process's clock.
+    pub at_ms: u64,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum What {
+    /// A built-in lock granted (`POST /v1/locks/{name}`).
+    Grant(LeaseEvent),
+    /// A lease extended.
+    Renew(LeaseEvent),
+    /// A lock released by its holder.
+    Release { name: String, token: FencingToken },
+    /// A fenced write refused: `kind` is `stale`, `not_issued`, `jump`, `scope_mismatch` or
+    /// `bad_proof`; `op` the write (`put`, `delete`, `batch`, `claim`, `table_put`, ...).
+    Refusal(Refusal),
+}
+
+impl What {
+    /// The event's type: the SSE `event:` field and the data's `type`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            What::Grant(_) => "grant",
+            What::Renew(_) => "renew",
+            What::Release { .. } => "release",
+            What::Refusal(_) => "refusal",
+        }
+    }
+}
+
+/// A lease as granted or renewed.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseEvent {
+    pub name: String,
+    pub holder: String,
+    pub token: FencingToken,
+    pub expires_at: String,
+    pub ttl_ms: i64,
+}
+
+impl LeaseEvent {
+    pub fn of(lease: &crate::locks::Lease, ttl_ms: i64) -> Self {
+        LeaseEvent {
+            name: lease.name.as_str().to_owned(),
+            holder: lease.owner.clone(),
+            token: lease.token,
+            expires_at: lease.expires_at.clone(),
+            ttl_ms,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub kind: &'static str,
+    pub op: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// The scope the write came under (a stale or unissued scoped write), or, for a scope
+    /// mismatch, the scope the key is bound to (`null`: none).
+    pub scope: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presented_scope: Option<Option<String>>,
+    pub presented_token: Option<FencingToken>,
+    /// The fence the write ran into (stale, jump), or the latest token the lock issued
+    /// (not_issued).
+    pub current_token: Option<FencingToken>,
+    /// Keys of a batch refused together (1 otherwise).
+    pub keys: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Refused {
+    /// The metric outcome label of this refusal.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refused::Stale(_) => "stale",
+            Refused::NotIssued(_) => "not_issued",
+            Refused::Jump(_) => "jump",
+            Refused::Mismatch(_) => "scope_mismatch",
+            Refused::BadProof { .. } => "bad_proof",
+        }
+    }
+
+    fn into_refusal(self, op: &'static str) -> Refusal {
+        let kind = self.kind();
+        let mut r = Refusal {
+            kind,
+            op,
+            key: None,
+            resource: None,
+            scope: None,
+            presented_scope: None,
+            presented_token: None,
+            current_token: None,
+            keys: 1,
+            detail: None,
+        };
+        let name = |r: &mut Refusal, fenced: Fenced| match fenced {
+            Fenced::Key(key) => r.key = Some(key.as_str().to_owned()),
+            Fenced::Scope(scope) => r.scope = Some(scope.as_str().to_owned()),
+            Fenced::Row { resource, key } => {
+                r.resource = Some(resource);
+                r.key = Some(key);
+            }
+        };
+        match self {
+            Refused::Stale(stale) => {
+                r.keys = stale.len().max(1);
+                if let Some(first) = stale.into_iter().next() {
+                    r.presented_token = Some(first.presented);
+                    r.current_token = Some(first.current);
+                    name(&mut r, first.fenced);
+                }
+            }
+            Refused::NotIssued(n) => {
+                r.scope = Some(n.scope.as_str().to_owned());
+                r.presented_token = Some(n.presented);
+                r.current_token = Some(n.latest);
+            }
+            Refused::Jump(j) => {
+                r.presented_token = Some(j.presented);
+                r.current_token = Some(j.current);
+                r.detail = Some(format!("max jump {}", j.max_jump));
+                name(&mut r, j.fenced);
+            }
+            Refused::Mismatch(m) => {
+                name(&mut r, m.fenced);
+                r.scope = m.scope;
+                r.presented_scope = Some(m.presented.map(|s| s.as_str().to_owned()));
+            }
+            Refused::BadProof { scope, issuer, why } => {
+                r.scope = scope;
+                r.detail = Some(format!("issuer {issuer:?}: {why}"));
+            }
+        }
+        r
+    }
+}
+
+/// The bus of one process (one router). Cheap to clone.
+#[derive(Clone)]
+pub struct Events(Arc<Inner>);
+
+struct Inner {
+    sender: broadcast::Sender<Arc<Event>>,
+    next_id: AtomicU64,
+    subscribers: AtomicUsize,
+    refusals: Mutex<VecDeque<Arc<Event>>>,
+    rate: Rate,
+    totals: Totals,
+    /// Flips to `true` on shutdown: every stream ends (a stream would otherwise hold its
+    /// connection through the whole shutdown grace period).
+    closed: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Totals {
+    accepted: AtomicU64,
+    stale: AtomicU64,
+    not_issued: AtomicU64,
+    jump: AtomicU64,
+    scope_mismatch: AtomicU64,
+    bad_proof: AtomicU64,
+}
+
+/// Writes since this process started, by outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counters {
+    pub accepted: u64,
+    pub refused: u64,
+    pub stale: u64,
+    pub not_issued: u64,
+    pub jump: u64,
+    pub scope_mismatch: u64,
+    pub bad_proof: u64,
+    /// Event streams open now.
+    pub subscribers: usize,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Events {
+    pub fn new() -> Self {
+        let (sender, _) = broadcast::channel(CHANNEL_CAPACITY);
+        Events(Arc::new(Inner {
+            sender,
+            next_id: AtomicU64::new(1),
+            subscribers: AtomicUsize::new(0),
+            refusals: Mutex::new(VecDeque::with_capacity(REFUSALS_KEPT)),
+            rate: Rate::new(),
+            totals: Totals::default(),
+            closed: watch::channel(false).0,
+        }))
+    }
+
+    /// An accepted fenced write: one atomic update.
+    pub fn accepted(&self) {
+        self.0.rate.add(now_secs(), Column::Accepted);
+        self.0.totals.accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A refused fenced write: counted, kept among the latest, and sent to subscribers.
+    pub fn refused(&self, refused: Refused, op: &'static str) {
+        self.0.rate.add(now_secs(), Column::Refused);
+        let t = &self.0.totals;
+        let total = match refused {
+            Refused::Stale(_) => &t.stale,
+            Refused::NotIssued(_) => &t.not_issued,
+            Refused::Jump(_) => &t.jump,
+            Refused::Mismatch(_) => &t.scope_mismatch,
+            Refused::BadProof { .. } => &t.bad_proof,
+        };
+        total.fetch_add(1, Ordering::Relaxed);
+        let event = self.event(What::Refusal(refused.into_refusal(op)));
+        {
+            let mut kept = self.0.refusals.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() == REFUSALS_KEPT {
+                kept.pop_back();
+            }
+            kept.push_front(event.clone());
+        }
+        // Err: nobody subscribed.
+        let _ = self.0.sender.send(event);
+    }
+
+    /// Builds and sends an event only if someone listens (`what` is not even built otherwise).
+    pub fn publish(&self, what: impl FnOnce() -> What) {
+        if self.0.sender.receiver_count() > 0 {
+            let _ = self.0.sender.send(self.event(what()));
+        }
+    }
+
+    fn event(&self, what: What) -> Arc<Event> {
+        Arc::new(Event { id: self.0.next_id.fetch_add(1, Ordering::Relaxed), at_ms: now_ms(), what })
+    }
+
+    /// The latest refusals, newest first.
+    pub fn recent_refusals(&self) -> Vec<Arc<Event>> {
+        self.0.refusals.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    pub fn counters(&self) -> Counters {
+        let t = &self.0.totals;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (stale, not_issued, jump, scope_mismatch, bad_proof) =
+            (get(&t.stale), get(&t.not_issued), get(&t.jump), get(&t.scope_mismatch), get(&t.bad_proof));
+        Counters {
+            accepted: get(&t.accepted),
+            refused: stale + not_issued + jump + scope_mismatch + bad_proof,
+            stale,
+            not_issued,
+            jump,
+            scope_mismatch,
+            bad_proof,
+            subscribers: self.0.subscribers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes per second over the last `seconds` whole seconds (oldest first), ending with the
+    /// second before `now`.
+    pub fn rate(&self, seconds: usize) -> Vec<Second> {
+        let now = now_secs();
+        let seconds = seconds.min(RATE_SECONDS - 1) as u64;
+        (now.saturating_sub(seconds)..now).map(|s| self.0.rate.second(s)).collect()
+    }
+
+    /// The counts of second `second` (Unix seconds); zeros once it is older than the window.
+    pub fn second(&self, second: u64) -> Second {
+        self.0.rate.second(second)
+    }
+
+    /// A new subscriber, or `None` when [`MAX_SUBSCRIBERS`] are open already.
+    pub fn subscribe(&self) -> Option<Subscription> {
+        let inner = &self.0;
+        let taken =
+            inner.subscribers.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_SUBSCRIBERS).then_some(n + 1));
+        taken.ok()?;
+        Some(Subscription { receiver: inner.sender.subscribe(), closed: inner.closed.subscribe(), events: self.clone() })
+    }
+
+    /// Ends every stream (shutdown): each ends when it is next polled, and its connection,
+    /// still handling that response (`conn`), finishes writing it within the shutdown grace.
+    pub fn close(&self) {
+        let _ = self.0.closed.send(true);
+    }
+}
+
+/// One subscriber's view of the bus; counted until dropped (the client went away, lagged, or
+/// the server shut down).
+pub struct Subscription {
+    receiver: broadcast::Receiver<Arc<Event>>,
+    closed: watch::Receiver<bool>,
+    events: Events,
+}
+
+/// What a subscriber gets next.
+pub enum Next {
+    Event(Arc<Event>),
+    /// It fell more than [`CHANNEL_CAPACITY`] events behind: `skipped` were lost. The stream
+    /// ends after telling the client.
+    Lagged {
+        skipped: u64,
+    },
+    /// Shutdown: the stream ends.
+    Closed,
+}
+
+impl Subscription {
+    pub async fn next(&mut self) -> Next {
+        if *self.closed.borrow() {
+            return Next::Closed;
+        }
+        tokio::select! {
+            received = self.receiver.recv() => match received {
+                Ok(event) => Next::Event(event),
+                Err(broadcast::error::RecvError::Lagged(skipped)) => Next::Lagged { skipped },
+                Err(broadcast::error::RecvError::Closed) => Next::Closed,
+            },
+            _ = self.closed.wait_for(|closed| *closed) => Next::Closed,
+        }
+    }
+
+    pub fn events(&self) -> &Events {
+        &self.events
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.events.0.subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Writes of one second.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Second {
+    /// Seconds since the Unix epoch.
+    pub second: u64,
+    pub accepted: u64,
+    pub refused: u64,
+}
+
+#[derive(Clone, Copy)]
+enum Column {
+    Accepted,
+    Refused,
+}
+
+/// Per-second counts of the last [`RATE_SECONDS`], lock-free: each slot packs the second it
+/// counts (high 32 bits, Unix seconds) with the count (low 32 bits), so a slot that still
+/// holds an older second is reset by the same compare-and-swap that counts.
+struct Rate {
+    slots: Box<[[AtomicU64; 2]]>,
+}
+
+impl Rate {
+    fn new() -> Self {
+        Rate { slots: (0..RATE_SECONDS).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect() }
+    }
+
+    fn add(&self, second: u64, column: Column) {
+        let slot = &self.slots[second as usize % RATE_SECONDS][column as usize];
+        let tag = second << 32;
+        let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
+            Some(if packed >> 32 == second { packed + 1 } else { tag | 1 })
+        });
+    }
+
+    fn second(&self, second: u64) -> Second {
+        let [accepted, refused] = &self.slots[second as usize % RATE_SECONDS];
+        let count = |slot: &AtomicU64| {
+            let packed = slot.load(Ordering::Relaxed);
+            if packed >> 32 == second {
+                packed & 0xFFFF_FFFF
+            } else {
+                0
+            }
+        };
+        Second { second, accepted: count(accepted), refused: count(refused) }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fence::Key;
+
+    fn t(v: i64) -> FencingToken {
+        FencingToken::from_db(v).unwrap()
+    }
+
+    fn stale(key: &str) -> Refused {
+        Refused::Stale(vec![Stale { presented: t(3), current: t(4), fenced: Fenced::Key(Key::parse(key, 64).unwrap()) }])
+    }
+
+    #[test]
+    fn seconds_are_counted_apart_and_a_slot_is_reused_a_lap_later() {
+        let rate = Rate::new();
+        rate.add(100, Column::Accepted);
+        rate.add(100, Column::Accepted);
+        rate.add(100, Column::Refused);
+        rate.add(101, Column::Refused);
+        assert_eq!(rate.second(100), Second { second: 100, accepted: 2, refused: 1 });
+        assert_eq!(rate.second(101), Second { second: 101, accepted: 0, refused: 1 });
+        // Same slot, one lap later: the old count is not carried over, nor read as this second's.
+        let later = 100 + RATE_SECONDS as u64;
+        assert_eq!(rate.second(later), Second { second: later, accepted: 0, refused: 0 });
+        rate.add(later, Column::Accepted);
+        assert_eq!(rate.second(later), Second { second: later, accepted: 1, refused: 0 });
+        assert_eq!(rate.second(100).accepted, 0);
+    }
+
+    #[test]
+    fn the_latest_refusals_are_kept_newest_first_and_bounded() {
+        let events = Events::new();
+        for i in 0..REFUSALS_KEPT + 7 {
+            events.refused(stale(&format!("k{i}")), "put");
+        }
+        let kept = events.recent_refusals();
+        assert_eq!(kept.len(), REFUSALS_KEPT);
+        let key = |e: &Event| match &e.what {
+            What::Refusal(r) => r.key.clone().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key(&kept[0]), format!("k{}", REFUSALS_KEPT + 6));
+        assert!(kept.windows(2).all(|w| w[0].id > w[1].id));
+        let c = events.counters();
+        assert_eq!((c.stale, c.refused, c.accepted), ((REFUSALS_KEPT + 7) as u64, (REFUSALS_KEPT + 7) as u64, 0));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_told_and_holds_nothing() {
+        let events = Events::new();
+        let mut slow = events.subscribe().unwrap();
+        let mut fast = events.subscribe().unwrap();
+        assert_eq!(events.counters().subscribers, 2);
+        for i in 0..CHANNEL_CAPACITY + 10 {
+            events.refused(stale(&format!("k{i}")), "put");
+            // The fast one keeps up.
+            assert!(matches!(fast.next().await, Next::Event(_)));
+        }
+        match slow.next().await {
+            Next::Lagged { skipped } => assert_eq!(skipped, 10),
+            _ => panic!("the slow subscriber must be told it lagged"),
+        }
+        drop(slow);
+        assert_eq!(events.counters().subscribers, 1);
+        events.close();
+        assert!(matches!(fast.next().await, Next::Closed));
+    }
+
+    #[test]
+    fn subscribers_are_capped() {
+        let events = Events::new();
+        let held: Vec<_> = (0..MAX_SUBSCRIBERS).map(|_| events.subscribe().unwrap()).collect();
+        assert!(events.subscribe().is_none());
+        drop(held);
+        assert!(events.subscribe().is_some());
+    }
+
+    #[test]
+    fn nothing_is_built_for_nobody() {
+        let events = Events::new();
+        events.publish(|| panic!("built with no subscriber"));
+        let _s = events.subscribe().unwrap();
+        let mut built = false;
+        events.publish(|| {
+            built = true;
+            What::Release { name: "n".into(), token: t(1) }
+        });
+        assert!(built);
+    }
+}

@@ -1,0 +1,208 @@
+//! The console: `GET /ui` (one page, its script and style, all inside the binary),
+//! `GET /v1/admin/overview` and the event stream `GET /v1/admin/events` (admin right).
+//!
+//! The page is static and holds no data: it is served without a credential, and asks for one
+//! (kept in the tab's sessionStorage) when the data routes answer 401.
+
+use std::{convert::Infallible, time::Duration};
+
+use axum::{
+    extract::State,
+    http::{header, HeaderName, HeaderValue},
+    response::{
+        sse::{Event as SseEvent, Sse},
+        IntoResponse, Response,
+    },
+    Json,
+};
+use futures_util::stream::{self, Stream};
+use serde_json::json;
+
+use super::{auth::check_admin, problem::ApiError, AppState};
+use crate::{
+    auth::Actor,
+    events::{Next, Subscription},
+};
+
+/// Seconds of writes/s the overview returns (the page's chart).
+const RATE_HISTORY_SECONDS: usize = 300;
+
+/// `GET /v1/admin/overview`: locks and fences from the database, refusals and counters from
+/// this process.
+#[utoipa::path(
+    operation_id = "admin_overview",
+    get,
+    path = super::routes::ADMIN_OVERVIEW,
+    tag = "admin",
+    summary = "The console's data: locks and fences (database), refusals and writes/s (this process)",
+    responses((status = 200, description = "locks, fences, refusals, counters, rate (docs/wire.md)", content_type = "application/json"), super::openapi::Guarded)
+)]
+pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let db = state.store.overview().await?;
+    Ok(Json(json!({
+        "locks": db.locks,
+        "fences": db.fences,
+        "refusals": state.events.recent_refusals(),
+        "counters": state.events.counters(),
+        "rate": state.events.rate(RATE_HISTORY_SECONDS),
+        "limits": {
+            "locks": crate::store::overview::MAX_LOCKS,
+            "fences": crate::store::overview::MAX_FENCES,
+            "refusals": crate::events::REFUSALS_KEPT,
+        },
+    }))
+    .into_response())
+}
+
+/// `GET /v1/admin/events`: `text/event-stream` of `grant`, `renew`, `release` and `refusal`
+/// events (with an `id:`), a `tick` after every second, and `dropped` before the stream ends
+/// for a subscriber that fell too far behind.
+#[utoipa::path(
+    operation_id = "admin_events",
+    get,
+    path = super::routes::ADMIN_EVENTS,
+    tag = "admin",
+    summary = "Server-sent events of fencing: grant, renew, release, refusal, tick, dropped (docs/wire.md)",
+    responses((status = 200, description = "An event stream; a subscriber that falls behind gets `dropped` and the stream ends", content_type = "text/event-stream"), super::openapi::Guarded)
+)]
+pub async fn events(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let Some(subscription) = state.events.subscribe() else {
+        return Err(ApiError::TooManyStreams(crate::events::MAX_SUBSCRIBERS));
+    };
+    let mut response = Sse::new(stream_of(subscription)).into_response();
+    // Reverse proxies (nginx) would otherwise buffer the stream.
+    response.headers_mut().insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+enum Phase {
+    Open,
+    /// The stream ends after the `dropped` event.
+    Ending,
+}
+
+fn stream_of(subscription: Subscription) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let first = SseEvent::default()
+        .event("hello")
+        .retry(Duration::from_secs(2))
+        .data(json!({"type": "hello", "channel_capacity": crate::events::CHANNEL_CAPACITY}).to_string());
+    let rest = stream::unfold((subscription, Phase::Open, 0u64), |(mut sub, phase, mut ticked)| async move {
+        if let Phase::Ending = phase {
+            return None;
+        }
+        loop {
+            // A tick for every second that ended, each once and in order, even when this task
+            // wakes late (a loaded machine): a reader summing ticks misses no write. The first
+            // tick is for the second that ends after the stream opens; the next ones follow on at
+            // once while any is overdue, else just after the next whole second.
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let overdue = ticked != 0 && ticked + 1 < now.as_secs();
+            let to_next =
+                if overdue { Duration::ZERO } else { Duration::from_millis(1000 - (now.as_millis() % 1000) as u64 + 20) };
+            let event = tokio::select! {
+                next = sub.next() => match next {
+                    Next::Event(event) => {
+                        let name = event.what.name();
+                        let data = serde_json::to_string(&*event).unwrap_or_default();
+                        return Some((Ok(SseEvent::default().event(name).id(event.id.to_string()).data(data)), (sub, Phase::Open, ticked)));
+                    }
+                    Next::Lagged { skipped } => {
+                        let data = json!({"type": "dropped", "skipped": skipped,
+                            "detail": "this stream fell too far behind and is closed; reconnect and read the overview again"});
+                        return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                    }
+                    Next::Closed => return None,
+                },
+                () = tokio::time::sleep(to_next) => {
+                    let ended = crate::events::now_secs().saturating_sub(1);
+                    // Seconds older than the window have no counts left to report.
+                    let oldest = ended.saturating_sub(crate::events::RATE_SECONDS as u64 - 2);
+                    let due = if ticked == 0 { ended } else { (ticked + 1).max(oldest) };
+                    if due > ended || due <= ticked {
+                        continue;
+                    }
+                    ticked = due;
+                    let second = sub.events().second(due);
+                    let data = json!({"type": "tick", "second": second.second, "accepted": second.accepted, "refused": second.refused});
+                    SseEvent::default().event("tick").data(data.to_string())
+                }
+            };
+            return Some((Ok(event), (sub, Phase::Open, ticked)));
+        }
+    });
+    stream::once(async move { Ok(first) }).chain(rest)
+}
+
+use futures_util::StreamExt as _;
+
+/// `default-src 'none'`: the page loads only its own script and style, talks only to this
+/// server, and cannot be framed. No inline script or style anywhere.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; \
+                   base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+const PAGE: &str = include_str!("../../ui/console.html");
+const SCRIPT: &str = include_str!("../../ui/console.js");
+const STYLE: &str = include_str!("../../ui/console.css");
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    embedded(body, content_type, HeaderValue::from_static(CSP))
+}
+
+/// A page or asset built into the binary (the console's, `/docs`), with the headers every one
+/// of them needs: its policy, no sniffing, no referrer, no framing, and revalidation.
+pub(super) fn embedded(body: &'static str, content_type: &'static str, csp: HeaderValue) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (header::CONTENT_SECURITY_POLICY, csp),
+            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+            // Embedded in the binary: a new binary may serve a new page at the same URL.
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[utoipa::path(
+    operation_id = "console",
+    get,
+    path = super::routes::UI,
+    tag = "console",
+    summary = "The console: one page, embedded in the binary",
+    security(()),
+    responses((status = 200, description = "The page", content_type = "text/html"), super::openapi::Edge)
+)]
+pub async fn page() -> Response {
+    asset(PAGE, "text/html; charset=utf-8")
+}
+
+#[utoipa::path(
+    operation_id = "console_script",
+    get,
+    path = super::routes::UI_SCRIPT,
+    tag = "console",
+    summary = "The console's script",
+    security(()),
+    responses((status = 200, description = "The script", content_type = "text/javascript"), super::openapi::Edge)
+)]
+pub async fn script() -> Response {
+    asset(SCRIPT, "text/javascript; charset=utf-8")
+}
+
+#[utoipa::path(
+    operation_id = "console_style",
+    get,
+    path = super::routes::UI_STYLE,
+    tag = "console",
+    summary = "The console's style sheet",
+    security(()),
+    responses((status = 200, description = "The style sheet", content_type = "text/css"), super::openapi::Edge)
+)]
+pub async fn style() -> Response {
+    asset(STYLE, "text/css; charset=utf-8")
+}

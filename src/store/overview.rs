@@ -1,0 +1,139 @@
+//! What the console shows from the database (shared by every process serving it): the built-in
+//! locks and the most recently raised scope fences, each list bounded. Times are the
+//! database's clock; `remaining_ms` is computed by the database, so a page can count a lease
+//! down from it without trusting its own clock.
+//!
+//! Both lists scan their table (no index is kept for them: an index on `updated_at` would be
+//! rewritten by every scoped write, to serve an admin page). The console asks every few
+//! seconds; a database with millions of scopes pays a sort of them each time.
+
+use serde::Serialize;
+
+use super::{token_from_db, Store, StoreError};
+use crate::fence::FencingToken;
+
+/// Locks listed at most.
+pub const MAX_LOCKS: i64 = 100;
+/// Scope fences listed at most.
+pub const MAX_FENCES: i64 = 50;
+
+/// A built-in lock that is held, or whose lease lapsed without a release.
+#[derive(Debug, Clone, Serialize)]
+pub struct LockView {
+    pub name: String,
+    pub holder: String,
+    pub token: FencingToken,
+    /// RFC 3339, UTC.
+    pub expires_at: String,
+    /// 0 once lapsed.
+    pub remaining_ms: i64,
+}
+
+/// A scope's fence.
+#[derive(Debug, Clone, Serialize)]
+pub struct FenceView {
+    pub scope: String,
+    pub fence_token: FencingToken,
+    /// When it was last raised (RFC 3339, UTC).
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// Live leases first (by name), then lapsed ones (newest grant first).
+    pub locks: Vec<LockView>,
+    /// Most recently raised first.
+    pub fences: Vec<FenceView>,
+}
+
+impl Store {
+    pub async fn overview(&self) -> Result<Overview, StoreError> {
+        let backend = self.backend.clone();
+        super::run_detached(async move {
+            match &backend {
+                super::Backend::Postgres(pg) => pg.overview().await,
+                super::Backend::Sqlite(db) => db.overview().await,
+            }
+        })
+        .await
+    }
+}
+
+/// Rows of (name, owner, token, expires_at text, remaining ms) and (scope, fence, updated_at text).
+fn overview_from<R: sqlx::Row>(locks: Vec<R>, fences: Vec<R>) -> Result<Overview, StoreError>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let locks = locks
+        .iter()
+        .map(|row| {
+            Ok(LockView {
+                name: row.try_get(0)?,
+                holder: row.try_get(1)?,
+                token: token_from_db(row.try_get(2)?)?,
+                expires_at: row.try_get(3)?,
+                remaining_ms: row.try_get(4)?,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let fences = fences
+        .iter()
+        .map(|row| {
+            Ok(FenceView { scope: row.try_get(0)?, fence_token: token_from_db(row.try_get(1)?)?, updated_at: row.try_get(2)? })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Overview { locks, fences })
+}
+
+mod pg {
+    use super::*;
+    use crate::store::postgres::PgStore;
+
+    const LOCKS: &str = "
+        SELECT name, owner, token, expires, remaining FROM (
+            SELECT name, owner, token, granted_at,
+                   to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS expires,
+                   GREATEST(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint AS remaining
+            FROM fencegate_locks WHERE owner IS NOT NULL) AS l
+        ORDER BY remaining = 0, CASE WHEN remaining > 0 THEN name END, granted_at DESC LIMIT $1";
+
+    const FENCES: &str = "
+        SELECT scope, fence_token, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+        FROM fencegate_fences ORDER BY updated_at DESC, scope LIMIT $1";
+
+    impl PgStore {
+        pub(crate) async fn overview(&self) -> Result<Overview, StoreError> {
+            let mut conn = self.conns.take().await?;
+            let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&mut *conn).await?;
+            let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&mut *conn).await?;
+            conn.done();
+            overview_from(locks, fences)
+        }
+    }
+}
+
+mod sqlite {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+
+    const LOCKS: &str = "
+        SELECT name, owner, token, expires, remaining FROM (
+            SELECT name, owner, token, granted_at,
+                   strftime('%Y-%m-%dT%H:%M:%fZ', expires_at_ms / 1000.0, 'unixepoch') AS expires,
+                   max(0, expires_at_ms - CAST(unixepoch('subsec') * 1000 AS INTEGER)) AS remaining
+            FROM fencegate_locks WHERE owner IS NOT NULL) AS l
+        ORDER BY remaining = 0, CASE WHEN remaining > 0 THEN name END, granted_at DESC LIMIT $1";
+
+    const FENCES: &str = "
+        SELECT scope, fence_token, updated_at FROM fencegate_fences ORDER BY updated_at DESC, scope LIMIT $1";
+
+    impl SqliteStore {
+        pub(crate) async fn overview(&self) -> Result<Overview, StoreError> {
+            let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&self.pool).await?;
+            let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&self.pool).await?;
+            overview_from(locks, fences)
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Fenced kv writes (single, coalesced, batched), scope claims and reads, and why a refused
+//! write was refused.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sqlx::{types::Json, Connection, Row};
+
+use super::{
+    sql::{self, entry_from, KV_GET},
+    PgStore,
+};
+use crate::{
+    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
+    store::{
+        explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
+        Written, SCOPE_STATE,
+    },
+};
+
+impl PgStore {
+
+    /// Raises `scope`'s fence to `token` inside the caller's transaction (or as an autocommit
+    /// statement) if `rule` and the poisoning guards admit it: `Ok(Some(version))`; else the
+    /// refusal, explained from what the same connection reads next.
+    pub(in crate::store) async fn claim_scope(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        scope: &Scope,
+        token: FencingToken,
+        rule: Rule,
+    ) -> Result<Result<i64, Refusal>, StoreError> {
+        let claimed: Option<i64> = sqlx::query_scalar(&self.statements(rule).claim)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(version) = claimed {
+            return Ok(Ok(version));
+        }
+        let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
+        let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
+        let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
+        explain_refusal(&[], &seen, &guard, self.checks).map(Err)
+    }
+
+
+    /// Applies one fenced write. Coalesced writes may run on the request's task (the
+    /// statement runs on a coalescer worker; only the refusal's explanation, a plain read,
+    /// runs here); every other path must run detached (`Store` does both).
+    pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+        let (key, value) = match write {
+            Write::Put { key, value } => (key, Some(value)),
+            Write::Delete { key } => (key, None),
+        };
+        let deleted = value.is_none();
+        let sql = self.statements(guard.rule);
+        let version: Option<i64> = match (&guard.target, &self.coalescer) {
+            (_, Some(coalescer)) => {
+                coalescer.write(key.clone(), value, guard.token, guard.rule, guard.scope().cloned()).await?
+            }
+            (target, None) => {
+                let (statement, scope) = match target {
+                    Target::Key => (&sql.put_key, None),
+                    Target::Scope(scope) => (&sql.put_scope, Some(scope)),
+                };
+                let mut query = sqlx::query_scalar(statement)
+                    .bind(key.as_str())
+                    .bind(value.as_ref().map(Json))
+                    .bind(deleted)
+                    .bind(guard.token.get());
+                if let Some(scope) = scope {
+                    query = query.bind(scope.as_str());
+                }
+                let mut conn = self.conns.take().await?;
+                let version = query.fetch_optional(&mut *conn).await?;
+                conn.done();
+                version
+            }
+        };
+        match version {
+            Some(version) => Ok(Outcome::Accepted(Written { key, was_live: version != 1, version })),
+            None => Ok(self.refusal(std::slice::from_ref(&key), guard).await?.outcome()),
+        }
+    }
+
+    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await?;
+        let outcome = self.batch_in(&mut tx, writes, guard).await?;
+        match &outcome {
+            Ok(_) => tx.commit().await?,
+            Err(_) => tx.rollback().await?,
+        }
+        conn.done();
+        match outcome {
+            Ok(written) => Ok(Outcome::Accepted(written)),
+            Err(refused) => Ok(self.refusal(&refused, guard).await?.outcome()),
+        }
+    }
+
+    /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
+    /// tables, see `store::tables`). `Err` lists the refused keys: nothing may then be committed.
+    pub(in crate::store) async fn batch_in(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Result<Vec<Written>, Vec<Key>>, StoreError> {
+        // One row per key (ON CONFLICT cannot touch a row twice in a statement): the last
+        // write to a key is its effect on the store. BTreeMap also sorts keys for lock order.
+        let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
+        for write in writes {
+            last.insert(write.key(), write);
+        }
+        let mut keys = Vec::with_capacity(last.len());
+        let mut values = Vec::with_capacity(last.len());
+        let mut deleted = Vec::with_capacity(last.len());
+        for (key, write) in &last {
+            keys.push(key.as_str());
+            match write {
+                Write::Put { value, .. } => {
+                    values.push(Some(Json(value)));
+                    deleted.push(false);
+                }
+                Write::Delete { .. } => {
+                    values.push(None);
+                    deleted.push(true);
+                }
+            }
+        }
+        let sql = self.statements(guard.rule);
+        let rows = match &guard.target {
+            Target::Key => sqlx::query(&sql.rows)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&deleted)
+                .bind(vec![guard.token.get(); keys.len()])
+                .fetch_all(&mut *tx)
+                .await?,
+            Target::Scope(scope) => sqlx::query(&sql.batch_scope)
+                .bind(&keys)
+                .bind(&values)
+                .bind(&deleted)
+                .bind(guard.token.get())
+                .bind(scope.as_str())
+                .fetch_all(&mut *tx)
+                .await?,
+        };
+        if rows.len() != keys.len() {
+            let mut applied = std::collections::HashSet::with_capacity(rows.len());
+            for row in &rows {
+                applied.insert(row.try_get::<&str, _>(0)?);
+            }
+            let refused: Vec<Key> =
+                last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
+            return Ok(Err(refused));
+        }
+        // Rows come back in no guaranteed order: map each to its key by name, not by position.
+        let by_name: HashMap<&str, &Key> = last.keys().map(|k| (k.as_str(), *k)).collect();
+        let mut written = Vec::with_capacity(rows.len());
+        for row in rows {
+            let key: &str = row.try_get(0)?;
+            let version: i64 = row.try_get(1)?;
+            let key = by_name
+                .get(key)
+                .map(|k| (*k).clone())
+                .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
+            written.push(Written { key, was_live: version != 1, version });
+        }
+        Ok(Ok(written))
+    }
+
+    /// Explains a refusal: reads the refused keys (their scope and own fence) and, for a scoped
+    /// write, the scope's fence, and lets [`explain_refusal`] decide.
+    pub(in crate::store) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
+        let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
+        let mut conn = self.conns.take().await?;
+        let rows = sqlx::query(sql::KV_REFUSED)
+            .bind(&names)
+            .fetch_all(&mut *conn)
+            .await?;
+        conn.done();
+        let mut seen = Seen { keys: HashMap::with_capacity(rows.len()), scope_fence: None, latest_issued: None };
+        for row in &rows {
+            let key: &str = row.try_get(0)?;
+            seen.keys.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+        }
+        if let Some(scope) = guard.scope() {
+            let mut conn = self.conns.take().await?;
+            (seen.scope_fence, seen.latest_issued) = scope_state(&mut conn, scope).await?;
+            conn.done();
+        }
+        explain_refusal(keys, &seen, guard, self.checks)
+    }
+
+    /// Whether reads go through the coalescing reader (`database.coalesce_workers > 0`). Such a
+    /// read is safe to run on the request's own task: a worker owns the statement.
+    pub(in crate::store) fn coalesces_reads(&self) -> bool {
+        self.reads.is_some()
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        if let Some(reads) = &self.reads {
+            return reads.get(key.clone()).await;
+        }
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
+        conn.done();
+        row.map(|row| entry_from(&row, 0)).transpose()
+    }
+
+    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
+    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let claimed = self.claim_scope(&mut conn, scope, token, Rule::Inclusive).await?;
+        conn.done();
+        Ok(match claimed {
+            Ok(version) => Outcome::Accepted(Claimed { created: version == 1 }),
+            Err(refusal) => refusal.outcome(),
+        })
+    }
+
+    pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let current: Option<i64> = sqlx::query_scalar(sql::FENCE)
+            .bind(scope.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.done();
+        current.map(token_from_db).transpose()
+    }
+}
+
+
+/// A scope's fence and the latest token granted by the built-in lock of that name, if any:
+/// what explains a refused claim.
+pub(in crate::store) async fn scope_state(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
+    scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&mut *conn).await?)
+}

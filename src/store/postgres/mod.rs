@@ -1,0 +1,170 @@
+//! The PostgreSQL backend: the production store.
+//!
+//! - [`sql`]: every statement it runs;
+//! - [`kv`]: fenced kv writes, batches, claims, reads, and the explanation of a refusal;
+//! - [`locks`]: the built-in lease service;
+//! - [`coalesce`] and [`reads`]: concurrent writes and reads combined into shared statements;
+//! - [`connections`]: the connections every call takes (cheaper than the sqlx pool's);
+//! - [`batching`]: the work queue both coalescers run on.
+
+
+mod batching;
+mod coalesce;
+pub(super) mod connections;
+mod kv;
+mod locks;
+mod reads;
+pub(in crate::store) mod sql;
+
+use std::{sync::Arc, time::Duration};
+
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    ConnectOptions, PgPool,
+};
+
+pub use self::sql::KV_GET;
+use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
+use super::{
+    replication::{self, Replication},
+    sql::ByRule,
+    Checks, StoreError,
+};
+use crate::{config::DatabaseSettings, fence::Rule};
+
+/// The statement fencegate runs for an unscoped `PUT /v1/kv/{key}` (`$1` key, `$2` value, `$3`
+/// deleted, `$4` token) and for a lone scoped one (`$5` scope): the load bench runs exactly
+/// these against PostgreSQL directly, to compare like with like.
+pub fn kv_put_sql(rule: Rule) -> String {
+    Statements::new(rule, Checks::default()).put_key
+}
+
+/// See [`kv_put_sql`].
+pub fn kv_put_scoped_sql(rule: Rule) -> String {
+    Statements::new(rule, Checks::default()).put_scope
+}
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+
+#[derive(Clone)]
+pub(in crate::store) struct PgStore {
+    /// Opens, bounds and recycles connections; used directly only to start up (migrations,
+    /// catalog). Everything else takes its connection from `conns`.
+    pub(in crate::store) pool: PgPool,
+    pub(in crate::store) conns: Arc<Connections>,
+    sql: Arc<ByRule<Statements>>,
+    /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
+    coalescer: Option<Coalescer>,
+    /// `None` when `database.coalesce_workers = 0`: each read is its own statement.
+    reads: Option<Reads>,
+    /// Built into the statements; needed again to explain a refusal.
+    checks: Checks,
+    /// How to connect, for connections outside the pool (the reset listener).
+    options: Arc<PgConnectOptions>,
+    /// The database's role and replication, as seen (`store::replication`).
+    pub(in crate::store) replication: Arc<Replication>,
+}
+
+impl PgStore {
+    /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
+    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
+        let shown = crate::config::redact_url(url);
+        let options: PgConnectOptions = url
+            .parse::<PgConnectOptions>()
+            .map_err(|e| anyhow::anyhow!("invalid database URL {shown}: {e}"))?
+            // Statements are logged by our own spans; sqlx's per-statement logs are noise.
+            .log_statements(tracing::log::LevelFilter::Trace)
+            .application_name("fencegate")
+            // Defence in depth: no fencegate transaction is ever idle for long, so a session
+            // stuck idle in one (a bug) is ended by the server instead of holding row locks.
+            .options([("idle_in_transaction_session_timeout", "30s")]);
+        let listener_options = options.clone().application_name("fencegate-listener");
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .min_connections(settings.min_connections)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .max_lifetime(Duration::from_secs(settings.max_lifetime_secs))
+            // A ping before every acquire would double the round trips of each write; a dead
+            // connection instead fails its statement with a transient error (503, retry) and
+            // is dropped by the pool.
+            .test_before_acquire(false)
+            // Only on the pool's release path (errors, recycling), never per statement: a
+            // connection to a server that is no longer primary is closed, not reused.
+            .after_release(replication::keep_on_release)
+            .connect_with(options)
+            .await
+            .map_err(|e| anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
+                 (set DATABASE_URL or --database-url)"
+            ))?;
+        let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, checks)));
+        let conns = Arc::new(Connections::new(
+            pool.clone(),
+            settings.max_connections,
+            Duration::from_millis(settings.acquire_timeout_ms),
+        ));
+        let coalescer = (settings.coalesce_workers > 0).then(|| {
+            Coalescer::start(conns.clone(), sql.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
+        });
+        let reads = (settings.coalesce_workers > 0)
+            .then(|| Reads::start(conns.clone(), settings.coalesce_workers, settings.coalesce_max_rows));
+        let store = PgStore {
+            pool,
+            conns,
+            reads,
+            sql,
+            coalescer,
+            checks,
+            options: Arc::new(listener_options),
+            replication: Arc::default(),
+        };
+        if settings.migrate_on_start {
+            store.migrate_unless_standby().await?;
+        }
+        Ok(store)
+    }
+
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        // sqlx takes an advisory lock, so several fencegate processes may start at once.
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+    }
+
+    /// Options for a connection of its own, outside the pool and `max_connections` (the reset
+    /// listener of `store::admin`), named `fencegate-listener` in `pg_stat_activity`.
+    pub(in crate::store) fn listener_options(&self) -> PgConnectOptions {
+        (*self.options).clone()
+    }
+
+    /// The checks besides the accept rule, which the legacy-table statements follow too.
+    pub(in crate::store) fn checks(&self) -> Checks {
+        self.checks
+    }
+
+    fn statements(&self, rule: Rule) -> &Statements {
+        self.sql.get(rule)
+    }
+
+    pub fn pool_stats(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle() + self.conns.idle_count())
+    }
+
+    /// Ready = reachable, primary (not a standby), and every migration this binary knows is
+    /// applied.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.check_primary().await?;
+        let mut conn = self.conns.take().await?;
+        let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED).fetch_one(&mut *conn).await?;
+        conn.done();
+        super::migrated(applied, &MIGRATOR)
+    }
+
+    /// Whether `write` sends writes through the coalescer (coalescing on). Such a write is
+    /// safe to run on the request's own task: see `Store::write`.
+    pub(in crate::store) fn coalesces(&self) -> bool {
+        self.coalescer.is_some()
+    }
+}

@@ -1,0 +1,89 @@
+//! The SQL spelling of the fence rules, shared by both backends: the accept rule, the scope
+//! rule and the poisoning guards, each turned into SQL in exactly one place. Every fenced
+//! statement of either dialect is assembled from these (PostgreSQL: `postgres::sql`; SQLite:
+//! `sqlite`); `IS NOT DISTINCT FROM`, scalar subqueries and `$n` parameters mean the same on
+//! both.
+
+use crate::fence::{JumpCap, Rule, ScopeRule};
+
+/// One of something per accept rule: the statements of a backend are built once for each.
+pub(crate) struct ByRule<T> {
+    pub inclusive: T,
+    pub strict: T,
+}
+
+impl<T> ByRule<T> {
+    pub fn build(mut make: impl FnMut(Rule) -> T) -> Self {
+        ByRule { inclusive: make(Rule::Inclusive), strict: make(Rule::Strict) }
+    }
+
+    pub fn get(&self, rule: Rule) -> &T {
+        match rule {
+            Rule::Inclusive => &self.inclusive,
+            Rule::Strict => &self.strict,
+        }
+    }
+}
+
+/// THE fence check in SQL: the fence `fence` admits the token `token` under `rule` (both are
+/// SQL expressions: columns, parameters). The one place [`Rule::accepts`] is turned into SQL;
+/// every statement that raises a fence, of either backend, checks it with this.
+pub(crate) fn fence_admits(rule: Rule, fence: &str, token: &str) -> String {
+    let op = match rule {
+        Rule::Inclusive => "<=",
+        Rule::Strict => "<",
+    };
+    format!("{fence} {op} {token}")
+}
+
+/// The checks every fenced statement makes besides the accept rule, fixed by configuration
+/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checks {
+    pub scopes: ScopeRule,
+    pub jump: JumpCap,
+}
+
+/// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's
+/// scope column, `presented` the write's scope (NULL: unscoped). The one place the scope rule
+/// is turned into SQL; every fenced statement that writes a key or a row is built with it,
+/// next to [`fence_admits`]. `IS NOT DISTINCT FROM` is NULL-safe equality on PostgreSQL and on
+/// SQLite (3.39+), so both backends share the spelling.
+pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &str) -> String {
+    match scopes {
+        ScopeRule::Sticky => format!("{remembered} IS NOT DISTINCT FROM {presented}"),
+        ScopeRule::Free => "TRUE".to_owned(),
+    }
+}
+
+/// The SQL spelling of [`crate::fence::issued`]: `token` is not above the latest grant of the
+/// built-in lock named `scope`, if there is one. Every statement that raises a scope's fence
+/// for a write or a claim is gated by it (lock grants pass it by construction: the grant
+/// updates the lock row first, in the same transaction). Evaluated on the statement's snapshot:
+/// a grant committed after it is not seen, which can only refuse more, never admit more.
+pub(crate) fn sql_issued_check(scope: &str, token: &str) -> String {
+    format!("NOT EXISTS (SELECT 1 FROM fencegate_locks AS issued WHERE issued.name = {scope} AND issued.token < {token})")
+}
+
+/// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
+/// or a scalar subquery; NULL: no fence, counted as 0) by more than the cap. Both operands are
+/// non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
+/// validated configuration, never request text. Each statement checks it twice: in the row it
+/// inserts (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as locked,
+/// since an admin reset may lower a fence after the snapshot was taken.
+pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
+    match jump {
+        JumpCap(0) => "TRUE".to_owned(),
+        JumpCap(cap) => format!("{token} - COALESCE({fence}, 0) <= {cap}"),
+    }
+}
+
+/// A scope's fence and the latest token granted by the built-in lock of that name: what
+/// explains a refused claim. `$1` the scope; one text for both backends (sqlx binds `$n` on
+/// SQLite too). Decoded by [`super::scope_state_from`].
+pub(crate) const SCOPE_STATE: &str = "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
+                                             (SELECT token FROM fencegate_locks WHERE name = $1)";
+
+
+/// How many migrations have been applied: readiness, on either backend.
+pub(crate) const MIGRATIONS_APPLIED: &str = "SELECT count(*) FROM _sqlx_migrations WHERE success";

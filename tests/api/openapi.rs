@@ -1,0 +1,137 @@
+//! `GET /openapi.json` and `GET /docs` (README, API; docs/wire.md): an OpenAPI 3.1
+//! document that a real validator accepts, open like /healthz, whose every operation the
+//! server really serves with a documented status; and a page that loads nothing from elsewhere.
+
+use base64::Engine as _;
+use reqwest::Method;
+use serde_json::Value;
+use sha2::Digest as _;
+
+use crate::helpers::{spawn_app, spawn_app_with, TestApp};
+
+/// Checks `doc` with the Python `openapi-spec-validator` (the reference validator of the
+/// OpenAPI ecosystem); a missing validator is a failure that says how to install it.
+fn validate(doc: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("openapi.json");
+    std::fs::write(&file, doc).unwrap();
+    let script = "import sys\n\
+                  try:\n    from openapi_spec_validator import validate\n    from openapi_spec_validator.readers import read_from_filename\n\
+                  except ImportError:\n    sys.exit(97)\n\
+                  validate(read_from_filename(sys.argv[1])[0])\n";
+    let out = std::process::Command::new("python3").args(["-c", script]).arg(&file).output().unwrap_or_else(|e| {
+        panic!("cannot run python3 ({e}): install python3, then: pip install openapi-spec-validator")
+    });
+    assert_ne!(out.status.code(), Some(97), "install: pip install openapi-spec-validator");
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator refused the document:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn document(app: &TestApp) -> (String, Value) {
+    let resp = app.get("/openapi.json").await;
+    assert_eq!(resp.status, 200, "{}", resp.text);
+    assert!(resp.header("content-type").unwrap_or("").starts_with("application/json"));
+    let doc = resp.json();
+    (resp.text, doc)
+}
+
+#[tokio::test]
+async fn the_document_is_valid_openapi_3_1() {
+    let app = spawn_app().await;
+    let (text, doc) = document(&app).await;
+    assert!(doc["openapi"].as_str().unwrap_or("").starts_with("3.1."), "{}", doc["openapi"]);
+    validate(&text);
+    // The fencing headers are parameters of the writes.
+    let put = &doc["paths"]["/v1/kv/{key}"]["put"];
+    let names: Vec<&str> = put["parameters"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(names, ["key", "X-Fencing-Token", "X-Fencing-Scope", "X-Fencing-Proof"], "{put}");
+    assert!(put["responses"]["412"].to_string().contains("https://fencegate.dev/problems/stale-token"), "{put}");
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+}
+
+/// Every documented operation is routed (not the fallback, not 405) and answers, even to a
+/// request with nothing in it, a status its operation documents.
+#[tokio::test]
+async fn every_documented_operation_is_served_with_a_documented_status() {
+    let app = spawn_app().await;
+    let (_, doc) = document(&app).await;
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let concrete =
+            path.replace("{key}", "k").replace("{scope}", "s").replace("{name}", "n").replace("{resource}", "r");
+        for (method, op) in item.as_object().unwrap() {
+            let Ok(method) = method.to_uppercase().parse::<Method>() else { continue };
+            operations += 1;
+            let documented: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
+            if op["responses"]["200"]["content"].get("text/event-stream").is_some() {
+                // A stream does not end: its status and content type are what can be checked.
+                let resp = app.req(method.clone(), &concrete).send().await.expect("the stream answers");
+                assert_eq!(resp.status(), 200, "{method} {concrete}");
+                assert!(
+                    resp.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"),
+                    "{method} {concrete}: {:?}",
+                    resp.headers()
+                );
+                continue;
+            }
+            let resp = app.send(app.req(method.clone(), &concrete)).await;
+            assert!(
+                documented.contains(&&resp.status.to_string()),
+                "{method} {concrete} answered {} which {path} does not document ({documented:?}): {}",
+                resp.status,
+                resp.text
+            );
+            assert!(!resp.text.contains("no such endpoint"), "{method} {concrete} is not routed: {}", resp.text);
+            assert_ne!(resp.status, 405, "{method} {concrete}");
+        }
+    }
+    assert!(operations >= 20, "only {operations} operations documented");
+}
+
+#[tokio::test]
+async fn the_document_and_the_page_are_open_like_healthz() {
+    let secret = fencegate::auth::new_key().unwrap();
+    let app = spawn_app_with(|s| {
+        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+            name: "reader".into(),
+            sha256: fencegate::auth::digest_hex(&secret),
+            rights: vec!["read".into()],
+            prefixes: vec![],
+            tables: vec![],
+        }];
+    })
+    .await;
+    assert_eq!(app.get("/v1/kv/k").await.status, 401, "auth is on");
+    document(&app).await;
+    assert_eq!(app.get("/docs").await.status, 200);
+}
+
+#[tokio::test]
+async fn the_page_loads_nothing_from_elsewhere() {
+    let app = spawn_app().await;
+    let resp = app.get("/docs").await;
+    assert_eq!(resp.status, 200);
+    assert!(resp.header("content-type").unwrap_or("").starts_with("text/html"));
+    let page = &resp.text;
+    for external in ["http://", "https://", "src=\"//", "href=\"//", "@import"] {
+        assert!(!page.contains(external), "the page refers to {external}...");
+    }
+    assert!(page.contains("openapi.json"), "the page renders /openapi.json");
+    // The policy forbids everything but the page's own inline script and style (by hash) and
+    // fetching from this server; the hashes must be those of what the page holds, or a browser
+    // would run nothing.
+    let csp = resp.header("content-security-policy").expect("a Content-Security-Policy").to_owned();
+    assert!(csp.starts_with("default-src 'none';"), "{csp}");
+    assert!(csp.contains("connect-src 'self'"), "{csp}");
+    let inline = |open: &str, close: &str| {
+        let start = page.find(open).unwrap_or_else(|| panic!("no {open}")) + open.len();
+        let end = start + page[start..].find(close).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&page.as_bytes()[start..end]))
+    };
+    assert!(csp.contains(&format!("script-src 'sha256-{}'", inline("<script>", "</script>"))), "{csp}");
+    assert!(csp.contains(&format!("style-src 'sha256-{}'", inline("<style>", "</style>"))), "{csp}");
+    assert_eq!(page.matches("<script").count(), 1, "one script, inline");
+}

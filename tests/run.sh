@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the test suite needs when it is missing (Debian or
+# Ubuntu packages, as root; otherwise it says what to install), then runs `cargo test --locked`
+# and prints one total over every test binary as the last line. Safe to run again on a machine
+# that has it all: then it installs nothing. `.ci/run` runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: $*; install them (sudo apt-get install $*) and rerun" >&2
+    exit 1
+  fi
+  if [ -z "${APT_UPDATED:-}" ]; then
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# PostgreSQL server binaries: the tests start a throwaway cluster with initdb/pg_ctl unless
+# DATABASE_URL points at a server.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  log "installing PostgreSQL server binaries"
+  apt_install postgresql
+fi
+
+# Lock services and tools for the bring-your-own-lock examples (examples/*.sh) and their tests
+# (tests/api/byol.rs, which start throwaway redis-server and etcd servers themselves).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v jq >/dev/null 2>&1 || missing+=(jq)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The console's browser tests (tests/browser): a headless chromium driven through chromedriver.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+
+# The OpenAPI document is checked by a real validator (tests/api/openapi.rs).
+if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+  command -v python3 >/dev/null 2>&1 || apt_install python3
+  python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+  log "installing openapi-spec-validator"
+  python3 -m pip install --quiet openapi-spec-validator \
+    || python3 -m pip install --quiet --break-system-packages openapi-spec-validator
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install Rust (https://rustup.rs) and rerun" >&2
+  exit 1
+fi
+
+log "toolchain: $(cargo --version)"
+log "running the test suite: cargo test --locked --no-fail-fast $*"
+set -o pipefail
+mkdir -p target
+status=0
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee target/test.log || status=$?
+# One plain total over every test binary, as the last line (also when a test failed).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' target/test.log
+exit "$status"
