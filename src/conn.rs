@@ -34,7 +34,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
-    sync::{watch, Notify},
+    sync::watch,
     time::Instant,
 };
 use tower::ServiceExt;
@@ -62,8 +62,6 @@ struct State {
     headers_since: AtomicU64,
     /// When a write first found the socket full (0: not blocked).
     write_blocked_since: AtomicU64,
-    /// Wakes the watchdog when a deadline moves earlier.
-    changed: Notify,
 }
 
 impl State {
@@ -84,7 +82,6 @@ impl State {
         self.last_io.store(now, Ordering::Relaxed);
         if self.phase.compare_exchange(IDLE, HEADERS, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             self.headers_since.store(now, Ordering::Relaxed);
-            self.changed.notify_one();
         }
     }
 
@@ -98,13 +95,10 @@ impl State {
     fn handled(&self) {
         self.last_io.store(self.now(), Ordering::Relaxed);
         self.phase.store(IDLE, Ordering::Release);
-        self.changed.notify_one();
     }
 
     fn write_blocked(&self) {
-        if self.write_blocked_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-            self.changed.notify_one();
-        }
+        let _ = self.write_blocked_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// The next moment the connection may have to close, and why; `None`: nothing due (a
@@ -258,8 +252,26 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
     }
 }
 
+/// Why [`serve`] stopped polling the connection.
+enum Exit {
+    /// hyper is done: the client closed, or an error.
+    Ended(hyper::Result<()>),
+    /// The watchdog closes it.
+    Closed(&'static str),
+    /// Shutdown, with no request being handled.
+    Shutdown,
+}
+
 /// Serves one connection until the client closes it, the watchdog does, or shutdown does (at
 /// once, or once the request being handled is answered).
+///
+/// The watchdog needs no wake-ups: every change of the connection's phase (a read, a write,
+/// hyper calling the router, the edge reading the body, the response finishing) happens while
+/// the connection is polled, in this task. So the deadline is recomputed after each poll, and
+/// the timer is moved only when the deadline comes EARLIER than the one it is set for (a
+/// request's first byte, a blocked write). A later deadline (every answered request) leaves it
+/// be: when it fires early, the deadline is recomputed and the timer set again. A busy
+/// connection thus touches its timer about once per timeout, not twice per request.
 pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut shutdown: watch::Receiver<bool>) {
     let now = Instant::now();
     let state = Arc::new(State {
@@ -268,7 +280,6 @@ pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut sh
         last_io: AtomicU64::new(1),
         headers_since: AtomicU64::new(0),
         write_blocked_since: AtomicU64::new(0),
-        changed: Notify::new(),
     });
     let io = TokioIo::new(Watched { io: stream, state: state.clone() });
     let service = Serve { router, state: state.clone() };
@@ -277,44 +288,56 @@ pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut sh
     builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
-    let mut draining = *shutdown.borrow();
-    if draining {
+    if *shutdown.borrow() {
         return;
     }
-    loop {
-        let deadline = state.deadline(&timeouts);
-        let sleep = async {
-            match deadline {
-                Some((at, _)) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(err) = result {
-                    tracing::debug!(%err, "connection ended with an error");
-                }
-                return;
-            }
-            () = sleep => {
-                // The deadline may have moved since (a write went through): check again.
-                if let Some((at, why)) = state.deadline(&timeouts) {
-                    if at <= Instant::now() {
-                        tracing::debug!(why, "closing a connection");
-                        metrics::counter!("fencegate_connections_closed_total", "reason" => why).increment(1);
-                        return;
-                    }
-                }
-            }
-            () = state.changed.notified() => {}
-            changed = shutdown.changed(), if !draining => {
+    let timer = tokio::time::sleep_until(now + timeouts.idle);
+    tokio::pin!(timer);
+    // What the timer is set for; `None` once it fired (nothing set).
+    let mut armed = Some(now + timeouts.idle);
+    let stop = shutdown.changed();
+    tokio::pin!(stop);
+    let mut draining = false;
+    let exit = std::future::poll_fn(|cx| loop {
+        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+            return Poll::Ready(Exit::Ended(result));
+        }
+        if !draining {
+            if let Poll::Ready(changed) = stop.as_mut().poll(cx) {
                 draining = true;
                 if changed.is_err() || state.phase.load(Ordering::Acquire) != HANDLING {
                     // Nothing of a request has been acted on: close now.
-                    return;
+                    return Poll::Ready(Exit::Shutdown);
                 }
                 conn.as_mut().graceful_shutdown();
+                continue; // hyper acts on it when polled
             }
+        }
+        if let Some((at, _)) = state.deadline(&timeouts) {
+            if armed.is_none_or(|armed| at < armed) {
+                timer.as_mut().reset(at);
+                armed = Some(at);
+            }
+        }
+        if armed.is_none() || timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        // The timer fired: for the deadline it was set for, or for one that has moved since.
+        armed = None;
+        if let Some((at, why)) = state.deadline(&timeouts) {
+            if at <= Instant::now() {
+                return Poll::Ready(Exit::Closed(why));
+            }
+        }
+        // Not due (yet, or any more): set it again above, and poll it so that it wakes us.
+    })
+    .await;
+    match exit {
+        Exit::Ended(Err(err)) => tracing::debug!(%err, "connection ended with an error"),
+        Exit::Ended(Ok(())) | Exit::Shutdown => {}
+        Exit::Closed(why) => {
+            tracing::debug!(why, "closing a connection");
+            metrics::counter!("fencegate_connections_closed_total", "reason" => why).increment(1);
         }
     }
 }
