@@ -248,8 +248,8 @@ pub async fn measure(
         print_db(&fg_db);
         let fg_cpu_us = r.cpu_ticks as f64 * 10_000.0 / (r.stats.put_ok.max(1)) as f64;
         let fg_after = sizes(db).await?.table;
-        // Reloaded, not just vacuumed: fencegate's run moved some rows off their packed pages,
-        // and pgbench would find the room they left (more of its updates HOT, see the table).
+        // Reloaded, not just vacuumed: fencegate's run left dead row versions (and, where an
+        // update was not HOT, rows moved off their pages), and pgbench would find the room.
         let (again, _) = load(db, admin, live).await?;
         println!("  reloaded in {:.1} s for pgbench", again.as_secs_f64());
         let script = scripts.random_over(live, &s.out_dir)?;
