@@ -33,8 +33,8 @@ use crate::{
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Workload {
-    /// PUT on a random key of `KEYS`.
-    Random,
+    /// PUT on a random key of `1 ..= keys` (`KEYS`, or a keyspace step's size).
+    Random { keys: u64 },
     /// PUT on `HOT_KEY` only.
     Hot,
     /// `read_pct`% GET, the rest PUT, on random keys.
@@ -162,7 +162,7 @@ async fn drive(ctx: &Ctx, target: &(SocketAddr, String), conn: &mut Option<Sende
         };
         let r = rng.next();
         let (is_get, key) = match ctx.workload {
-            Workload::Random => (false, r % KEYS + 1),
+            Workload::Random { keys } => (false, r % keys + 1),
             Workload::Hot => (false, HOT_KEY),
             Workload::Mix { read_pct } => ((r >> 32) % 100 < read_pct, r % KEYS + 1),
             Workload::Scope { .. } => (false, SCOPE_KEYS + r % KEYS + 1),

@@ -11,7 +11,10 @@
 //!    function the store itself builds it with) at the same concurrency against the same database;
 //! 4. adds a hot-key run, a hot-scope run (one lock holder, one token, random keys; pgbench runs
 //!    the scoped statement with the same fixed token), a 90% GET / 10% PUT mix and an RSS soak,
-//!    and prints one markdown table.
+//!    and prints one markdown table;
+//! 5. only when BENCH_ONLY names it, the keyspace step (`keyspace`): for each size of
+//!    BENCH_KEYSPACE, the table loaded server-side with N live keys and N/10 tombstones, then
+//!    64 connections of random-key PUTs over all N keys, through fencegate and through pgbench.
 //!
 //! Environment: `DATABASE_URL` (admin URL), `BENCH_SECONDS` (per step, default 10),
 //! `BENCH_SOAK_SECONDS` (default 60), `PGBENCH` (path to pgbench; default: PATH, then
@@ -19,14 +22,17 @@
 //! request sending it: the cost of authentication), `BENCH_ISSUER=1` (an Ed25519 `[[issuers]]`
 //! entry for every scope; the hot-scope step's writes send their proof: the cost of proofs),
 //! `BENCH_PROCESSES=N` (default 1: N fencegate processes on the one database, the client
-//! connections dealt round-robin across them, as behind a load balancer; docs/scale-out.md).
+//! connections dealt round-robin across them, as behind a load balancer; docs/scale-out.md),
+//! `BENCH_KEYSPACE` (the keyspace step's sizes, default `10000,100000,1000000,10000000`).
 //!
 //! The modules, in the order a run uses them: `settings` (the environment), `machine` (facts
 //! printed with the table), `database` (admin connection, table reset), `pgbench` (its scripts
 //! and runs), `server` (fencegate, the process under test), `load_generator` (the HTTP clients),
-//! `steps` (the sequence of measured steps and the soak), `report` (figures and the table).
+//! `steps` (the sequence of measured steps and the soak), `keyspace` (the keyspace step, its
+//! loading and its tables), `report` (figures and the table).
 
 mod database;
+mod keyspace;
 mod load_generator;
 mod machine;
 mod pgbench;
@@ -135,15 +141,26 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     let addrs: Vec<std::net::SocketAddr> = std::iter::once(fg.addr).chain(more.iter().map(|f| f.addr)).collect();
     let mut db = PgConnection::connect(db_url).await.context("connecting to the bench database")?;
 
-    let outcome = measure(s, &fg, &addrs, db_url, &mut db, admin, &scripts).await;
+    let mut outcome = measure(s, &fg, &addrs, db_url, &mut db, admin, &scripts).await;
+    let mut sizes = Vec::new();
+    if outcome.is_ok() && s.runs("keyspace") {
+        match keyspace::measure(s, &addrs, db_url, &mut db, admin, &scripts).await {
+            Ok(measured) => sizes = measured,
+            Err(e) => outcome = Err(e),
+        }
+    }
     let (_, hwm_end) = rss_kib(fg.pid);
     stop_fencegate(fg).await;
     for other in more {
         stop_fencegate(other).await;
     }
     let (rows, soak) = outcome?;
+    let keyspace_table = match sizes.is_empty() {
+        true => String::new(),
+        false => keyspace::table(s, &keyspace::server_facts(admin).await?, &sizes),
+    };
 
-    let table = report::table(s, m, &rows, soak.as_ref(), hwm_end);
+    let table = report::table(s, m, &rows, &keyspace_table, soak.as_ref(), hwm_end);
     println!("\n{table}");
     Ok(())
 }

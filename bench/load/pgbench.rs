@@ -48,6 +48,8 @@ fn pgbench_put_scoped(put_scoped: &str) -> String {
 }
 
 pub struct Scripts {
+    /// The put statement as pgbench runs it (`:k` the key), for scripts made later.
+    put: String,
     pub random: PathBuf,
     pub hot: PathBuf,
     pub mix: PathBuf,
@@ -56,8 +58,7 @@ pub struct Scripts {
 
 pub fn pgbench_scripts(put_key: &str, put_scoped: &str, dir: &Path) -> Result<Scripts> {
     let put = pgbench_put(put_key);
-    let random = dir.join("put_random.sql");
-    std::fs::write(&random, format!("\\set k random(1, {KEYS})\n{put}"))?;
+    let random = random_script(&put, KEYS, dir)?;
     let hot = dir.join("put_hot.sql");
     std::fs::write(&hot, format!("\\set k {HOT_KEY}\n{put}"))?;
     let mix = dir.join("mix.sql");
@@ -75,7 +76,24 @@ pub fn pgbench_scripts(put_key: &str, put_scoped: &str, dir: &Path) -> Result<Sc
         &scope,
         format!("\\set k random({}, {})\n{}", SCOPE_KEYS + 1, SCOPE_KEYS + KEYS, pgbench_put_scoped(put_scoped)),
     )?;
-    Ok(Scripts { random, hot, mix, scope })
+    Ok(Scripts { put, random, hot, mix, scope })
+}
+
+/// PUTs on random keys of `1 ..= keys`.
+fn random_script(put: &str, keys: u64, dir: &Path) -> Result<PathBuf> {
+    let path = match keys {
+        KEYS => dir.join("put_random.sql"),
+        _ => dir.join(format!("put_random_{keys}.sql")),
+    };
+    std::fs::write(&path, format!("\\set k random(1, {keys})\n{put}"))?;
+    Ok(path)
+}
+
+impl Scripts {
+    /// The random-key script over `1 ..= keys` (the keyspace step's sizes).
+    pub fn random_over(&self, keys: u64, dir: &Path) -> Result<PathBuf> {
+        random_script(&self.put, keys, dir)
+    }
 }
 
 // Running pgbench

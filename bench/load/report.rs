@@ -45,7 +45,7 @@ fn fmt_rate(r: f64) -> String {
     format!("{r:.0}")
 }
 
-fn fmt_ms(ms: f64) -> String {
+pub fn fmt_ms(ms: f64) -> String {
     if ms.is_nan() {
         "–".into()
     } else if ms < 10.0 {
@@ -129,8 +129,9 @@ pub fn mib(kib: u64) -> String {
 }
 
 /// The markdown table of the whole run, with the facts needed to read it. `hwm_end`: fencegate's
-/// peak RSS (VmHWM, KiB) at the end of the run.
-pub fn table(s: &Settings, m: &Machine, rows: &[Row], soak: Option<&Soak>, hwm_end: u64) -> String {
+/// peak RSS (VmHWM, KiB) at the end of the run. `more`: the tables of other steps (keyspace),
+/// printed under the main one.
+pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&Soak>, hwm_end: u64) -> String {
     let stderr_log = stderr_log(&s.out_dir, 0);
     let log_lines = std::fs::read_to_string(&stderr_log).map(|t| t.lines().count()).unwrap_or(0);
 
@@ -158,6 +159,10 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], soak: Option<&Soak>, hwm_e
         s.warmup.as_secs_f64()
     );
     let _ = writeln!(t);
+    if rows.is_empty() {
+        t.push_str(more);
+        return finish(t, s, soak, hwm_end, &stderr_log, log_lines);
+    }
     let _ = writeln!(t, "| workload | conns | fencegate ok/s | p50 ms | p99 ms | 412 / other / transport | pgbench ok/s | p50 ms | p99 ms | stale / failed | ok/s fg÷pg | p99 fg÷pg |");
     let _ = writeln!(t, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for r in rows {
@@ -185,6 +190,15 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], soak: Option<&Soak>, hwm_e
         );
     }
     let _ = writeln!(t);
+    if !more.is_empty() {
+        t.push_str(more);
+        let _ = writeln!(t);
+    }
+    finish(t, s, soak, hwm_end, &stderr_log, log_lines)
+}
+
+/// The lines under the table: fencegate's memory and its log.
+fn finish(mut t: String, s: &Settings, soak: Option<&Soak>, hwm_end: u64, stderr_log: &std::path::Path, log_lines: usize) -> String {
     match soak {
         Some(soak) => {
             let scraped = match soak.scrapes {

@@ -9,8 +9,12 @@ pub struct Settings {
     pub step: Duration,
     pub warmup: Duration,
     pub soak: Duration,
-    /// BENCH_ONLY: run only these steps (ids: random1 random16 random64 hot scope mix soak).
+    /// BENCH_ONLY: run only these steps (ids: random1 random16 random64 hot scope mix soak
+    /// keyspace). `keyspace` runs only when named here: it loads millions of rows.
     pub only: Option<Vec<String>>,
+    /// BENCH_KEYSPACE: the live keys of each size the keyspace step loads, ascending; each
+    /// size also gets a tenth as many tombstones.
+    pub keyspace: Vec<u64>,
     /// BENCH_SCRAPE_SECONDS: GET /metrics this often during the soak, as Prometheus would.
     pub scrape_every: Option<Duration>,
     pub pgbench: PathBuf,
@@ -38,6 +42,7 @@ impl Settings {
                 Ok(_) => Some(Duration::from_secs(env_secs("BENCH_SCRAPE_SECONDS", 0)?)),
                 Err(_) => None,
             },
+            keyspace: keyspace_sizes()?,
             pgbench: find_pgbench()?,
             out_dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-load"),
             processes: match std::env::var("BENCH_PROCESSES") {
@@ -50,10 +55,36 @@ impl Settings {
         })
     }
 
-    /// Whether step `id` is to run (BENCH_ONLY).
+    /// Whether step `id` is to run (BENCH_ONLY). The keyspace step only when named: at its
+    /// default sizes it loads 11 million rows, several minutes before it measures anything.
     pub fn runs(&self, id: &str) -> bool {
-        self.only.as_ref().is_none_or(|only| only.iter().any(|o| o == id))
+        match &self.only {
+            Some(only) => only.iter().any(|o| o == id),
+            None => id != "keyspace",
+        }
     }
+}
+
+/// The most live keys one size may have: 100 M keys (and 10 M tombstones) take about 15 GB
+/// of table and index, loaded twice.
+const MAX_KEYSPACE: u64 = 100_000_000;
+
+fn keyspace_sizes() -> Result<Vec<u64>> {
+    let Ok(v) = std::env::var("BENCH_KEYSPACE") else {
+        return Ok(vec![10_000, 100_000, 1_000_000, 10_000_000]);
+    };
+    let mut sizes = Vec::new();
+    for part in v.split([',', ' ']).filter(|s| !s.is_empty()) {
+        let n: u64 = part.replace('_', "").parse().with_context(|| format!("BENCH_KEYSPACE={v:?}: {part:?} is not a number of keys"))?;
+        if !(10..=MAX_KEYSPACE).contains(&n) {
+            bail!("BENCH_KEYSPACE={v:?}: choose sizes of 10..={MAX_KEYSPACE} keys");
+        }
+        sizes.push(n);
+    }
+    if sizes.is_empty() || !sizes.is_sorted_by(|a, b| a < b) {
+        bail!("BENCH_KEYSPACE={v:?}: give one or more sizes, ascending, e.g. 10000,100000,1000000,10000000");
+    }
+    Ok(sizes)
 }
 
 fn env_secs(name: &str, default: u64) -> Result<u64> {

@@ -20,6 +20,7 @@ use crate::{
     pgbench::{pgbench_step, Scripts},
     report::{errors_cell, mib, report_fg, report_pg, Row},
     settings::Settings,
+    KEYS,
 };
 
 pub struct Soak {
@@ -42,9 +43,9 @@ pub async fn measure(
 ) -> Result<(Vec<Row>, Option<Soak>)> {
     let mut rows = Vec::new();
     let steps: [(&str, &str, usize, Workload, &Path); 6] = [
-        ("random", "random key, writes/s", 1, Workload::Random, &scripts.random),
-        ("random", "random key, writes/s", 16, Workload::Random, &scripts.random),
-        ("random", "random key, writes/s", 64, Workload::Random, &scripts.random),
+        ("random", "random key, writes/s", 1, Workload::Random { keys: KEYS }, &scripts.random),
+        ("random", "random key, writes/s", 16, Workload::Random { keys: KEYS }, &scripts.random),
+        ("random", "random key, writes/s", 64, Workload::Random { keys: KEYS }, &scripts.random),
         ("hot", "one hot key, writes/s", 64, Workload::Hot, &scripts.hot),
         ("scope", "one hot scope (random keys), writes/s", 64, Workload::Scope { token: 0 }, &scripts.scope),
         ("mix", "90% GET / 10% PUT, ops/s", 64, Workload::Mix { read_pct: 90 }, &scripts.mix),
@@ -127,7 +128,7 @@ pub async fn measure(
             scrapes
         })
     });
-    let r = fencegate_step(addrs, 64, Workload::Random, s, s.soak, db).await?;
+    let r = fencegate_step(addrs, 64, Workload::Random { keys: KEYS }, s, s.soak, db).await?;
     stop.store(true, Ordering::Relaxed);
     let mut samples = sampler.await?;
     let scrapes = match scraper {
