@@ -23,7 +23,8 @@ pub async fn connect_admin(url: &str) -> Result<PgConnection> {
     }
 }
 
-/// Puts the table in the same state before every step: `KEYS` live keys, fence 0, version 1,
+/// Puts the table in the same state before every step: `KEYS` live keys, version 1, each fence
+/// at the clock (microseconds, the scale of every token of the run: a jump cap measures from it),
 /// vacuumed and analyzed, then a checkpoint, so no step pays for the previous one's dirt.
 /// This lowers fences behind fencegate's back, which is harmless here only because every token
 /// of the run (TokenClock, pgbench's clock) is higher than any token presented before it.
@@ -31,9 +32,21 @@ pub async fn reset_table(db: &mut PgConnection, admin: &mut PgConnection) -> Res
     sqlx::raw_sql("TRUNCATE fencegate_kv").execute(&mut *db).await?;
     sqlx::query(
         "INSERT INTO fencegate_kv (key, value, deleted, key_fence, fence_token, scope)
-         SELECT g::text, '{\"n\": 0}'::jsonb, false, 0, 0, NULL FROM generate_series(1, $1::bigint) AS g",
+         SELECT g::text, '{\"n\": 0}'::jsonb, false, now_us, now_us, NULL
+         FROM generate_series(1, $1::bigint) AS g,
+              (SELECT (extract(epoch from clock_timestamp()) * 1000000)::bigint AS now_us) AS clock",
     )
     .bind(KEYS as i64)
+    .execute(&mut *db)
+    .await?;
+    // The hot scope's fence a minute behind the clock, so that its first write is no jump
+    // either (the step draws its one token just before this reset).
+    sqlx::query(
+        "INSERT INTO fencegate_fences (scope, fence_token)
+         VALUES ($1, (extract(epoch from clock_timestamp()) * 1000000)::bigint - 60000000)
+         ON CONFLICT (scope) DO UPDATE SET fence_token = EXCLUDED.fence_token",
+    )
+    .bind(crate::HOT_SCOPE)
     .execute(&mut *db)
     .await?;
     sqlx::raw_sql("VACUUM ANALYZE fencegate_kv").execute(&mut *db).await?;

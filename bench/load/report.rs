@@ -150,10 +150,18 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&
     );
     let _ = writeln!(
         t,
-        "fencegate: release build, default config (database pool 16 connections), FENCEGATE_LOG=warn, \
+        "fencegate: release build, default config (database pool 16 connections){}, FENCEGATE_LOG=warn, \
          {} process(es) on the one database. \
          {} s per step ({:.1} s warm-up before fencegate steps), {KEYS} keys, body `{VALUE}`. \
          Load generator, fencegate, pgbench and PostgreSQL share the machine.",
+        match crate::server::bench_trust() {
+            Some(true) => format!(
+                "; BENCH_TRUST=on: API key, Ed25519 issuer proofs, sticky scope, jump cap {}",
+                crate::server::TRUST_JUMP_CAP
+            ),
+            Some(false) => "; BENCH_TRUST=off: no auth, no issuer, sticky scope off, no jump cap".to_owned(),
+            None => String::new(),
+        },
         s.processes,
         s.step.as_secs(),
         s.warmup.as_secs_f64()

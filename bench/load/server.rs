@@ -23,20 +23,55 @@ pub struct Fencegate {
     pub addr: SocketAddr,
 }
 
-/// With `BENCH_AUTH=1`: the API key every request sends (`Authorization: Bearer ...`).
+/// `BENCH_TRUST`: every trust feature on (`on`: API key, issuer proofs, sticky scope, a jump
+/// cap) or off (`off`: none of them, sticky scope off too); unset: fencegate's defaults
+/// (sticky scope on, no cap) plus whatever BENCH_AUTH / BENCH_ISSUER ask for.
+pub fn bench_trust() -> Option<bool> {
+    match std::env::var("BENCH_TRUST").as_deref() {
+        Ok("on") => Some(true),
+        Ok("off") => Some(false),
+        Ok(other) => panic!("BENCH_TRUST={other:?}: say on or off (or leave it unset)"),
+        Err(_) => None,
+    }
+}
+
+/// The jump cap with `BENCH_TRUST=on`: an hour of the run's microsecond tokens. The table reset
+/// puts every fence at the clock (database::reset_table), so the run's tokens stay within it.
+pub const TRUST_JUMP_CAP: u64 = 3_600_000_000;
+
+/// fencegate's `[kv]` settings for this run, as far as the fenced statement depends on them.
+pub fn kv_settings() -> fencegate::config::KvSettings {
+    let mut kv = fencegate::config::KvSettings::default();
+    match bench_trust() {
+        Some(true) => kv.max_token_jump = TRUST_JUMP_CAP,
+        Some(false) => kv.sticky_scope = false,
+        None => {}
+    }
+    kv
+}
+
+/// With `BENCH_AUTH=1` (or `BENCH_TRUST=on`): the API key every request sends
+/// (`Authorization: Bearer ...`).
 pub fn bench_key() -> Option<&'static str> {
     static KEY: OnceLock<Option<String>> = OnceLock::new();
     KEY.get_or_init(|| {
-        (std::env::var("BENCH_AUTH").as_deref() == Ok("1")).then(|| fencegate::auth::new_key().expect("a random key"))
+        let on = match bench_trust() {
+            Some(trust) => trust,
+            None => std::env::var("BENCH_AUTH").as_deref() == Ok("1"),
+        };
+        on.then(|| fencegate::auth::new_key().expect("a random key"))
     })
     .as_deref()
 }
 
-/// With `BENCH_ISSUER=1`: fencegate has an Ed25519 `[[issuers]]` entry covering every scope,
-/// and every scoped write sends the proof of its token (one signature per token, made by the
-/// client once: a lock holder's signer signs each token once).
+/// With `BENCH_ISSUER=1` (or `BENCH_TRUST=on`): fencegate has an Ed25519 `[[issuers]]` entry
+/// covering every scope, and every scoped write sends the proof of its token (one signature per
+/// token, made by the client once: a lock holder's signer signs each token once).
 pub fn bench_issuer() -> bool {
-    std::env::var("BENCH_ISSUER").as_deref() == Ok("1")
+    match bench_trust() {
+        Some(trust) => trust,
+        None => std::env::var("BENCH_ISSUER").as_deref() == Ok("1"),
+    }
 }
 
 const ISSUER_SEED: [u8; 32] = [3; 32];
@@ -85,6 +120,10 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
             "[[issuers]]\nname = \"bench\"\nscopes = [\"\"]\ned25519_public_key = \"{}\"\n",
             fencegate::issuers::ed25519_public_key(&ISSUER_SEED)
         ));
+    }
+    let kv = kv_settings();
+    if bench_trust().is_some() {
+        config_text.push_str(&format!("[kv]\nsticky_scope = {}\nmax_token_jump = {}\n", kv.sticky_scope, kv.max_token_jump));
     }
     if !config_text.is_empty() {
         let config = out_dir.join("bench.toml");

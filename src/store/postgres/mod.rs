@@ -35,13 +35,13 @@ use crate::{config::DatabaseSettings, fence::Rule};
 /// The statement fencegate runs for an unscoped `PUT /v1/kv/{key}` (`$1` key, `$2` value, `$3`
 /// deleted, `$4` token) and for a lone scoped one (`$5` scope): the load bench runs exactly
 /// these against PostgreSQL directly, to compare like with like.
-pub fn kv_put_sql(rule: Rule) -> String {
-    Statements::new(rule, Checks::default()).put_key
+pub fn kv_put_sql(rule: Rule, checks: Checks) -> String {
+    Statements::new(rule, checks).put_key
 }
 
 /// See [`kv_put_sql`].
-pub fn kv_put_scoped_sql(rule: Rule) -> String {
-    Statements::new(rule, Checks::default()).put_scope
+pub fn kv_put_scoped_sql(rule: Rule, checks: Checks) -> String {
+    Statements::new(rule, checks).put_scope
 }
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
