@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Instructions per PUT: fencegate under callgrind, wrk (1 thread) with bench/scripts/put.lua; needs valgrind, wrk, psql.
+# usage: measure.sh BINARY LABEL [conns] [seconds]: instructions (callgrind) per PUT in fencegate
+set -e
+bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
+db=fg_cg_$$
+psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
+port=$((20000 + RANDOM % 10000))
+out=/tmp/cg.$label.out
+valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db >/tmp/cg.$label.log 2>&1 &
+vpid=$!
+for i in $(seq 1 120); do curl -s -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
+wrk -t1 -c$conns -d3s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port >/dev/null
+callgrind_control -z $vpid >/dev/null
+wrk -t1 -c$conns -d${secs}s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port > /tmp/cg.$label.wrk
+callgrind_control -d $vpid >/dev/null
+sleep 1
+kill -INT $vpid; wait $vpid || true
+psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE $db WITH (FORCE)" postgres
+reqs=$(grep -oE "^ *[0-9]+ requests in" /tmp/cg.$label.wrk | awk '{print $1}')
+non2xx=$(grep -oE "Non-2xx or 3xx responses: [0-9]+" /tmp/cg.$label.wrk | awk '{print $NF}')
+dump=$(ls -t $out* | grep -v "^$out$" | head -1)
+ir=$(callgrind_annotate "$dump" 2>/dev/null | grep -m1 "PROGRAM TOTALS" | awk '{gsub(",","",$1); print $1}')
+echo "$label: requests $reqs (non-2xx ${non2xx:-0}), Ir $ir, Ir/request $((ir / reqs))  dump $dump"
