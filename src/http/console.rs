@@ -88,17 +88,19 @@ fn stream_of(subscription: Subscription) -> impl Stream<Item = Result<SseEvent, 
         .event("hello")
         .retry(Duration::from_secs(2))
         .data(json!({"type": "hello", "channel_capacity": crate::events::CHANNEL_CAPACITY}).to_string());
-    let rest = stream::unfold((subscription, Phase::Open, 0u64), |(mut sub, phase, mut ticked)| async move {
+    // The last second ticked: none yet, so the first tick is for the second the stream opened in.
+    let before_open = crate::events::now_secs().saturating_sub(1);
+    let rest = stream::unfold((subscription, Phase::Open, before_open), |(mut sub, phase, mut ticked)| async move {
         if let Phase::Ending = phase {
             return None;
         }
         loop {
-            // A tick for every second that ended, each once and in order, even when this task
-            // wakes late (a loaded machine): a reader summing ticks misses no write. The first
-            // tick is for the second that ends after the stream opens; the next ones follow on at
-            // once while any is overdue, else just after the next whole second.
+            // A tick for every second that ended, from the one the stream opened in, each once
+            // and in order, even when this task wakes late (a loaded machine): a reader summing
+            // ticks misses no write. Overdue ticks follow on at once, else the next comes just
+            // after the next whole second.
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            let overdue = ticked != 0 && ticked + 1 < now.as_secs();
+            let overdue = ticked + 1 < now.as_secs();
             let to_next =
                 if overdue { Duration::ZERO } else { Duration::from_millis(1000 - (now.as_millis() % 1000) as u64 + 20) };
             let event = tokio::select! {
@@ -119,7 +121,7 @@ fn stream_of(subscription: Subscription) -> impl Stream<Item = Result<SseEvent, 
                     let ended = crate::events::now_secs().saturating_sub(1);
                     // Seconds older than the window have no counts left to report.
                     let oldest = ended.saturating_sub(crate::events::RATE_SECONDS as u64 - 2);
-                    let due = if ticked == 0 { ended } else { (ticked + 1).max(oldest) };
+                    let due = (ticked + 1).max(oldest);
                     if due > ended || due <= ticked {
                         continue;
                     }

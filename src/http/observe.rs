@@ -168,8 +168,8 @@ struct Handles {
     write: Option<(&'static str, metrics::Counter)>,
 }
 
-/// The label sets met so far, by the addresses of their static strings (and the status).
-type LabelSet = (usize, usize, u16, usize);
+/// A label set: method, route, status and write outcome (the strings are all static).
+type LabelSet = (&'static str, &'static str, u16, Option<&'static str>);
 
 /// Metric handles by label set. A `counter!` with labels builds its key (allocating the label
 /// list) and looks it up in the recorder's registry on every call: three of them were about 4%
@@ -189,7 +189,7 @@ impl Metrics {
         outcome: Option<&'static str>,
         seconds: f64,
     ) -> Option<&'static str> {
-        let set = (method.as_ptr() as usize, route.as_ptr() as usize, status.as_u16(), outcome.map_or(0, |o| o.as_ptr() as usize));
+        let set = (method, route, status.as_u16(), outcome);
         let handles = {
             let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
             cached.entry(set).or_insert_with(|| handles(method, route, status, outcome)).clone()
