@@ -1,6 +1,6 @@
 //! Authentication and authorization over HTTP.
 //!
-//! - [`authenticate`], a middleware on every route (the fallback included), turns the
+//! - [`authenticate`], called by the gate on every route (the fallback included), turns the
 //!   `Authorization` header into an [`Actor`] in the request's extensions, or answers 401. Only
 //!   `/healthz`, `/readyz`, `/openapi.json`, `/docs`, (unless `auth.protect_metrics`)
 //!   `/metrics`, and the console's static page and assets (`/ui`, `/ui/console.js`,
@@ -10,12 +10,9 @@
 //!   [`check_admin`]) next to the route, before any store call: a refused request changes
 //!   nothing.
 
-use std::sync::Arc;
-
 use axum::{
-    extract::{FromRequestParts, Request, State},
+    extract::{FromRequestParts, Request},
     http::{header::AUTHORIZATION, request::Parts},
-    middleware::Next,
     response::{IntoResponse, Response},
 };
 
@@ -42,41 +39,35 @@ impl Named {
     }
 }
 
-/// 401 unless the request carries a valid credential (or is one of the open routes).
-pub async fn authenticate(State(auth): State<Arc<Authenticator>>, mut req: Request, next: Next) -> Response {
+/// 401 unless the request carries a valid credential (or is one of the open routes, which
+/// get `Ok(None)`). The actor goes into the request's extensions, for the handler, and its name
+/// onto the request's span. Called by the gate ([`super::gate`]) on every route, the fallback
+/// included; never with auth off.
+pub fn authenticate(auth: &Authenticator, req: &mut Request) -> Result<Option<Actor>, Response> {
     let path = req.uri().path();
     let open = path == "/healthz"
         || path == "/readyz"
         || (path == "/metrics" && !auth.protect_metrics)
         || super::routes::is_console_asset(path);
-    if !open {
-        let mut values = req.headers().get_all(AUTHORIZATION).iter();
-        let found = match (values.next(), values.next()) {
-            (None, _) => auth.authenticate(None),
-            (Some(_), Some(_)) => Err(Unauthenticated::Malformed),
-            (Some(value), None) => auth.authenticate(Some(value.as_bytes())),
-        };
-        match found {
-            Ok(actor) => {
-                if path == "/metrics" {
-                    // Only reached when protected.
-                    if let Err(refused) = check_admin(&actor) {
-                        return refused.into_response();
-                    }
-                }
-                if let Some(name) = actor.name() {
-                    tracing::Span::current().record("actor", name);
-                }
-                req.extensions_mut().insert(actor.clone());
-                let mut response = next.run(req).await;
-                // For `observe`'s log line of a failed request.
-                response.extensions_mut().insert(actor);
-                return response;
-            }
-            Err(why) => return ApiError::Unauthenticated(why).into_response(),
-        }
+    if open {
+        return Ok(None);
     }
-    next.run(req).await
+    let mut values = req.headers().get_all(AUTHORIZATION).iter();
+    let found = match (values.next(), values.next()) {
+        (None, _) => auth.authenticate(None),
+        (Some(_), Some(_)) => Err(Unauthenticated::Malformed),
+        (Some(value), None) => auth.authenticate(Some(value.as_bytes())),
+    };
+    let actor = found.map_err(|why| ApiError::Unauthenticated(why).into_response())?;
+    if path == "/metrics" {
+        // Only reached when protected.
+        check_admin(&actor).map_err(IntoResponse::into_response)?;
+    }
+    if let Some(name) = actor.name() {
+        tracing::Span::current().record("actor", name);
+    }
+    req.extensions_mut().insert(actor.clone());
+    Ok(Some(actor))
 }
 
 impl FromRequestParts<AppState> for Actor {

@@ -23,10 +23,8 @@ use std::{sync::Arc, time::Duration};
 
 use axum::{
     body::{Body, Bytes, HttpBody},
-    extract::{Request, State},
+    extract::Request,
     http::{header, HeaderMap, HeaderValue},
-    middleware::Next,
-    response::{IntoResponse, Response},
 };
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -45,43 +43,36 @@ pub struct Edge {
     pub loopback_hosts_only: bool,
 }
 
-pub async fn edge(State(edge): State<Edge>, req: Request, next: Next) -> Response {
-    match admit(&edge, req).await {
-        Ok((req, permit)) => {
-            let response = next.run(req).await;
-            // The body's bytes count until the handler is done with them (it parsed them).
-            drop(permit);
-            response
+impl Edge {
+    /// The request as the handler will see it (its body read in full), with the permit of its
+    /// body's bytes; or why it is refused.
+    pub(super) async fn admit(&self, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
+        let edge = self;
+        if edge.loopback_hosts_only {
+            check_host(&req)?;
         }
-        Err(err) => err.into_response(),
+        if req.body().is_end_stream() {
+            body_read(&req);
+            return Ok((req, None));
+        }
+        check_content_type(req.headers())?;
+        let declared = declared_length(req.headers())?;
+        if declared.is_some_and(|len| len > edge.body_limit as u64) {
+            return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
+        }
+        let (mut parts, body) = req.into_parts();
+        let read = read_body(edge, body, declared);
+        let outcome = tokio::time::timeout(edge.body_timeout, read).await;
+        if let Some(watch) = parts.extensions.get::<crate::conn::Watch>() {
+            watch.body_read();
+        }
+        let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(edge.body_timeout))??;
+        if !bytes.is_empty() {
+            check_numbers(&bytes, edge.max_number_digits).map_err(ApiError::InvalidJson)?;
+        }
+        parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        Ok((Request::from_parts(parts, Body::from(bytes)), permit))
     }
-}
-
-async fn admit(edge: &Edge, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
-    if edge.loopback_hosts_only {
-        check_host(&req)?;
-    }
-    if req.body().is_end_stream() {
-        body_read(&req);
-        return Ok((req, None));
-    }
-    check_content_type(req.headers())?;
-    let declared = declared_length(req.headers())?;
-    if declared.is_some_and(|len| len > edge.body_limit as u64) {
-        return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
-    }
-    let (mut parts, body) = req.into_parts();
-    let read = read_body(edge, body, declared);
-    let outcome = tokio::time::timeout(edge.body_timeout, read).await;
-    if let Some(watch) = parts.extensions.get::<crate::conn::Watch>() {
-        watch.body_read();
-    }
-    let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(edge.body_timeout))??;
-    if !bytes.is_empty() {
-        check_numbers(&bytes, edge.max_number_digits).map_err(ApiError::InvalidJson)?;
-    }
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-    Ok((Request::from_parts(parts, Body::from(bytes)), permit))
 }
 
 /// Tells the connection's watchdog the request has no body left to wait for.

@@ -7,6 +7,7 @@ mod console;
 mod edge;
 mod extract;
 mod fences;
+mod gate;
 mod kv;
 mod locks;
 mod observe;
@@ -18,15 +19,13 @@ pub mod problem;
 use std::{sync::Arc, time::Duration};
 
 use axum::{
-    error_handling::HandleErrorLayer,
     extract::DefaultBodyLimit,
     http::{header, HeaderName, HeaderValue, Method},
-    response::{IntoResponse, Response},
-    BoxError, Extension, Router,
+    Extension, Router,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
-use tower::{limit::GlobalConcurrencyLimitLayer, ServiceBuilder};
-use tower_http::{catch_panic::CatchPanicLayer, cors::CorsLayer};
+use tower::ServiceBuilder;
+use tower_http::cors::CorsLayer;
 
 use crate::{
     config::{KvSettings, LockSettings},
@@ -190,33 +189,6 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
 pub fn app(state: AppState, limits: Limits) -> Router {
     let (open, api, doc) = routers();
     let served = openapi::Served(doc.to_pretty_json().expect("the document serializes").into());
-    // Probes are never shed: a load balancer that sees /healthz 503 under load restarts a
-    // healthy process. They still get the request timeout.
-    let probes = open
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state.clone())
-        .layer(Extension(served))
-        .layer(ServiceBuilder::new().layer(HandleErrorLayer::new(middleware_error)).timeout(limits.request_timeout));
-    let api = api
-        .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state.clone());
-    // Every route, the fallbacks included, needs a credential once one is configured (the
-    // open routes are let through by `authenticate` itself). Not installed with auth off.
-    let api = match state.auth.clone() {
-        Some(auth) => api.layer(axum::middleware::from_fn_with_state(auth, auth::authenticate)),
-        None => api,
-    };
-    // Load shedding and the in-flight limit (one semaphore for all routes), then the
-    // timeout. Inside the edge, so a request is counted only once its body is read.
-    let api = api.layer(
-        ServiceBuilder::new()
-            .layer(HandleErrorLayer::new(middleware_error))
-            .load_shed()
-            .layer(GlobalConcurrencyLimitLayer::new(limits.max_in_flight))
-            .timeout(limits.request_timeout),
-    );
-
     let edge = edge::Edge {
         body_limit: limits.body_bytes,
         body_timeout: limits.body_timeout,
@@ -224,20 +196,32 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         buffered: Arc::new(tokio::sync::Semaphore::new(limits.max_buffered_bytes)),
         loopback_hosts_only: limits.loopback_hosts_only,
     };
-    // Outermost last: the edge (Host, Content-Type, body), then CORS if configured, the panic
-    // guard, and outermost the request id, span, metrics and error log (`observe`).
-    let app = probes.merge(api).layer(
-        ServiceBuilder::new()
-            .layer(axum::middleware::from_fn_with_state(edge, edge::edge))
-            .layer(Extension(extract::BodyLimit(limits.body_bytes)))
-            .layer(DefaultBodyLimit::max(limits.body_bytes)),
-    );
+    // The gate (edge, in-flight limit, timeout, auth: `gate`) is one service per route. The
+    // open routes' gate never sheds: a load balancer that sees /healthz 503 under load
+    // restarts a healthy process. axum's own body limit stays in step with the edge's.
+    let body_limit = DefaultBodyLimit::max(limits.body_bytes);
+    let probes = open
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state.clone())
+        .layer(Extension(served))
+        .layer(ServiceBuilder::new().layer(gate::GateLayer::open(edge.clone(), limits.request_timeout)).layer(body_limit));
+    let api = api
+        .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state.clone())
+        .layer(
+            ServiceBuilder::new()
+                .layer(gate::GateLayer::api(edge, limits.max_in_flight, limits.request_timeout, state.auth.clone()))
+                .layer(body_limit),
+        );
+    // Outermost last: CORS if configured, then the request id, span, metrics and error log
+    // (`observe`).
+    let app = probes.merge(api);
     let app = match cors(&limits.cors_origins) {
         Some(cors) => app.layer(cors),
         None => app,
     };
-    app.layer(CatchPanicLayer::custom(|_| ApiError::Internal("handler panicked".into()).into_response()))
-        .layer(observe::ObserveLayer::new(routes::ALL, state.events.clone()))
+    app.layer(observe::ObserveLayer::new(routes::ALL, state.events.clone()))
 }
 
 /// CORS for exactly the listed origins, allowing the fencing headers and Content-Type; none
@@ -258,17 +242,6 @@ fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
             ])
             .expose_headers([HeaderName::from_static(TOKEN_HEADER), HeaderName::from_static("x-request-id")]),
     )
-}
-
-async fn middleware_error(err: BoxError) -> Response {
-    if err.is::<tower::timeout::error::Elapsed>() {
-        ApiError::Timeout.into_response()
-    } else if err.is::<tower::load_shed::error::Overloaded>() {
-        metrics::counter!("fencegate_shed_requests_total").increment(1);
-        ApiError::Overloaded.into_response()
-    } else {
-        ApiError::Internal(err.to_string()).into_response()
-    }
 }
 
 #[cfg(test)]

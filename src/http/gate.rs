@@ -1,0 +1,256 @@
+//! Everything between `observe` and a handler, in one service: the panic guard, the edge
+//! ([`super::edge`]: Host, Content-Type, the body read in full), the in-flight limit with load
+//! shedding, the request timeout, and authentication.
+//!
+//! These were eight layers (tower-http's `CatchPanic`, an axum `from_fn` for the edge, two
+//! `Extension`s, `HandleError` + `LoadShed` + `GlobalConcurrencyLimit` + `Timeout`, and a
+//! `from_fn` for auth). Applied to a `Router`, each `.layer` boxes every route again: per
+//! request a clone of a boxed service and a boxed future per level, and the futures moved
+//! into those boxes were the largest single item of a lone PUT's instructions (memcpy 6%,
+//! callgrind, bench/README.md). Here: one boxed future per request, and the order is read
+//! top to bottom in [`Gate::call`].
+//!
+//! The open routes (probes, the API's description) get a gate with no in-flight limit and no
+//! authentication: a load balancer that sees /healthz 503 under load restarts a healthy
+//! process. They still get the edge and the timeout.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use axum::{
+    extract::Request,
+    response::{IntoResponse, Response},
+};
+use futures_util::FutureExt as _;
+use tokio::sync::Semaphore;
+use tower::{Layer, Service};
+
+use super::{auth, edge::Edge, extract::BodyLimit, problem::ApiError};
+use crate::auth::Authenticator;
+
+/// What a gate enforces, shared by every route it is applied to.
+struct Rules {
+    edge: Edge,
+    /// `server.max_in_flight` slots, one semaphore for every route of the API; `None`: never shed.
+    in_flight: Option<Arc<Semaphore>>,
+    timeout: Duration,
+    /// `None`: auth is off, or the routes are open.
+    auth: Option<Arc<Authenticator>>,
+}
+
+#[derive(Clone)]
+pub struct GateLayer(Arc<Rules>);
+
+impl GateLayer {
+    /// The API's gate: every check.
+    pub fn api(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Authenticator>>) -> Self {
+        GateLayer(Arc::new(Rules { edge, in_flight: Some(Arc::new(Semaphore::new(max_in_flight))), timeout, auth }))
+    }
+
+    /// The open routes' gate: the edge and the timeout, never shed, no credential.
+    pub fn open(edge: Edge, timeout: Duration) -> Self {
+        GateLayer(Arc::new(Rules { edge, in_flight: None, timeout, auth: None }))
+    }
+}
+
+impl<S> Layer<S> for GateLayer {
+    type Service = Gate<S>;
+
+    fn layer(&self, inner: S) -> Gate<S> {
+        Gate { inner, rules: self.0.clone() }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gate<S> {
+    inner: S,
+    rules: Arc<Rules>,
+}
+
+impl<S> Service<Request> for Gate<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        // The clone that was made ready serves this request; the fresh one waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let rules = self.rules.clone();
+        // Everything runs inside the future, so inside `observe`'s span (auth records the actor
+        // on it), and a panic anywhere in it becomes a 500 here.
+        Box::pin(async move {
+            let guarded = AssertUnwindSafe(pass(rules, inner, req)).catch_unwind().await;
+            Ok(guarded.unwrap_or_else(|_| ApiError::Internal("handler panicked".into()).into_response()))
+        })
+    }
+}
+
+/// The request through every check, in order, then the handler.
+async fn pass<S>(rules: Arc<Rules>, mut inner: S, req: Request) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    // 1. The edge: Host, Content-Type, the body read in full (its bytes held until the handler
+    //    is done with them).
+    let (mut req, _body_bytes) = match rules.edge.admit(req).await {
+        Ok(admitted) => admitted,
+        Err(err) => return err.into_response(),
+    };
+    req.extensions_mut().insert(BodyLimit(rules.edge.body_limit));
+    // 2. An in-flight slot, taken only once the body is read: a client trickling a body holds
+    //    a connection, never a slot. None free: 503 at once (shed), not a queue.
+    let _slot = match &rules.in_flight {
+        None => None,
+        Some(slots) => match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => {
+                metrics::counter!("fencegate_shed_requests_total").increment(1);
+                return ApiError::Overloaded.into_response();
+            }
+        },
+    };
+    // 3. The timeout, over authentication and the handler.
+    let handled = async {
+        // 4. A credential, unless the route is open (auth::authenticate says which).
+        let actor = match &rules.auth {
+            None => None,
+            Some(authenticator) => match auth::authenticate(authenticator, &mut req) {
+                Ok(actor) => actor,
+                Err(refused) => return refused,
+            },
+        };
+        let Ok(mut response) = inner.call(req).await;
+        if let Some(actor) = actor {
+            // For `observe`'s log line of a failed request.
+            response.extensions_mut().insert(actor);
+        }
+        response
+    };
+    match tokio::time::timeout(rules.timeout, handled).await {
+        Ok(response) => response,
+        Err(_elapsed) => ApiError::Timeout.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::{body::Body, http::StatusCode};
+    use tower::{service_fn, ServiceExt as _};
+
+    use super::*;
+
+    fn edge() -> Edge {
+        Edge {
+            body_limit: 1024,
+            body_timeout: Duration::from_secs(5),
+            max_number_digits: 100,
+            buffered: Arc::new(Semaphore::new(1 << 20)),
+            loopback_hosts_only: false,
+        }
+    }
+
+    fn get() -> Request {
+        Request::builder().uri("/v1/kv/k").body(Body::empty()).unwrap()
+    }
+
+    async fn problem_type(response: Response) -> (StatusCode, String) {
+        let status = response.status();
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (status, problem["type"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_a_500_problem_and_the_gate_serves_the_next_request() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = calls.clone();
+        let handler = service_fn(move |_req: Request| {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    panic!("a handler bug");
+                }
+                Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
+            }
+        });
+        let gate = GateLayer::api(edge(), 8, Duration::from_secs(5), None).layer(handler);
+        let (status, kind) = problem_type(gate.clone().oneshot(get()).await.unwrap()).await;
+        assert_eq!((status, kind.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
+        assert_eq!(gate.oneshot(get()).await.unwrap().status(), StatusCode::NO_CONTENT);
+    }
+
+    /// The API's gate sheds what finds every slot taken (503 at once, no queue); the open gate
+    /// never sheds. A slot comes back when its request is answered.
+    #[tokio::test]
+    async fn the_api_gate_sheds_beyond_its_slots_and_the_open_gate_never_does() {
+        let (release, released) = tokio::sync::watch::channel(false);
+        let handler = service_fn(move |_req: Request| {
+            let mut released = released.clone();
+            async move {
+                released.wait_for(|r| *r).await.unwrap();
+                Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
+            }
+        });
+        for (gate, sheds) in [
+            (GateLayer::api(edge(), 1, Duration::from_secs(5), None).layer(handler.clone()), true),
+            (GateLayer::open(edge(), Duration::from_secs(5)).layer(handler.clone()), false),
+        ] {
+            release.send_replace(false);
+            let held = tokio::spawn(gate.clone().oneshot(get()));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let second = tokio::spawn(gate.clone().oneshot(get()));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if sheds {
+                assert!(second.is_finished(), "shed at once, not queued");
+            }
+            release.send_replace(true);
+            assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::NO_CONTENT);
+            let second = second.await.unwrap().unwrap();
+            if sheds {
+                let (status, kind) = problem_type(second).await;
+                assert_eq!((status, kind.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+            } else {
+                assert_eq!(second.status(), StatusCode::NO_CONTENT);
+            }
+            release.send_replace(false);
+            let after = tokio::spawn(gate.clone().oneshot(get()));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            release.send_replace(true);
+            assert_eq!(after.await.unwrap().unwrap().status(), StatusCode::NO_CONTENT, "the slot came back");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_handler_past_the_timeout_is_a_503_and_its_slot_comes_back() {
+        let handler = service_fn(|req: Request| async move {
+            if req.uri().path() == "/slow" {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
+        });
+        let gate = GateLayer::api(edge(), 1, Duration::from_millis(100), None).layer(handler);
+        let slow = Request::builder().uri("/slow").body(Body::empty()).unwrap();
+        let (status, kind) = problem_type(gate.clone().oneshot(slow).await.unwrap()).await;
+        assert_eq!((status, kind.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+        assert_eq!(gate.oneshot(get()).await.unwrap().status(), StatusCode::NO_CONTENT);
+    }
+}
