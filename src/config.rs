@@ -169,6 +169,7 @@ impl ServerSettings {
     /// idle thread costs cross-thread wake-ups: on 2 CPUs, one thread instead of two cut CPU
     /// per lone write from about 160 µs to 110 µs and raised 1-connection writes/s from about
     /// 0.56x to 0.78x pgbench's, with 64-connection throughput unchanged (see bench/README.md).
+    /// One thread is run by tokio's current-thread scheduler (`main.rs`).
     pub fn threads(&self) -> usize {
         match self.worker_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),

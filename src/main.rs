@@ -211,11 +211,14 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     };
     let overrides = Overrides { listen, database_url: cli.database_url.clone() };
     let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(settings.server.threads())
-        .enable_all()
-        .build()
-        .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
+    // One thread: tokio's current-thread scheduler, which does with one thread what the
+    // multi-threaded one does with one worker, without the machinery for handing work between
+    // workers (its injection queue, idle bookkeeping, a separate main thread).
+    let runtime = match settings.server.threads() {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+    }
+    .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
     runtime.block_on(run(cli, settings))
 }
 

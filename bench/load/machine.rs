@@ -33,6 +33,10 @@ fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
 }
 
 fn git_commit() -> String {
+    if let Ok(bin) = std::env::var("BENCH_FENCEGATE") {
+        // Another build than this tree's: the commit it came from is not known here.
+        return format!("(fencegate binary {bin}, BENCH_FENCEGATE)");
+    }
     let dir = env!("CARGO_MANIFEST_DIR");
     let Some(head) = command_line("git", &["-C", dir, "rev-parse", "--short=10", "HEAD"]) else {
         return "unknown (no git)".into();

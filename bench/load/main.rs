@@ -126,7 +126,7 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     let scripts = pgbench_scripts(&put_key, &put_scoped, &s.out_dir)?;
 
     println!("fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s", s.step.as_secs(), s.warmup.as_secs_f64(), s.soak.as_secs());
-    println!("  binary   {}", env!("CARGO_BIN_EXE_fencegate"));
+    println!("  binary   {}", server::fencegate_binary());
     println!("  pgbench  {} ({})", s.pgbench.display(), m.pgbench_version);
     println!("  database {}", redact_url(db_url));
     println!("  pgbench statement (fencegate::store::kv_put_sql):\n    {}", std::fs::read_to_string(&scripts.random)?.trim().replace('\n', "\n    "));

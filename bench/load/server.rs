@@ -102,9 +102,16 @@ pub fn stderr_log(out_dir: &Path, index: usize) -> PathBuf {
     }
 }
 
+/// The fencegate binary to measure: `BENCH_FENCEGATE` if set (another build of it, say an older
+/// commit's, so that two builds are compared by one harness, interleaved: bench/scripts/ab.sh),
+/// else the release binary this bench was built with.
+pub fn fencegate_binary() -> String {
+    std::env::var("BENCH_FENCEGATE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned())
+}
+
 /// Starts fencegate process number `index` (0: the one whose memory is reported).
 pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Result<Fencegate> {
-    let bin = env!("CARGO_BIN_EXE_fencegate");
+    let bin = fencegate_binary();
     let log_path = stderr_log(out_dir, index);
     let log = std::fs::File::create(&log_path)?;
     let mut args = vec!["serve".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--database-url".into(), db_url.into()];
@@ -130,7 +137,7 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
         std::fs::write(&config, config_text)?;
         args.extend(["--config".to_owned(), config.display().to_string()]);
     }
-    let mut child = Command::new(bin)
+    let mut child = Command::new(&bin)
         .args(&args)
         .env("FENCEGATE_LOG", "warn")
         .env_remove("RUST_LOG")
