@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Instructions per PUT: fencegate under callgrind, wrk (1 thread) with bench/scripts/put.lua; needs valgrind, wrk, psql.
-# usage: measure.sh BINARY LABEL [conns] [seconds]: instructions (callgrind) per PUT in fencegate
+# usage: callgrind.sh BINARY LABEL [conns] [seconds]: instructions (callgrind) per PUT in fencegate
+# env: CONFIG=FILE runs fencegate with --config FILE; BEARER=KEY makes every PUT send
+# Authorization: Bearer KEY (both for BENCH_TRUST-like runs: bench/README.md, Performance 2).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
 db=fg_cg_$$
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
 port=$((20000 + RANDOM % 10000))
 out=/tmp/cg.$label.out
-valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db >/tmp/cg.$label.log 2>&1 &
+valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
 for i in $(seq 1 120); do curl -s -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
+export BEARER
 wrk -t1 -c$conns -d3s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port >/dev/null
 callgrind_control -z $vpid >/dev/null
 wrk -t1 -c$conns -d${secs}s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port > /tmp/cg.$label.wrk

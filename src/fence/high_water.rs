@@ -8,6 +8,9 @@
 //!
 //! Bounded: a shard that reaches its capacity is cleared (forgetting only costs round trips).
 //!
+//! A fence's name is hashed once per call (keyed SipHash: names come from requests), and that
+//! one hash picks both the shard and the slot in it.
+//!
 //! The one exception to "a fence never goes down" is an audited admin reset
 //! (`store::admin`), after which every process clears its cache. A value read from the
 //! database before the reset but observed after the clear would bring the old fence back, so
@@ -16,7 +19,6 @@
 //! older epoch.
 
 use std::{
-    collections::HashMap,
     hash::{BuildHasher, RandomState},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -24,12 +26,17 @@ use std::{
     },
 };
 
+use hashbrown::HashTable;
+
 use super::{Fenced, FencingToken, Guard, Key, Rule, Stale, Target};
 
 const SHARDS: usize = 32;
 
+/// One shard: fences and their highest seen token, slotted by the hash that chose the shard.
+type Shard = HashTable<(Fenced, FencingToken)>;
+
 pub struct HighWater {
-    shards: Vec<Mutex<HashMap<Fenced, FencingToken>>>,
+    shards: Vec<Mutex<Shard>>,
     per_shard: usize,
     hasher: RandomState,
     epoch: AtomicU64,
@@ -39,15 +46,19 @@ impl HighWater {
     /// A cache holding at most about `capacity` fences (0 disables it).
     pub fn new(capacity: usize) -> Self {
         HighWater {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: RandomState::new(),
             epoch: AtomicU64::new(0),
         }
     }
 
-    fn shard(&self, fence: &Fenced) -> &Mutex<HashMap<Fenced, FencingToken>> {
-        &self.shards[(self.hasher.hash_one(fence) as usize) % SHARDS]
+    /// The fence's hash and its shard. The shard is taken from bits 32..37 of the hash, which
+    /// the table inside does not use to place or tell apart entries (it uses the low bits and
+    /// the top seven), so entries of one shard still spread over all of its slots.
+    fn shard(&self, fence: &Fenced) -> (u64, &Mutex<Shard>) {
+        let hash = self.hasher.hash_one(fence);
+        (hash, &self.shards[((hash >> 32) as usize) % SHARDS])
     }
 
     /// The fence guarding a write of `key` under `guard`.
@@ -64,7 +75,8 @@ impl HighWater {
         if self.per_shard == 0 {
             return None;
         }
-        let cached = *self.shard(fence).lock().unwrap_or_else(|p| p.into_inner()).get(fence)?;
+        let (hash, shard) = self.shard(fence);
+        let cached = shard.lock().unwrap_or_else(|p| p.into_inner()).find(hash, |(f, _)| f == fence)?.1;
         (!rule.accepts(token, cached)).then(|| Stale { presented: token, current: cached, fenced: fence.clone() })
     }
 
@@ -92,18 +104,19 @@ impl HighWater {
         if self.per_shard == 0 {
             return;
         }
-        let mut shard = self.shard(fence).lock().unwrap_or_else(|p| p.into_inner());
+        let (hash, shard) = self.shard(fence);
+        let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         if self.epoch.load(Ordering::SeqCst) != since {
             return;
         }
-        if let Some(cached) = shard.get_mut(fence) {
+        if let Some((_, cached)) = shard.find_mut(hash, |(f, _)| f == fence) {
             *cached = (*cached).max(token);
             return;
         }
         if shard.len() >= self.per_shard {
             shard.clear();
         }
-        shard.insert(fence.clone(), token);
+        shard.insert_unique(hash, (fence.clone(), token), |(f, _)| self.hasher.hash_one(f));
     }
 }
 
