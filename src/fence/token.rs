@@ -63,14 +63,24 @@ impl fmt::Display for FencingToken {
 
 /// Tokens travel in JSON as strings: JavaScript clients lose precision above 2^53.
 impl serde::Serialize for FencingToken {
+    /// A JSON string of the decimal digits. Written with `itoa`, not through `Display`
+    /// (`collect_str` goes through the formatting machinery and an escaping writer).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        s.serialize_str(itoa::Buffer::new().format(self.get()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serializes_as_a_json_string_of_its_digits() {
+        for n in [0, 7, 10, 1_700_000_000_000_000, i64::MAX] {
+            let token = FencingToken::from_db(n).unwrap();
+            assert_eq!(serde_json::to_string(&token).unwrap(), format!("\"{n}\""));
+        }
+    }
 
     #[test]
     fn accepts_canonical_decimals() {

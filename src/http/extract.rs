@@ -4,7 +4,7 @@
 use axum::{
     body::Bytes,
     extract::{FromRequest, FromRequestParts, MatchedPath, Request},
-    http::{request::Parts, HeaderMap},
+    http::{request::Parts, HeaderMap, HeaderName},
 };
 
 use super::{problem::ApiError, AppState};
@@ -14,6 +14,12 @@ pub const TOKEN_HEADER: &str = "x-fencing-token";
 pub const SCOPE_HEADER: &str = "x-fencing-scope";
 pub const PROOF_HEADER: &str = "x-fencing-proof";
 
+// The same names as `HeaderName`s, made once: looking a header up by a `&str` parses and
+// lowercases the name on every call (a few hundred instructions per header per request).
+static TOKEN: HeaderName = HeaderName::from_static(TOKEN_HEADER);
+static SCOPE: HeaderName = HeaderName::from_static(SCOPE_HEADER);
+static PROOF: HeaderName = HeaderName::from_static(PROOF_HEADER);
+
 /// The single `X-Fencing-Token` header: missing -> 428, anything not canonical -> 400.
 pub struct Token(pub FencingToken);
 
@@ -21,7 +27,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Token {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        match single_header(&parts.headers, TOKEN_HEADER) {
+        match single_header(&parts.headers, &TOKEN) {
             Header::Missing => Err(ApiError::MissingToken),
             Header::Repeated => Err(ApiError::MalformedToken(
                 "the X-Fencing-Token header appears more than once; send exactly one".into(),
@@ -39,7 +45,7 @@ impl FromRequestParts<AppState> for ScopeHeader {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        match single_header(&parts.headers, SCOPE_HEADER) {
+        match single_header(&parts.headers, &SCOPE) {
             Header::Missing => Ok(ScopeHeader(None)),
             Header::Repeated => Err(ApiError::InvalidScope(
                 "the X-Fencing-Scope header appears more than once; send exactly one".into(),
@@ -62,7 +68,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Proof {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        match single_header(&parts.headers, PROOF_HEADER) {
+        match single_header(&parts.headers, &PROOF) {
             Header::Missing => Ok(Proof(None)),
             Header::Repeated => Err(ApiError::Proof(crate::issuers::ProofError::Invalid {
                 issuer: "-".into(),
@@ -93,7 +99,7 @@ enum Header<'a> {
     One(&'a [u8]),
 }
 
-fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Header<'a> {
+fn single_header<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Header<'a> {
     let mut values = headers.get_all(name).iter();
     match (values.next(), values.next()) {
         (None, _) => Header::Missing,

@@ -31,10 +31,7 @@
 //!   whereas after a lost connection or an undecodable reply the writes may have been applied.
 //! - 2xx only after commit: replies are sent after the statement or transaction committed.
 
-use std::{
-    collections::{hash_map::Entry, HashMap, HashSet},
-    sync::Arc,
-};
+use std::{collections::hash_map::Entry, sync::Arc};
 
 use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::oneshot;
@@ -44,6 +41,13 @@ use crate::{
     fence::{FencingToken, Key, Rule, Scope},
     store::{sql::ByRule, StoreError},
 };
+
+/// The maps and sets of one batch: foldhash, not the std SipHash, which was the largest hash
+/// cost per coalesced write (callgrind). Keys come from requests, but a batch holds at most
+/// `database.coalesce_max_rows` of them and lives for one statement, so a flood of colliding
+/// keys could cost no more than that batch's own work.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// One queued write. `value: None` is a delete (a tombstone).
 pub struct Job {
@@ -123,8 +127,8 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
     let mut rounds = Vec::new();
     while !jobs.is_empty() {
         let (rule, scoped) = (jobs[0].rule, jobs[0].scope.is_some());
-        let mut keys = HashSet::new();
-        let mut claims: HashMap<Scope, FencingToken> = HashMap::new();
+        let mut keys = HashSet::default();
+        let mut claims: HashMap<Scope, FencingToken> = HashMap::default();
         let (round, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| {
             if job.rule != rule || job.scope.is_some() != scoped || keys.contains(&job.key) {
                 return false;
@@ -262,7 +266,7 @@ async fn execute(conn: &mut PgConnection, sql: &ByRule<Statements>, round: &Roun
         query = query.bind(&scopes);
     }
     let rows = query.fetch_all(&mut *conn).await?;
-    let mut applied = HashMap::with_capacity(rows.len());
+    let mut applied = HashMap::with_capacity_and_hasher(rows.len(), Default::default());
     for row in rows {
         applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
     }
