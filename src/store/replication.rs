@@ -32,6 +32,16 @@ use super::{postgres::PgStore, StoreError};
 pub(super) const IN_RECOVERY: &str = "the database is in recovery (a standby): fencegate takes no writes from it; it \
      becomes ready when the database is promoted or the database URL routes to the primary";
 
+/// What `/readyz` says while the database refuses writes without being a standby.
+pub(super) const READ_ONLY: &str = "the database refuses writes: default_transaction_read_only is on for fencegate's \
+     database or role (ALTER DATABASE/ROLE ... SET); fencegate becomes ready when it is off";
+
+/// `pg_is_in_recovery()` and whether this session's transactions are read-only: a standby's
+/// always are, and so are a primary's when `default_transaction_read_only` is set for the
+/// database or role (a maintenance switch, or a read-only endpoint of a managed service). Either
+/// way every write fails with 25006.
+const WRITABLE: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+
 /// How often a process that started against a standby checks whether it is primary now.
 const PROMOTION_POLL: Duration = Duration::from_secs(1);
 /// How often the replication of the primary's commits is checked.
@@ -104,27 +114,31 @@ impl Durability {
     }
 }
 
-/// The pool's release check (`PgPoolOptions::after_release`): keep a connection only if its
-/// server is still primary. A connection to a server that went into recovery (demoted, or the
-/// URL now leads to a standby) fails every write with 25006; it is closed, and the pool opens
-/// a new one through the URL, which leads to the primary again after a failover.
+/// The pool's release check (`PgPoolOptions::after_release`): keep a connection only if it can
+/// write. A connection to a server that went into recovery (demoted, or the URL now leads to a
+/// standby) fails every write with 25006; it is closed, and the pool opens a new one through
+/// the URL, which leads to the primary again after a failover. So is a session opened while
+/// `default_transaction_read_only` was on: the setting is read when a session starts, so such a
+/// session stays read-only after the switch is turned off, until it is replaced.
 pub(super) fn keep_on_release(
     conn: &mut PgConnection,
     _meta: PoolConnectionMetadata,
 ) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
     Box::pin(async move {
-        let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(conn).await?;
-        if in_recovery {
+        let (in_recovery, read_only): (bool, bool) = sqlx::query_as(WRITABLE).fetch_one(conn).await?;
+        if in_recovery || read_only {
             // Debug: against a standby this is every returned connection, until promotion.
-            tracing::debug!("closing a database connection: its server is in recovery (not the primary)");
+            tracing::debug!(in_recovery, read_only, "closing a database connection: its session cannot write");
         }
-        Ok(!in_recovery)
+        Ok(!in_recovery && !read_only)
     })
 }
 
 impl PgStore {
     /// The start-up migration (`database.migrate_on_start`), unless the database is a standby:
     /// then it is owed until the database is primary, and `serve` starts anyway, not ready.
+    /// A primary with `default_transaction_read_only` on fails the migration, and `serve` with
+    /// it, saying so: its tables may not exist yet, and nothing could create them.
     pub(super) async fn migrate_unless_standby(&self) -> anyhow::Result<()> {
         let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
             .fetch_one(&self.pool)
@@ -146,15 +160,22 @@ impl PgStore {
         self.replication.owed.load(Ordering::Acquire)
     }
 
-    /// `Ok` if the database is primary (running the migrations owed, if any); else why not.
-    /// Part of readiness.
+    /// `Ok` if the database is primary and takes writes (running the migrations owed, if
+    /// any); else why not. Part of readiness.
     pub(super) async fn check_primary(&self) -> Result<(), StoreError> {
         let mut conn = self.conns.take().await?;
-        let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(&mut *conn).await?;
-        conn.done();
+        let (in_recovery, read_only): (bool, bool) = sqlx::query_as(WRITABLE).fetch_one(&mut *conn).await?;
         if in_recovery {
+            conn.done();
             return Err(StoreError::NotReady(IN_RECOVERY.into()));
         }
+        if read_only {
+            // Not `done`: back to the pool, whose release check closes it. The session stays
+            // read-only after the switch is turned off, so each check replaces one such session
+            // until the answer can change.
+            return Err(StoreError::NotReady(READ_ONLY.into()));
+        }
+        conn.done();
         if !self.awaits_primary() {
             return Ok(());
         }

@@ -61,3 +61,70 @@ async fn an_unreachable_database_is_503_and_the_server_recovers() {
     app.kv_put("k", "2", &json!("after")).await.expect(200);
     drop(proxy);
 }
+
+/// A primary that refuses writes without being a standby: `default_transaction_read_only` on
+/// for fencegate's database (a maintenance switch, or a managed service's read-only endpoint).
+/// /readyz says so (503, and why), writes are 503 and not applied; once the switch is off the
+/// server is ready again and writes go through, without a restart.
+#[tokio::test]
+async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
+    use sqlx::{Connection, Executor};
+    let db = pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |_| {}).await;
+    app.kv_put("k", "1", &json!("before")).await.expect(201);
+    app.get("/readyz").await.expect(200);
+
+    // The setting is read when a session starts: end fencegate's sessions, so that its next ones
+    // are read-only. (This session stays writable, and turns the switch off again below.)
+    let mut admin = sqlx::PgConnection::connect(&db).await.expect("connect to the test database");
+    let set = |value: &str| {
+        format!("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = {value}', current_database()); END $$")
+    };
+    admin.execute(set("on").as_str()).await.expect("ALTER DATABASE");
+    admin
+        .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        .await
+        .expect("end fencegate's sessions");
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = app.get("/readyz").await;
+        if r.status == 503 && r.text.contains("default_transaction_read_only") {
+            r.problem(503, "unavailable");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "/readyz never said the database refuses writes: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        let r = app.kv_put("k", "2", &json!("during")).await;
+        r.problem(503, "unavailable");
+        assert!(r.header("retry-after").is_some(), "503 without Retry-After: {r:?}");
+    }
+    app.assert_value("k", &json!("before"), "1").await;
+
+    // Switched off: the read-only sessions are replaced as readiness checks and writes meet
+    // them; readiness comes back first, then every write goes through.
+    admin.execute(set("off").as_str()).await.expect("ALTER DATABASE");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = app.get("/readyz").await;
+        if r.status == 200 {
+            break;
+        }
+        r.problem(503, "unavailable");
+        assert!(tokio::time::Instant::now() < deadline, "not ready 30s after the database took writes again: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut applied = false;
+    for _ in 0..40 {
+        let r = app.kv_put("k", "2", &json!("after")).await;
+        if r.status == 200 {
+            applied = true;
+            break;
+        }
+        r.problem(503, "unavailable"); // a session opened while read-only, replaced now
+    }
+    assert!(applied, "writes still refused after the database took writes again");
+    app.assert_value("k", &json!("after"), "2").await;
+}

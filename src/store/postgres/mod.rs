@@ -127,10 +127,22 @@ impl PgStore {
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
         // sqlx takes an advisory lock, so several fencegate processes may start at once.
-        MIGRATOR
-            .run(&self.pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+        MIGRATOR.run(&self.pool).await.map_err(|e| {
+            use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
+            let read_only = match &e {
+                Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),
+                _ => false,
+            };
+            if read_only {
+                anyhow::anyhow!(
+                    "applying migrations failed: the database refuses writes (is default_transaction_read_only on for \
+                     fencegate's database or role?). Turn it off, or, if the schema is already migrated, set \
+                     database.migrate_on_start = false: fencegate then starts, not ready until the database takes writes ({e})"
+                )
+            } else {
+                anyhow::anyhow!("applying migrations failed: {e}")
+            }
+        })
     }
 
     /// Options for a connection of its own, outside the pool and `max_connections` (the reset
