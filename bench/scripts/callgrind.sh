@@ -2,20 +2,23 @@
 # Instructions per PUT: fencegate under callgrind, wrk (1 thread) with bench/scripts/put.lua; needs valgrind, wrk, psql.
 # usage: callgrind.sh BINARY LABEL [conns] [seconds]: instructions (callgrind) per PUT in fencegate
 # env: CONFIG=FILE runs fencegate with --config FILE; BEARER=KEY makes every PUT send
-# Authorization: Bearer KEY (both for BENCH_TRUST-like runs: bench/README.md, Performance 2).
+# Authorization: Bearer KEY (both for BENCH_TRUST-like runs: bench/README.md, Performance 2);
+# LUA=bench/scripts/scope.lua (with TOKEN, PROOF) writes under one scope instead of put.lua.
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
 db=fg_cg_$$
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
-port=$((20000 + RANDOM % 10000))
+port=$((40000 + RANDOM % 10000))
+while ss -Hltn "sport = :$port" | grep -q .; do port=$((40000 + RANDOM % 10000)); done
 out=/tmp/cg.$label.out
 valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
-for i in $(seq 1 120); do curl -s -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
-export BEARER
-wrk -t1 -c$conns -d3s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port >/dev/null
+for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
+export BEARER TOKEN PROOF TOKEN_BASE
+lua=${LUA:-$(dirname "$0")/put.lua}
+wrk -t1 -c$conns -d3s -s "$lua" http://127.0.0.1:$port >/dev/null
 callgrind_control -z $vpid >/dev/null
-wrk -t1 -c$conns -d${secs}s -s "$(dirname "$0")/put.lua" http://127.0.0.1:$port > /tmp/cg.$label.wrk
+wrk -t1 -c$conns -d${secs}s -s "$lua" http://127.0.0.1:$port > /tmp/cg.$label.wrk
 callgrind_control -d $vpid >/dev/null
 sleep 1
 kill -INT $vpid; wait $vpid || true

@@ -11,7 +11,8 @@ for tool in psql pgbench haproxy; do
   command -v $tool >/dev/null || { echo "needs $tool (apt-get install postgresql-client haproxy)" >&2; exit 1; }
 done
 db=fg_floor_$$
-port=$((30000 + RANDOM % 10000))
+port=$((40000 + RANDOM % 10000))
+while ss -Hltn "sport = :$port" | grep -q .; do port=$((40000 + RANDOM % 10000)); done
 dir=$(mktemp -d)
 cleanup() {
   [ -f "$dir/haproxy.pid" ] && kill "$(cat "$dir/haproxy.pid")" 2>/dev/null || true
@@ -20,8 +21,8 @@ cleanup() {
 }
 trap cleanup EXIT
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
-psql -q -h 127.0.0.1 -U postgres $db -c "CREATE TABLE t (k int PRIMARY KEY, fence bigint NOT NULL, v jsonb NOT NULL);
-  INSERT INTO t SELECT g, 0, '{}' FROM generate_series(1, 10000) g; VACUUM ANALYZE t; CHECKPOINT;"
+psql -q -h 127.0.0.1 -U postgres $db -c "CREATE TABLE t (k int PRIMARY KEY, fence bigint NOT NULL, v jsonb NOT NULL)" \
+  -c "INSERT INTO t SELECT g, 0, '{}' FROM generate_series(1, 10000) g" -c "VACUUM ANALYZE t" -c "CHECKPOINT"
 # A fenced upsert of a random key with a rising token, as the load bench's pgbench side runs.
 cat > "$dir/put.sql" <<'EOF'
 \set k random(1, 10000)
