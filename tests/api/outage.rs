@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::db_url::{host_port, with_host_port};
-use crate::helpers::spawn_app_on;
+use crate::helpers::{spawn_app_on, TestApp};
 use crate::pg;
 use crate::proxy::Proxy;
 
@@ -46,16 +46,7 @@ async fn an_unreachable_database_is_503_and_the_server_recovers() {
 
     // The database comes back on the same address: the server recovers by itself.
     proxy.heal();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = app.get("/readyz").await;
-        if r.status == 200 {
-            break;
-        }
-        r.problem(503, "unavailable");
-        assert!(tokio::time::Instant::now() < deadline, "not ready 30s after the database came back: {r:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(&app, "the database came back").await;
     app.assert_value("k", &json!("before"), "1").await;
     app.kv_put("k", "0", &json!("zombie")).await.stale_key("k", "0", "1");
     app.kv_put("k", "2", &json!("after")).await.expect(200);
@@ -106,16 +97,7 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
     // Switched off: the read-only sessions are replaced as readiness checks and writes meet
     // them; readiness comes back first, then every write goes through.
     admin.execute(set("off").as_str()).await.expect("ALTER DATABASE");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = app.get("/readyz").await;
-        if r.status == 200 {
-            break;
-        }
-        r.problem(503, "unavailable");
-        assert!(tokio::time::Instant::now() < deadline, "not ready 30s after the database took writes again: {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&app, "the database took writes again").await;
     let mut applied = false;
     for _ in 0..40 {
         let r = app.kv_put("k", "2", &json!("after")).await;
@@ -127,4 +109,19 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
     }
     assert!(applied, "writes still refused after the database took writes again");
     app.assert_value("k", &json!("after"), "2").await;
+}
+
+/// Polls /readyz until 200, for at most 30 s after `what`; every answer before that must be a
+/// 503 problem.
+async fn wait_ready(app: &TestApp, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = app.get("/readyz").await;
+        if r.status == 200 {
+            return;
+        }
+        r.problem(503, "unavailable");
+        assert!(tokio::time::Instant::now() < deadline, "not ready 30s after {what}: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
