@@ -225,13 +225,16 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(db) if db.code().is_some_and(|code| code.starts_with("22")) => {
                 StoreError::Refused(db.message().to_owned())
             }
-            // 42P01: a table fencegate needs does not exist: the database is not migrated (a
-            // standby of an unmigrated primary, before its promotion). Not now, not a bug: 503.
-            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => StoreError::NotReady(
-                "a table fencegate needs does not exist: the database is not migrated yet (`fencegate migrate`, \
-                 or wait for the standby to be promoted)"
-                    .into(),
-            ),
+            // 42P01: a table fencegate needs does not exist. One of its own: the database is not
+            // migrated (a standby of an unmigrated primary, before its promotion). A legacy table
+            // of [[resources]]: dropped or renamed under a running server. Not a bug of fencegate's
+            // and nothing was written: 503, and PostgreSQL's message names the table.
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => StoreError::NotReady(format!(
+                "{}: if it is one of fencegate's own tables, the database is not migrated yet (`fencegate migrate`, \
+                 or wait for the standby to be promoted); if it is a legacy table of [[resources]], it was dropped or \
+                 renamed after fencegate started (restore it, or change the configuration and restart)",
+                db.message()
+            )),
             _ => StoreError::Internal(Cause::Database(Arc::new(err))),
         }
     }

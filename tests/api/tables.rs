@@ -200,6 +200,21 @@ async fn schema_dump(db: &PgPool) -> String {
     dump
 }
 
+/// A legacy table dropped under a running server: its writes and reads are 503 naming the table
+/// and what to do (not "the database is not migrated", not a 500), and the other resources go on.
+#[tokio::test]
+async fn a_legacy_table_dropped_under_a_running_server_is_503_naming_it() {
+    let Legacy { app, db } = spawn_legacy().await;
+    put(&app, "tickets", "1", "5", &json!({"holder": "a"})).await.expect_any(&[200, 201]);
+    sqlx::raw_sql("DROP TABLE legacy.tickets").execute(&db).await.expect("drop the legacy table");
+    for r in [put(&app, "tickets", "1", "6", &json!({"holder": "b"})).await, app.get(&path("tickets", "1")).await] {
+        let problem = r.problem(503, "unavailable");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("legacy.tickets") && detail.contains("dropped or renamed"), "{detail}");
+    }
+    patch(&app, "orders", "acme,1", "7", &json!({"status": "shipped"})).await.expect(200);
+}
+
 #[tokio::test]
 async fn a_row_that_predates_fencegate_is_read_and_then_fenced() {
     let Legacy { app, db } = spawn_legacy().await;
