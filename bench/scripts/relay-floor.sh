@@ -5,8 +5,8 @@
 # request on the loopback. Needs psql, pgbench, haproxy (apt-get install haproxy).
 # usage: relay-floor.sh [ROUNDS] [SECONDS] [CONNS...]   (defaults: 2 rounds, 8 s, 1 and 64)
 set -euo pipefail
-rounds=${1:-2}; secs=${2:-8}; shift 2 2>/dev/null || shift $#
-conns=("${@:-1}"); [ $# -eq 0 ] && conns=(1 64)
+rounds=${1:-2}; secs=${2:-8}; conns=("${@:3}")
+[ ${#conns[@]} -eq 0 ] && conns=(1 64)
 for tool in psql pgbench haproxy; do
   command -v $tool >/dev/null || { echo "needs $tool (apt-get install postgresql-client haproxy)" >&2; exit 1; }
 done

@@ -47,28 +47,25 @@ impl Edge {
     /// The request as the handler will see it (its body read in full), with the permit of its
     /// body's bytes; or why it is refused.
     pub(super) async fn admit(&self, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
-        let edge = self;
-        if edge.loopback_hosts_only {
+        if self.loopback_hosts_only {
             check_host(&req)?;
         }
         if req.body().is_end_stream() {
-            body_read(&req);
+            body_read(req.extensions());
             return Ok((req, None));
         }
         check_content_type(req.headers())?;
         let declared = declared_length(req.headers())?;
-        if declared.is_some_and(|len| len > edge.body_limit as u64) {
-            return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
+        if declared.is_some_and(|len| len > self.body_limit as u64) {
+            return Err(ApiError::PayloadTooLarge { limit: self.body_limit });
         }
         let (mut parts, body) = req.into_parts();
-        let read = read_body(edge, body, declared);
-        let outcome = tokio::time::timeout(edge.body_timeout, read).await;
-        if let Some(watch) = parts.extensions.get::<crate::conn::Watch>() {
-            watch.body_read();
-        }
-        let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(edge.body_timeout))??;
+        let read = read_body(self, body, declared);
+        let outcome = tokio::time::timeout(self.body_timeout, read).await;
+        body_read(&parts.extensions);
+        let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(self.body_timeout))??;
         if !bytes.is_empty() {
-            check_numbers(&bytes, edge.max_number_digits).map_err(ApiError::InvalidJson)?;
+            check_numbers(&bytes, self.max_number_digits).map_err(ApiError::InvalidJson)?;
         }
         parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         Ok((Request::from_parts(parts, Body::from(bytes)), permit))
@@ -76,8 +73,8 @@ impl Edge {
 }
 
 /// Tells the connection's watchdog the request has no body left to wait for.
-fn body_read(req: &Request) {
-    if let Some(watch) = req.extensions().get::<crate::conn::Watch>() {
+fn body_read(extensions: &axum::http::Extensions) {
+    if let Some(watch) = extensions.get::<crate::conn::Watch>() {
         watch.body_read();
     }
 }

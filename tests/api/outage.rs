@@ -109,6 +109,9 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
     }
     assert!(applied, "writes still refused after the database took writes again");
     app.assert_value("k", &json!("after"), "2").await;
+    // A zombie's old token is still refused by the fence after the outage.
+    app.kv_put("k", "1", &json!("zombie")).await.stale_key("k", "1", "2");
+    app.assert_value("k", &json!("after"), "2").await;
 }
 
 /// Polls /readyz until 200, for at most 30 s after `what`; every answer before that must be a
