@@ -35,7 +35,6 @@
 use std::{
     net::SocketAddr,
     path::Path,
-    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -43,14 +42,17 @@ use anyhow::{bail, ensure, Context, Result};
 use futures::{stream, StreamExt, TryStreamExt};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
-    process::{Child, Command},
 };
 
 // One copy of the URL helper, shared with the test binaries and bench/load.
 #[path = "../tests/support/db_url.rs"]
 mod db_url;
+#[path = "support/process.rs"]
+mod process;
+
+use process::{stop, Fencegate};
 
 /// Longer than any run, so that no connection is closed as idle while it is measured.
 const IDLE_TIMEOUT_MS: u64 = 3_600_000;
@@ -157,11 +159,6 @@ async fn run() -> Result<()> {
     outcome
 }
 
-struct Fencegate {
-    child: Child,
-    pid: u32,
-    addr: SocketAddr,
-}
 
 async fn start(s: &Settings, db_url: &str, out_dir: &Path) -> Result<Fencegate> {
     std::fs::create_dir_all(out_dir)?;
@@ -170,30 +167,9 @@ async fn start(s: &Settings, db_url: &str, out_dir: &Path) -> Result<Fencegate> 
         &config,
         format!("[server]\nmax_connections = {}\nidle_timeout_ms = {IDLE_TIMEOUT_MS}\n", s.connections + 100),
     )?;
-    let log_path = out_dir.join("fencegate.stderr.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url, "--config"])
-        .arg(&config)
-        .env("FENCEGATE_LOG", "warn")
-        .env_remove("RUST_LOG")
-        .env_remove("FENCEGATE_CONFIG")
-        .env_remove("FENCEGATE_LISTEN")
-        .envs(s.fencegate_env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(&log_path)?))
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().context("cannot start fencegate")?;
-    let pid = child.id().context("fencegate exited at once")?;
-    let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
-    let line = match tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await {
-        Ok(Ok(Some(line))) => line,
-        _ => bail!("fencegate did not start; its stderr:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default().trim()),
-    };
-    let addr = line.strip_prefix("listening on ").with_context(|| format!("unexpected first line {line:?}"))?.trim().parse()?;
-    // Keep draining stdout so fencegate can never block on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Fencegate { child, pid, addr })
+    let mut cmd = process::command(env!("CARGO_BIN_EXE_fencegate"), db_url, Some(&config));
+    cmd.envs(s.fencegate_env.iter().map(|(k, v)| (k, v)));
+    process::spawn(cmd, &out_dir.join("fencegate.stderr.log")).await
 }
 
 /// What /proc says of fencegate's memory, in KiB.
@@ -205,11 +181,8 @@ struct Memory {
 }
 
 fn memory(pid: u32) -> Memory {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
-    };
-    Memory { rss: field("VmRSS:"), hwm: field("VmHWM:"), anon: field("RssAnon:") }
+    let [rss, hwm, anon] = process::status_kib(pid, ["VmRSS:", "VmHWM:", "RssAnon:"]);
+    Memory { rss, hwm, anon }
 }
 
 impl std::fmt::Display for Memory {
@@ -361,13 +334,6 @@ async fn bench(s: &Settings, db_url: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-async fn stop(mut fg: Fencegate) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(fg.pid as i32), nix::sys::signal::Signal::SIGTERM);
-    if tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await.is_err() {
-        let _ = fg.child.kill().await;
-    }
 }
 
 /// Warm-up, baseline, `s.connections` opened `rate` a second (0: at once), idle, closed.

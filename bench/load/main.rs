@@ -38,6 +38,8 @@ mod machine;
 mod pgbench;
 mod report;
 mod server;
+#[path = "../support/process.rs"]
+mod process;
 mod settings;
 mod steps;
 

@@ -1,27 +1,17 @@
 //! The process under test: the real fencegate binary (release build) on the bench database,
-//! configured by BENCH_AUTH / BENCH_ISSUER, and what /proc says about it (RSS, CPU time).
+//! configured by BENCH_AUTH / BENCH_ISSUER / BENCH_TRUST, and what /proc says about it (RSS, CPU
+//! time). Starting and stopping it is `bench/support/process.rs`, shared with the idle bench.
 
 use std::{
-    net::SocketAddr,
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{Mutex, OnceLock},
-    time::Duration,
 };
 
-use anyhow::{bail, Context, Result};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use anyhow::Result;
 
 use crate::HOT_SCOPE;
 
-pub struct Fencegate {
-    child: Child,
-    pub pid: u32,
-    pub addr: SocketAddr,
-}
+pub use crate::process::Fencegate;
 
 /// `BENCH_TRUST`: every trust feature on (`on`: API key, issuer proofs, sticky scope, a jump
 /// cap) or off (`off`: none of them, sticky scope off too); unset: fencegate's defaults
@@ -113,8 +103,6 @@ pub fn fencegate_binary() -> String {
 pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Result<Fencegate> {
     let bin = fencegate_binary();
     let log_path = stderr_log(out_dir, index);
-    let log = std::fs::File::create(&log_path)?;
-    let mut args = vec!["serve".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--database-url".into(), db_url.into()];
     let mut config_text = String::new();
     if let Some(key) = bench_key() {
         config_text.push_str(&format!(
@@ -132,68 +120,25 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
     if bench_trust().is_some() {
         config_text.push_str(&format!("[kv]\nsticky_scope = {}\nmax_token_jump = {}\n", kv.sticky_scope, kv.max_token_jump));
     }
-    if !config_text.is_empty() {
-        let config = out_dir.join("bench.toml");
-        std::fs::write(&config, config_text)?;
-        args.extend(["--config".to_owned(), config.display().to_string()]);
-    }
-    let mut child = Command::new(&bin)
-        .args(&args)
-        .env("FENCEGATE_LOG", "warn")
-        .env_remove("RUST_LOG")
-        .env_remove("FENCEGATE_CONFIG")
-        .env_remove("FENCEGATE_LISTEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {bin}"))?;
-    let pid = child.id().context("fencegate exited at once")?;
-    FG_PIDS.lock().expect("pids").push(pid);
-    let mut lines = BufReader::new(child.stdout.take().context("no stdout")?).lines();
-    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
-    let line = match first {
-        Ok(Ok(Some(line))) => line,
-        other => {
-            let _ = child.start_kill();
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let why = match other {
-                Err(_) => "no `listening on` line within 60 s".to_owned(),
-                Ok(Err(e)) => format!("reading its stdout: {e}"),
-                _ => "it exited before listening".to_owned(),
-            };
-            bail!("fencegate did not start ({why}); its stderr:\n{}", log.trim());
+    let config = match config_text.is_empty() {
+        true => None,
+        false => {
+            let config = out_dir.join("bench.toml");
+            std::fs::write(&config, config_text)?;
+            Some(config)
         }
     };
-    let addr: SocketAddr = line
-        .strip_prefix("listening on ")
-        .with_context(|| format!("unexpected first line from fencegate: {line:?}"))?
-        .trim()
-        .parse()?;
-    // Keep draining stdout so fencegate can never block on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(Fencegate { child, pid, addr })
+    let fg = crate::process::spawn(crate::process::command(&bin, db_url, config.as_deref()), &log_path).await?;
+    FG_PIDS.lock().expect("pids").push(fg.pid);
+    Ok(fg)
 }
 
-pub async fn stop_fencegate(mut fg: Fencegate) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(fg.pid as i32), nix::sys::signal::Signal::SIGTERM);
-    if tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await.is_err() {
-        let _ = fg.child.kill().await;
-    }
-}
+pub use crate::process::stop as stop_fencegate;
 
 /// (VmRSS, VmHWM) in KiB.
 pub fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    let [rss, hwm] = crate::process::status_kib(pid, ["VmRSS:", "VmHWM:"]);
+    (rss, hwm)
 }
 
 /// The fencegate processes' pids, for their CPU time (set by `start_fencegate`).
