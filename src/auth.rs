@@ -9,6 +9,11 @@
 //!   is for: a token whose header names another (`none`, or HS256 signed with an RSA public key
 //!   as its secret) is refused before any signature check. `exp` is required; `nbf` is checked
 //!   when present; `iss`/`aud` when configured.
+//! - Actors live in namespaces: `key:NAME` for an API key, `jwt:SUB` for a JWT (`jwt:ISS#SUB`
+//!   when `[auth.jwt] issuer` is set), so a JWT whose subject equals a key's name is another
+//!   actor, and owns none of that key's leases.
+//! - A JWT header with `crit` is refused (RFC 7515 4.1.11: a recipient must reject extensions
+//!   it does not understand, and fencegate understands none); `iss` must be a string.
 //! - Prefixes match the decoded name (a key, a scope, a lock name); `""` matches every name.
 //!   `admin` is every right on every name and every resource.
 
@@ -64,7 +69,8 @@ impl fmt::Display for Right {
 /// legacy-table resources in `tables`.
 #[derive(Debug, Clone)]
 pub struct Grant {
-    /// The key's `name`, or the JWT's `sub`: recorded in logs and as a lease's owner.
+    /// The namespaced actor (`key:NAME`, `jwt:SUB`): recorded in logs, the audit log, and as
+    /// the actor a lease belongs to.
     pub actor: String,
     rights: u8,
     prefixes: Vec<String>,
@@ -101,19 +107,31 @@ impl Grant {
 
 /// Who is asking. With auth off there is no actor, and every request has every right.
 #[derive(Debug, Clone)]
-pub struct Actor(Option<Arc<Grant>>);
+pub struct Actor(Option<Arc<Grant>>, Option<u64>);
 
 impl Actor {
     /// The actor of a server with no credentials configured: every right, no name.
     pub fn open() -> Actor {
-        Actor(None)
+        Actor(None, None)
     }
 
+    /// An actor whose credential never expires (an API key).
     pub fn authenticated(grant: Arc<Grant>) -> Actor {
-        Actor(Some(grant))
+        Actor(Some(grant), None)
     }
 
-    /// The key name or JWT `sub`; `None` with auth off.
+    /// An actor whose credential expires at `exp` (seconds since the epoch: a JWT's `exp`).
+    pub fn expiring(grant: Arc<Grant>, exp: u64) -> Actor {
+        Actor(Some(grant), Some(exp))
+    }
+
+    /// When the credential stops being valid (seconds since the epoch); `None`: never. What a
+    /// long-lived response (an event stream) must end at.
+    pub fn expires_at(&self) -> Option<u64> {
+        self.1
+    }
+
+    /// The namespaced actor (`key:NAME`, `jwt:SUB`); `None` with auth off.
     pub fn name(&self) -> Option<&str> {
         self.0.as_ref().map(|g| g.actor.as_str())
     }
@@ -212,7 +230,7 @@ impl Authenticator {
             .map(|key| {
                 let digest = parse_digest(&key.sha256)
                     .with_context(|| format!("auth.keys ({:?}): sha256 must be 64 hex digits", key.name))?;
-                let grant = Grant::new(key.name.clone(), &key.rights, key.prefixes.clone(), key.tables.clone())
+                let grant = Grant::new(format!("key:{}", key.name), &key.rights, key.prefixes.clone(), key.tables.clone())
                     .map_err(|e| anyhow::anyhow!("auth.keys ({:?}): {e}", key.name))?;
                 Ok((digest, Arc::new(grant)))
             })
@@ -227,7 +245,7 @@ impl Authenticator {
         let credential = bearer(header).ok_or(Unauthenticated::Malformed)?;
         if let Some(jwt) = &self.jwt {
             if credential.bytes().filter(|b| *b == b'.').count() == 2 {
-                return jwt.verify(credential).map(Actor::authenticated);
+                return jwt.verify(credential).map(|(grant, exp)| Actor::expiring(grant, exp));
             }
         }
         self.key(credential).map(Actor::authenticated).ok_or(Unauthenticated::UnknownKey)
@@ -320,6 +338,10 @@ struct FencegateClaim {
 struct Claims {
     sub: String,
     exp: u64,
+    /// A string when present (RFC 7519 4.1.1); an array, which `jsonwebtoken` would accept,
+    /// fails to decode here and the token is refused.
+    #[serde(default)]
+    iss: Option<String>,
     #[serde(default)]
     fencegate: FencegateClaim,
 }
@@ -356,13 +378,17 @@ impl JwtVerifier {
         Ok(JwtVerifier { key, validation, verified: Default::default() })
     }
 
-    fn verify(&self, token: &str) -> Result<Arc<Grant>, Unauthenticated> {
+    fn verify(&self, token: &str) -> Result<Verified, Unauthenticated> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = jsonwebtoken::get_current_timestamp();
         let known = self.verified.lock().unwrap_or_else(|e| e.into_inner()).get(&digest).cloned();
         if let Some((grant, exp)) = known {
             // The same rule as the first verification: expired once exp + leeway has passed.
-            return if now <= exp.saturating_add(self.validation.leeway) { Ok(grant) } else { Err(Unauthenticated::Expired) };
+            return if now <= exp.saturating_add(self.validation.leeway) {
+                Ok((grant, exp.saturating_add(self.validation.leeway)))
+            } else {
+                Err(Unauthenticated::Expired)
+            };
         }
         let (grant, exp) = self.verify_signed(token)?;
         let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
@@ -370,11 +396,23 @@ impl JwtVerifier {
             verified.clear();
         }
         verified.insert(digest, (grant.clone(), exp));
-        Ok(grant)
+        Ok((grant, exp.saturating_add(self.validation.leeway)))
+    }
+
+    /// The JOSE header's `crit`, which `jsonwebtoken` ignores: a token that names critical
+    /// extensions is refused, since fencegate implements none of them.
+    fn has_crit(token: &str) -> bool {
+        use base64::Engine as _;
+        let Some(header) = token.split('.').next() else { return false };
+        let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(header) else { return false };
+        serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes).is_ok_and(|h| h.contains_key("crit"))
     }
 
     /// The full verification: signature, algorithm, claims.
     fn verify_signed(&self, token: &str) -> Result<(Arc<Grant>, u64), Unauthenticated> {
+        if Self::has_crit(token) {
+            return Err(Unauthenticated::InvalidToken);
+        }
         let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| match e.kind() {
             ErrorKind::ExpiredSignature => Unauthenticated::Expired,
             ErrorKind::ImmatureSignature => Unauthenticated::NotYetValid,
@@ -385,13 +423,19 @@ impl JwtVerifier {
             }
             _ => Unauthenticated::InvalidToken,
         })?;
-        let Claims { sub, exp, fencegate } = data.claims;
+        let Claims { sub, exp, iss, fencegate } = data.claims;
         if sub.is_empty() || sub.len() > 256 || sub.chars().any(char::is_control) {
             return Err(Unauthenticated::InvalidToken);
         }
+        // The issuer is part of the actor only when one is configured (and so checked): an
+        // unchecked `iss` is the token's own say-so.
+        let actor = match (&self.validation.iss, iss) {
+            (Some(_), Some(iss)) => format!("jwt:{iss}#{sub}"),
+            _ => format!("jwt:{sub}"),
+        };
         // Unknown right names in a token grant nothing more (the token is still valid).
         let rights: Vec<String> = fencegate.rights.into_iter().filter(|r| Right::parse(r).is_some()).collect();
-        let grant = Grant::new(sub, &rights, fencegate.prefixes, fencegate.tables).expect("filtered to known rights");
+        let grant = Grant::new(actor, &rights, fencegate.prefixes, fencegate.tables).expect("filtered to known rights");
         Ok((Arc::new(grant), exp))
     }
 }
@@ -460,9 +504,9 @@ mod tests {
         let claims = serde_json::json!({"sub": "a", "exp": now + 3600, "fencegate": {"rights": ["read"]}});
         let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
         let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
-        assert_eq!(verifier.verify(&token).unwrap().actor, "a");
+        assert_eq!(verifier.verify(&token).unwrap().0.actor, "jwt:a");
         assert_eq!(verifier.verified.lock().unwrap().len(), 1);
-        assert_eq!(verifier.verify(&token).unwrap().actor, "a", "a hit");
+        assert_eq!(verifier.verify(&token).unwrap().0.actor, "jwt:a", "a hit");
         // The same bytes, remembered with an exp now past the leeway: refused.
         for entry in verifier.verified.lock().unwrap().values_mut() {
             entry.1 = now - 61;
@@ -473,6 +517,37 @@ mod tests {
         assert_eq!(verifier.verify(&bad).unwrap_err(), Unauthenticated::BadSignature);
         assert_eq!(verifier.verify(&bad).unwrap_err(), Unauthenticated::BadSignature);
         assert_eq!(verifier.verified.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn crit_headers_and_issuer_arrays_are_refused_and_actors_are_namespaced() {
+        use base64::Engine as _;
+        let secret = "0123456789abcdef0123456789abcdef";
+        let jwt = crate::config::JwtSettings {
+            hs256_secret_env: Some("S".into()),
+            issuer: Some("https://idp.test".into()),
+            ..Default::default()
+        };
+        let verifier = JwtVerifier::new(&jwt, |_| Some(secret.into())).unwrap();
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes());
+        let exp = jsonwebtoken::get_current_timestamp() + 3600;
+        let claims = serde_json::json!({"sub": "locker", "iss": "https://idp.test", "exp": exp});
+        let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+        let (grant, until) = verifier.verify(&token).unwrap();
+        assert_eq!(grant.actor, "jwt:https://idp.test#locker", "the issuer is part of the actor when configured");
+        assert_eq!(until, exp + 60, "valid until exp plus the leeway");
+
+        // `iss` as an array naming the right issuer: jsonwebtoken would take it; RFC 7519 says a string.
+        let array = serde_json::json!({"sub": "locker", "iss": ["https://idp.test"], "exp": exp});
+        let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &array, &key).unwrap();
+        assert!(verifier.verify(&token).is_err());
+
+        // A header naming a critical extension, signed with the right key: refused.
+        let header = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT","crit":["exp"]}"#);
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap());
+        let signed = format!("{header}.{payload}");
+        let signature = jsonwebtoken::crypto::sign(signed.as_bytes(), &key, Algorithm::HS256).unwrap();
+        assert_eq!(verifier.verify(&format!("{signed}.{signature}")).unwrap_err(), Unauthenticated::InvalidToken);
     }
 
     #[test]

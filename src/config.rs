@@ -116,11 +116,21 @@ pub struct ScopeBinding {
 pub struct LockSettings {
     /// Longest lease a client may ask for (`ttl_ms`), in milliseconds.
     pub max_ttl_ms: u64,
+    /// Scope prefixes reserved for the built-in lock service (`""`: every scope): under them a
+    /// write or claim needs a token a grant issued, from before the first grant on.
+    pub names: Vec<String>,
 }
 
 impl Default for LockSettings {
     fn default() -> Self {
-        LockSettings { max_ttl_ms: 3_600_000 }
+        LockSettings { max_ttl_ms: 3_600_000, names: Vec::new() }
+    }
+}
+
+impl LockSettings {
+    /// `names`, validated (see [`crate::fence::Reserved`]).
+    pub fn reserved(&self) -> anyhow::Result<crate::fence::Reserved> {
+        crate::fence::Reserved::new(&self.names).map_err(|e| anyhow::anyhow!("locks.names: {e}"))
     }
 }
 
@@ -333,7 +343,7 @@ impl KvSettings {
 
     /// The checks every fenced statement makes besides the accept rule.
     pub fn checks(&self) -> crate::store::Checks {
-        crate::store::Checks { scopes: self.scope_rule(), jump: crate::fence::JumpCap(self.max_token_jump) }
+        crate::store::Checks { scopes: self.scope_rule(), jump: crate::fence::JumpCap(self.max_token_jump), reserved: Default::default() }
     }
 }
 
@@ -446,6 +456,20 @@ impl Settings {
         }
         if self.locks.max_ttl_ms == 0 {
             bail!("locks.max_ttl_ms must be at least 1");
+        }
+        self.locks.reserved()?;
+        // One source of tokens per scope: a scope an issuer signs for is never the built-in
+        // lock service's too.
+        for name in &self.locks.names {
+            for issuer in &self.issuers {
+                if let Some(prefix) = issuer.scopes.iter().find(|p| p.starts_with(name.as_str()) || name.starts_with(p.as_str())) {
+                    bail!(
+                        "locks.names {name:?} overlaps the scopes {prefix:?} of issuer {:?}: a scope has one source of tokens, \
+                         the built-in locks or that issuer; remove one of the two",
+                        issuer.name
+                    );
+                }
+            }
         }
         if self.database.coalesce_workers > self.database.max_connections as usize {
             bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",

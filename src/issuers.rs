@@ -148,11 +148,20 @@ impl Issuers {
         self.issuers.is_empty()
     }
 
+    /// The issuer that signs for `scope`, if any.
+    fn issuer_of(&self, scope: &Scope) -> Option<&Issuer> {
+        self.issuers.iter().find(|i| i.scopes.iter().any(|p| scope.as_str().starts_with(p.as_str())))
+    }
+
+    /// The name of the issuer that signs for `scope`, if any: the scope's one source of tokens.
+    pub fn covering(&self, scope: &Scope) -> Option<&str> {
+        self.issuer_of(scope).map(|i| i.name.as_str())
+    }
+
     /// Checks the proof of a write or claim under `scope` with `token`: `Ok` if no issuer covers
     /// the scope, or if `proof` is that issuer's signature.
     pub fn check(&self, scope: &Scope, token: FencingToken, proof: Option<&[u8]>) -> Result<(), ProofError> {
-        let Some(issuer) = self.issuers.iter().find(|i| i.scopes.iter().any(|p| scope.as_str().starts_with(p.as_str())))
-        else {
+        let Some(issuer) = self.issuer_of(scope) else {
             return Ok(());
         };
         let Some(proof) = proof else {

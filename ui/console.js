@@ -263,6 +263,16 @@
     return node;
   }
 
+  // Names and owners come from clients: a right-to-left override (U+202E), a zero-width space or
+  // a no-break space would make one name look like another. Such characters are shown as
+  // ⟨U+XXXX⟩, never rendered; plain spaces stay as they are.
+  const HIDDEN = /(?! )[\p{Cc}\p{Cf}\p{Z}\u115F\u1160\u3164\uFFA0]/gu;
+
+  function shown(text) {
+    if (text === null || text === undefined) return text;
+    return String(text).replace(HIDDEN, (c) => "⟨U+" + c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0") + "⟩");
+  }
+
   function seconds(ms) {
     return (Math.max(0, ms) / 1000).toFixed(1) + " s";
   }
@@ -275,8 +285,8 @@
         const progress = el("progress", { max: String(Math.max(1, l.ttl)), value: "0" });
         const left = el("span", { class: "left" });
         return el("tr", { "data-lock": l.name }, [
-          el("td", { class: "name", text: l.name }),
-          el("td", { class: "holder", text: l.holder }),
+          el("td", { class: "name", text: shown(l.name) }),
+          el("td", { class: "holder", text: shown(l.holder) }),
           el("td", { class: "token num", text: l.token }),
           el("td", { class: "lease" }, [progress, left]),
         ]);
@@ -302,7 +312,7 @@
     $("fences").tBodies[0].replaceChildren(
       ...fences.map((f) =>
         el("tr", { "data-scope": f.scope }, [
-          el("td", { class: "name", text: f.scope }),
+          el("td", { class: "name", text: shown(f.scope) }),
           el("td", { class: "num", text: f.fence_token }),
           el("td", { class: "when", text: new Date(f.updated_at).toLocaleTimeString() }),
         ]),
@@ -338,7 +348,7 @@
         const row = el("tr", { "data-kind": r.kind, "data-id": String(r.id), class: r.id === newId ? "new" : "" }, [
           el("td", { class: "when", "data-at": String(r.at_ms), title: new Date(r.at_ms).toLocaleString() }),
           el("td", { class: "kind " + r.kind, title: why + (r.detail ? "; " + r.detail : ""), text: label }),
-          el("td", { class: "name target", text: target(r) }),
+          el("td", { class: "name target", text: shown(target(r)) }),
           el("td", { class: "num presented", text: r.presented_token === null ? "-" : r.presented_token }),
           el("td", { class: "num current", text: r.current_token === null ? "-" : r.current_token }),
         ]);

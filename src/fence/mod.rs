@@ -16,7 +16,7 @@ mod token;
 
 pub use high_water::HighWater;
 pub use name::{Key, NameError, Scope};
-pub use poison::{issued, Jump, JumpCap, NotIssued};
+pub use poison::{issued, Jump, JumpCap, NotIssued, Reserved};
 pub use rule::{Fenced, Guard, Outcome, Rule, Stale, Target};
 pub use scoping::{bound_scope, Bindings, ScopeMismatch, ScopeRule};
 pub use token::{FencingToken, TokenError};

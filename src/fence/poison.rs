@@ -6,9 +6,12 @@
 //! the same statement or transaction as the fence check (`store::sql_issued_check`,
 //! `store::sql_jump_check` are their SQL spellings), and these Rust forms explain a refusal:
 //!
-//! - **Issued** ([`issued`]): a scope that names a built-in lock (one ever granted) admits no
-//!   token above the latest the lock service granted for it. Unlike a fence, the lock's counter
-//!   is fencegate's own, so a token above it cannot have come from that lock.
+//! - **Issued** ([`issued`]): a scope that names a built-in lock (one ever granted, and not
+//!   retired by an admin) admits no token above the latest the lock service granted for it.
+//!   Unlike a fence, the lock's counter is fencegate's own, so a token above it cannot have come
+//!   from that lock. A scope under `[locks] names` ([`Reserved`]) is a built-in lock's from the
+//!   start: before its first grant its latest issued token is 0, so it admits no token at all
+//!   (nobody can exhaust a lock before it exists).
 //! - **Jump cap** ([`JumpCap`], `kv.max_token_jump`): no write or claim may raise a fence by
 //!   more than the cap at once (a fence that does not exist counts as 0). Lock grants step by
 //!   one and are exempt.
@@ -17,8 +20,47 @@ use super::{Fenced, FencingToken, Scope};
 
 /// `true` if `presented` could have been granted by the built-in lock whose latest grant is
 /// `latest` (`None`: the scope is not a built-in lock's, so nothing is known about its tokens).
+/// Grants start at 1, so a lock admits `1..=latest`; a reserved scope never granted has
+/// `latest` 0 and admits nothing.
 pub fn issued(presented: FencingToken, latest: Option<FencingToken>) -> bool {
-    latest.is_none_or(|latest| presented <= latest)
+    latest.is_none_or(|latest| presented.get() >= 1 && presented <= latest)
+}
+
+/// `[locks] names`: scope prefixes reserved for the built-in lock service. Under them, only a
+/// token the lock service granted may raise a fence, from before the first grant on.
+///
+/// The prefixes are spelled into SQL as literals (a statement is built once, with no room for a
+/// parameter per prefix), so [`Reserved::new`] refuses quotes, backslashes and control
+/// characters: what is left cannot end a SQL string literal on either backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reserved(std::sync::Arc<[String]>);
+
+impl Reserved {
+    pub fn new(prefixes: &[String]) -> Result<Reserved, String> {
+        for prefix in prefixes {
+            if prefix.chars().any(|c| c == '\'' || c == '\\' || c.is_control()) {
+                return Err(format!(
+                    "the prefix {prefix:?} holds a quote, a backslash or a control character; lock names under [locks] names cannot"
+                ));
+            }
+        }
+        Ok(Reserved(prefixes.iter().cloned().collect()))
+    }
+
+    /// The prefixes, as configured.
+    pub fn prefixes(&self) -> &[String] {
+        &self.0
+    }
+
+    pub fn covers(&self, scope: &str) -> bool {
+        self.0.iter().any(|p| scope.starts_with(p.as_str()))
+    }
+
+    /// What the scope's latest issued token is when no grant says otherwise: 0 (nothing
+    /// issued) for a reserved scope, `None` (unknown: any lock service's) for the others.
+    pub fn latest_without_grant(&self, scope: &str) -> Option<FencingToken> {
+        self.covers(scope).then_some(FencingToken::ZERO)
+    }
 }
 
 /// The largest step a write or claim may raise a fence by (`kv.max_token_jump`; 0 = no cap).
@@ -70,6 +112,22 @@ mod tests {
         assert!(issued(t(1), Some(t(7))));
         assert!(!issued(t(8), Some(t(7))));
         assert!(issued(t(i64::MAX), None), "no built-in lock: nothing to compare with");
+        assert!(!issued(t(0), Some(t(7))), "grants start at 1: 0 was never issued");
+        assert!(!issued(t(0), Some(t(0))), "a reserved scope never granted admits nothing");
+        assert!(!issued(t(1), Some(t(0))));
+    }
+
+    #[test]
+    fn reserved_prefixes_cover_their_scopes_and_refuse_what_would_end_a_literal() {
+        let reserved = Reserved::new(&["jobs/".into(), "nightly".into()]).unwrap();
+        assert!(reserved.covers("jobs/a") && reserved.covers("nightly-2"));
+        assert!(!reserved.covers("job") && !reserved.covers("other"));
+        assert_eq!(reserved.latest_without_grant("jobs/a"), Some(FencingToken::ZERO));
+        assert_eq!(reserved.latest_without_grant("other"), None);
+        assert!(Reserved::new(&["".into()]).unwrap().covers("anything"));
+        for bad in ["it's", "a\\b", "x\n"] {
+            assert!(Reserved::new(&[bad.into()]).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `/v1/admin/*`: the audited way back (`store::admin`). Resets lower a fence, or rebind a
 //! key's or row's sticky scope, with a reason, in one transaction with their audit row; the
-//! audit log reads newest first. Every route needs the `admin` right; the actor (key name or
+//! audit log reads newest first. A built-in lock can be retired (its old grants stop speaking
+//! for its scope's tokens), audited the same way. Every route needs the `admin` right; the actor (key name or
 //! JWT subject; `anonymous` with auth off) is what the audit log records.
 
 use axum::{
@@ -115,8 +116,27 @@ pub async fn reset_key(
     KeyPath(key): KeyPath,
     JsonBody(request): JsonBody<ResetRequest>,
 ) -> Result<Response, ApiError> {
+    let configured = state.bindings.of(key.as_str()).cloned();
     let reset = reset_of(&state, ResetTarget::Key(key), request, actor)?;
+    check_binding(&reset, configured.as_ref())?;
     run(&state, reset).await
+}
+
+/// A rebind to another scope than the configuration binds the key (or the table) to would
+/// leave it unwritable under both: every write is under the configured scope, which the new
+/// binding then refuses. 409, nothing changed.
+fn check_binding(reset: &Reset, configured: Option<&Scope>) -> Result<(), ApiError> {
+    let (Some(configured), Some(new)) = (configured, &reset.scope) else { return Ok(()) };
+    if new.as_ref() == Some(configured) {
+        return Ok(());
+    }
+    let shown = new.as_ref().map_or_else(|| "no scope".to_owned(), |s| format!("scope {:?}", s.as_str()));
+    Err(ApiError::BindingConflict(format!(
+        "the configuration binds this {} to scope {:?} ([[scopes]] or the resource's `scope`): rebinding it to {shown} \
+         would refuse every later write; change the configuration instead; nothing was changed",
+        if matches!(reset.target, ResetTarget::Row { .. }) { "table" } else { "key" },
+        configured.as_str()
+    )))
 }
 
 /// `/v1/admin/tables/{resource}/{key}/reset`: the row key is read from the raw path, as for
@@ -155,6 +175,40 @@ pub async fn reset_row(
     JsonBody(request): JsonBody<ResetRequest>,
 ) -> Result<Response, ApiError> {
     let reset = reset_of(&state, target, request, actor)?;
+    let configured = match &reset.target {
+        ResetTarget::Row { resource, .. } => resource.scope.clone(),
+        _ => None,
+    };
+    check_binding(&reset, configured.as_ref())?;
+    run(&state, reset).await
+}
+
+/// `{"reason": "why"}`: the body of a retire.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetireRequest {
+    /// Why (1..=1000 bytes, no control characters): recorded in the audit log. Required.
+    reason: String,
+}
+
+#[utoipa::path(
+    operation_id = "retire_lock",
+    post,
+    path = super::routes::ADMIN_LOCK_RETIRE,
+    tag = "admin",
+    summary = "Retire a built-in lock: its grants no longer speak for the scope's tokens (audited)",
+    params(doc::LockName),
+    request_body(content = RetireRequest, content_type = "application/json"),
+    responses((status = 200, description = "Retired; the audit log has the row", body = body::ResetDone), doc::Retire)
+)]
+pub async fn retire_lock(
+    State(state): State<AppState>,
+    actor: Actor,
+    ScopePath(name): ScopePath,
+    JsonBody(request): JsonBody<RetireRequest>,
+) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let reset = Reset { target: ResetTarget::Lock(name), to: None, scope: None, reason: request.reason, actor: actor_name(&actor) };
     run(&state, reset).await
 }
 

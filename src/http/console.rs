@@ -71,7 +71,13 @@ pub async fn events(State(state): State<AppState>, actor: Actor) -> Result<Respo
     let Some(subscription) = state.events.subscribe() else {
         return Err(ApiError::TooManyStreams(crate::events::MAX_SUBSCRIBERS));
     };
-    let mut response = Sse::new(stream_of(subscription)).into_response();
+    // A stream outlives the request that opened it: it ends when its credential expires, as a
+    // new request with that credential would be refused then.
+    let ends = actor.expires_at().map(|exp| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        tokio::time::Instant::now() + Duration::from_secs(exp + 1).saturating_sub(now)
+    });
+    let mut response = Sse::new(stream_of(subscription, ends)).into_response();
     // Reverse proxies (nginx) would otherwise buffer the stream.
     response.headers_mut().insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
     Ok(response)
@@ -83,14 +89,16 @@ enum Phase {
     Ending,
 }
 
-fn stream_of(subscription: Subscription) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+/// The events of `subscription`, until shutdown, a lag, or `ends` (the credential's expiry),
+/// which sends `expired` and ends the stream.
+fn stream_of(subscription: Subscription, ends: Option<tokio::time::Instant>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let first = SseEvent::default()
         .event("hello")
         .retry(Duration::from_secs(2))
         .data(json!({"type": "hello", "channel_capacity": crate::events::CHANNEL_CAPACITY}).to_string());
     // The last second ticked: none yet, so the first tick is for the second the stream opened in.
     let before_open = crate::events::now_secs().saturating_sub(1);
-    let rest = stream::unfold((subscription, Phase::Open, before_open), |(mut sub, phase, mut ticked)| async move {
+    let rest = stream::unfold((subscription, Phase::Open, before_open), move |(mut sub, phase, mut ticked)| async move {
         if let Phase::Ending = phase {
             return None;
         }
@@ -117,6 +125,10 @@ fn stream_of(subscription: Subscription) -> impl Stream<Item = Result<SseEvent, 
                     }
                     Next::Closed => return None,
                 },
+                () = async { tokio::time::sleep_until(ends.unwrap_or_else(tokio::time::Instant::now)).await }, if ends.is_some() => {
+                    let data = json!({"type": "expired", "detail": "the credential of this stream expired; reconnect with a valid one"});
+                    return Some((Ok(SseEvent::default().event("expired").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                }
                 () = tokio::time::sleep(to_next) => {
                     let ended = crate::events::now_secs().saturating_sub(1);
                     // Seconds older than the window have no counts left to report.

@@ -2,7 +2,7 @@
 //! (README, *Securing a deployment*; docs/wire.md).
 //!
 //! In order:
-//! 1. **Host** (when auth is off on a loopback listener): only a loopback address or
+//! 1. **Host**: never twice (400). When auth is off on a loopback listener, only a loopback address or
 //!    `localhost` — a page on `http://evil.example` whose name was rebound to 127.0.0.1 sends
 //!    `Host: evil.example`, and must not reach an unauthenticated fencegate (DNS rebinding).
 //! 2. **Content-Type**: a request with a body must say `application/json` (or `…+json`), so a
@@ -47,6 +47,11 @@ impl Edge {
     /// The request as the handler will see it (its body read in full), with the permit of its
     /// body's bytes; or why it is refused.
     pub(super) async fn admit(&self, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
+        // RFC 9112 3.2: a request with more than one Host is 400. Were only the first checked,
+        // `Host: localhost` then `Host: evil.example` would pass the rebinding check below.
+        if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
+            return Err(ApiError::InvalidRequest("a request must carry exactly one Host header".into()));
+        }
         if self.loopback_hosts_only {
             check_host(&req)?;
         }

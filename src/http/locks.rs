@@ -48,6 +48,11 @@ pub async fn acquire(
     JsonBody(request): JsonBody<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     check(&actor, Right::Lock, Named::Lock, name.as_str())?;
+    // One source of tokens per scope: an issuer's scope takes only its signed tokens, and a
+    // grant here would make every later one of them "not issued" (whatever rights ask).
+    if let Some(issuer) = state.issuers.covering(&name) {
+        return Err(ApiError::ScopeHasIssuer { scope: name.as_str().to_owned(), issuer: issuer.to_owned() });
+    }
     let owner = parse_owner(&request.owner).map_err(ApiError::InvalidRequest)?;
     let ttl = Ttl::parse(request.ttl_ms, state.locks.max_ttl_ms).map_err(ApiError::InvalidRequest)?;
     match state.store.acquire(&name, owner, ttl, actor.name()).await? {

@@ -253,14 +253,15 @@ problems! {
     FenceClaim: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, TOKEN_NOT_ISSUED, TOKEN_JUMP,
                  MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF] + Guarded;
     FenceGet: [INVALID_SCOPE, NOT_FOUND] + Guarded;
-    LockAcquire: [INVALID_SCOPE, INVALID_REQUEST, LOCK_HELD, LOCK_EXHAUSTED] + Guarded + Body;
+    LockAcquire: [INVALID_SCOPE, INVALID_REQUEST, LOCK_HELD, LOCK_EXHAUSTED, SCOPE_HAS_ISSUER] + Guarded + Body;
     LockRenew: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, INVALID_REQUEST, LOCK_LOST] + Guarded + Body;
     LockRelease: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, LOCK_LOST] + Guarded;
     LockGet: [INVALID_SCOPE, NOT_FOUND] + Guarded;
     TableWrite: [NOT_FOUND, INVALID_KEY, INVALID_ROW, INVALID_VALUE] + Guarded + Body + Fenced;
     TableDelete: [NOT_FOUND, INVALID_KEY] + Guarded + Fenced;
     TableGet: [NOT_FOUND, INVALID_KEY] + Guarded;
-    Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW] + Guarded + Body;
+    Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW, BINDING_CONFLICT] + Guarded + Body;
+    Retire: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND] + Guarded + Body;
     Audit: [INVALID_REQUEST] + Guarded;
     Readiness: [UNAVAILABLE] + Edge;
 }
@@ -464,7 +465,7 @@ pub mod schemas {
     #[derive(ToSchema)]
     #[allow(dead_code)]
     pub struct ResetDone {
-        /// scope, key or table.
+        /// scope, key, table, or lock (a retired lock: `from` and `to` are its latest grant).
         target: String,
         name: String,
         #[schema(nullable = false)]

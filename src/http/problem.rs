@@ -85,6 +85,10 @@ pub mod kinds {
         ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-held", title: "Lock is held" };
     pub const LOCK_EXHAUSTED: ProblemType =
         ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-exhausted", title: "No token left to grant" };
+    pub const SCOPE_HAS_ISSUER: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "scope-has-issuer", title: "Scope's tokens come from an issuer" };
+    pub const BINDING_CONFLICT: ProblemType =
+        ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "binding-conflict", title: "Contradicts a configured binding" };
     pub const LOCK_LOST: ProblemType =
         ProblemType { status: StatusCode::CONFLICT.as_u16(), slug: "lock-lost", title: "Lease lost" };
     pub const UNAUTHENTICATED: ProblemType =
@@ -100,7 +104,7 @@ pub mod kinds {
         PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, MISDIRECTED_REQUEST, BODY_TIMEOUT, NOT_FOUND,
         METHOD_NOT_ALLOWED, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED, TOKEN_JUMP, MISSING_TOKEN_PROOF,
         INVALID_TOKEN_PROOF, INVALID_ROW, INVALID_VALUE, INVALID_REQUEST, RESET_NOT_BELOW, LOCK_HELD,
-        LOCK_EXHAUSTED, LOCK_LOST, UNAUTHENTICATED, FORBIDDEN, UNAVAILABLE, INTERNAL,
+        LOCK_EXHAUSTED, SCOPE_HAS_ISSUER, BINDING_CONFLICT, LOCK_LOST, UNAUTHENTICATED, FORBIDDEN, UNAVAILABLE, INTERNAL,
     ];
 }
 
@@ -149,6 +153,14 @@ pub enum ApiError {
     LockExhausted,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A lock grant on a scope an `[[issuers]]` entry signs for: each scope has one source of
+    /// tokens, and a built-in lock's grants would make the issuer's tokens "not issued".
+    #[error("the scope {scope:?} takes only tokens signed by issuer {issuer:?} ([[issuers]]): no built-in lock is granted on it; take the lock from that lock service")]
+    ScopeHasIssuer { scope: String, issuer: String },
+    /// An admin rebind to another scope than `[[scopes]]` (or a resource's `scope`) binds the
+    /// key to: every later write would be refused under both.
+    #[error("{0}")]
+    BindingConflict(String),
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
     LockHeld { owner: String, remaining_ms: i64 },
     #[error("the lease is lost: it expired, was released, or was taken over")]
@@ -250,6 +262,8 @@ impl ApiError {
             ResetNotBelow(_) => kinds::RESET_NOT_BELOW,
             LockHeld { .. } => kinds::LOCK_HELD,
             LockExhausted => kinds::LOCK_EXHAUSTED,
+            ScopeHasIssuer { .. } => kinds::SCOPE_HAS_ISSUER,
+            BindingConflict(_) => kinds::BINDING_CONFLICT,
             LockLost { .. } => kinds::LOCK_LOST,
             Unauthenticated(_) => kinds::UNAUTHENTICATED,
             Forbidden { .. } | ForeignLease(_) => kinds::FORBIDDEN,
@@ -409,6 +423,10 @@ impl IntoResponse for ApiError {
                 if let RowError::Value { constraint: Some(constraint), .. } = err {
                     body.insert("constraint".into(), json!(constraint));
                 }
+            }
+            ApiError::ScopeHasIssuer { scope, issuer } => {
+                body.insert("scope".into(), json!(scope));
+                body.insert("issuer".into(), json!(issuer));
             }
             ApiError::LockHeld { owner, remaining_ms } => {
                 body.insert("holder".into(), json!(owner));

@@ -9,6 +9,9 @@
 //!
 //! A built-in lock's counter is never reset: the next grant is still above every token the
 //! lock ever issued (`GREATEST(l.token, fence) + 1`), whatever a reset did to the fence.
+//! What an admin may do to a lock is *retire* it: its old grants stop speaking for the scope's
+//! tokens (a scope bricked by a grant made before an issuer took it over), its lease ends, and
+//! its row stays with its counter, so a later grant still never reissues a token.
 
 use std::{sync::Arc, time::Duration};
 
@@ -26,6 +29,8 @@ pub enum ResetTarget {
     Scope(Scope),
     Key(Key),
     Row { resource: Arc<Resource>, key: RowKey },
+    /// Retire the built-in lock of this name (no `to`, no `scope`).
+    Lock(Scope),
 }
 
 impl ResetTarget {
@@ -34,6 +39,15 @@ impl ResetTarget {
             ResetTarget::Scope(_) => "scope",
             ResetTarget::Key(_) => "key",
             ResetTarget::Row { .. } => "table",
+            ResetTarget::Lock(_) => "lock",
+        }
+    }
+
+    /// The audit log's `action`.
+    pub fn action(&self) -> &'static str {
+        match self {
+            ResetTarget::Lock(_) => "retire",
+            _ => "reset",
         }
     }
 }
@@ -117,7 +131,14 @@ pub fn validate(reset: &Reset) -> Result<(), ResetRefused> {
     if reset.reason.trim().is_empty() || reset.reason.len() > 1000 {
         return Err(ResetRefused::Invalid("\"reason\" is required: 1..=1000 bytes saying why".into()));
     }
+    // The audit log is read in terminals and on the console: a newline or an escape sequence
+    // in a reason could forge a line or repaint the screen.
+    if reset.reason.chars().any(char::is_control) {
+        return Err(ResetRefused::Invalid("\"reason\" must not contain control characters (newlines, escapes)".into()));
+    }
     match (&reset.target, reset.to, &reset.scope) {
+        (ResetTarget::Lock(_), None, None) => Ok(()),
+        (ResetTarget::Lock(_), _, _) => Err(ResetRefused::Invalid("retiring a lock takes only \"reason\"".into())),
         (ResetTarget::Scope(_), None, _) => Err(ResetRefused::Invalid("\"to\" is required for a scope's fence".into())),
         (ResetTarget::Scope(_), _, Some(_)) => {
             Err(ResetRefused::Invalid("\"scope\" rebinds a key or a table row; a scope has no binding".into()))
@@ -238,16 +259,21 @@ mod tests {
         assert!(validate(&r).is_err());
         r.reason = "x".repeat(1001);
         assert!(validate(&r).is_err());
+        for forged in ["ok\nforged line", "\u{1b}[2J", "tab\there"] {
+            r.reason = forged.into();
+            assert!(validate(&r).is_err(), "{forged:?}");
+        }
         let scope = Reset { target: ResetTarget::Scope(Scope::parse("s", 8).unwrap()), ..reset(None, None) };
         assert!(validate(&scope).is_err(), "a scope reset needs `to`");
     }
 }
 
 /// The audit row of a reset: `$1` actor, `$2` target, `$3` name, `$4` resource, `$5` from,
-/// `$6` to, `$7` from_scope, `$8` to_scope, `$9` reason (the same numbering on both backends).
+/// `$6` to, `$7` from_scope, `$8` to_scope, `$9` reason, `$10` action (the same numbering on
+/// both backends).
 const AUDIT_INSERT: &str = "
     INSERT INTO fencegate_audit (at, actor, action, target, name, resource, from_token, to_token, from_scope, to_scope, reason)
-    VALUES (NOW_AT, $1, 'reset', $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id";
+    VALUES (NOW_AT, $1, $10, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id";
 
 fn audit_insert(now: &str) -> String {
     AUDIT_INSERT.replace("NOW_AT", now)
@@ -311,7 +337,31 @@ impl Change {
 /// in: the connection type, the row lock (`FOR UPDATE`; SQLite has no such syntax and needs
 /// none, its one connection serializes transactions) and the clock.
 macro_rules! reset_targets {
-    ($conn:ty, $lock:literal, $now:expr) => {
+    ($conn:ty, $lock:literal, $now:expr, $expires:literal) => {
+        /// Retires the lock `name`: its grants no longer speak for the scope's tokens, its lease
+        /// (if any) ends. The token stays: `from` and `to` are both the lock's latest grant.
+        async fn retire_lock(tx: &mut $conn, name: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+            let row = sqlx::query(concat!("SELECT token, retired FROM fencegate_locks WHERE name = $1", $lock))
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                return Ok(Err(ResetRefused::NotFound(format!("the built-in lock {:?} was never granted", name.as_str()))));
+            };
+            let token = token_from_db(row.try_get(0)?)?;
+            if row.try_get::<bool, _>(1)? {
+                return Ok(Err(ResetRefused::Invalid(format!("the lock {:?} is retired already", name.as_str()))));
+            }
+            sqlx::query(concat!(
+                "UPDATE fencegate_locks SET retired = TRUE, owner = NULL, actor = NULL, ", $expires, " = NULL WHERE name = $1"
+            ))
+            .bind(name.as_str())
+            .execute(&mut *tx)
+            .await?;
+            let name = name.as_str().to_owned();
+            Ok(Ok(Change { name, resource: None, from: token, to: token, from_scope: None, to_scope: None }))
+        }
+
         async fn reset_scope(tx: &mut $conn, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
             let current: Option<i64> =
                 sqlx::query_scalar(concat!("SELECT fence_token FROM fencegate_fences WHERE scope = $1", $lock))
@@ -372,6 +422,7 @@ macro_rules! reset_targets {
                 .bind(&change.from_scope)
                 .bind(&change.to_scope)
                 .bind(&reset.reason)
+                .bind(reset.target.action())
                 .fetch_one(&mut *tx)
                 .await?)
         }
@@ -402,6 +453,7 @@ mod pg {
                 ResetTarget::Row { resource, .. } => {
                     self.reset_row(&mut tx, reset, resource, row_key.as_deref().unwrap_or_default()).await?
                 }
+                ResetTarget::Lock(name) => retire_lock(&mut tx, name).await?,
             };
             let change = match change {
                 Ok(change) => change,
@@ -470,7 +522,7 @@ mod pg {
         }
     }
 
-    reset_targets!(PgConnection, " FOR UPDATE", "now()");
+    reset_targets!(PgConnection, " FOR UPDATE", "now()", "expires_at");
 }
 
 mod sqlite {
@@ -490,6 +542,7 @@ mod sqlite {
                 ResetTarget::Scope(scope) => reset_scope(&mut tx, reset, scope).await?,
                 ResetTarget::Key(key) => reset_key(&mut tx, reset, key).await?,
                 ResetTarget::Row { .. } => Err(ResetRefused::NotFound("legacy tables need the PostgreSQL store".into())),
+                ResetTarget::Lock(name) => retire_lock(&mut tx, name).await?,
             };
             let change = match change {
                 Ok(change) => change,
@@ -515,5 +568,5 @@ mod sqlite {
     }
 
     // No row locks in SQLite: its single connection serializes transactions.
-    reset_targets!(SqliteConnection, "", NOW_TEXT);
+    reset_targets!(SqliteConnection, "", NOW_TEXT, "expires_at_ms");
 }

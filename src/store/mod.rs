@@ -289,7 +289,7 @@ pub(crate) struct Seen<'a> {
 /// never issued, a jump past the cap); then the key's scope. Fences and lock counters never go
 /// down and a key's scope changes only under the rule that refused, so what is read still
 /// refuses the write.
-pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: Checks) -> Result<Refusal, StoreError> {
+pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: &Checks) -> Result<Refusal, StoreError> {
     let (token, rule) = (guard.token, guard.rule);
     // (fence, its value) for each fence the write had to pass.
     let fences: Vec<(Fenced, Option<FencingToken>)> = match guard.scope() {
@@ -309,7 +309,9 @@ pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: 
     if !stale.is_empty() {
         return Ok(Refusal::Stale(stale));
     }
-    if let (Some(scope), Some(latest)) = (guard.scope(), seen.latest_issued) {
+    // A reserved scope ([locks] names) with no grant yet has issued nothing (latest 0).
+    let latest = guard.scope().and_then(|scope| seen.latest_issued.or_else(|| checks.reserved.latest_without_grant(scope.as_str())));
+    if let (Some(scope), Some(latest)) = (guard.scope(), latest) {
         if !crate::fence::issued(token, Some(latest)) {
             return Ok(Refusal::NotIssued(NotIssued { scope: scope.clone(), presented: token, latest }));
         }
@@ -420,7 +422,7 @@ impl Store {
     /// URL is set, else the embedded SQLite file.
     pub async fn open(settings: &crate::config::Settings) -> anyhow::Result<Self> {
         let url = settings.database.effective_url();
-        let checks = settings.kv.checks();
+        let checks = Checks { reserved: settings.locks.reserved()?, ..settings.kv.checks() };
         let backend = if settings.database.is_sqlite() {
             tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
             Backend::Sqlite(SqliteStore::connect(&settings.database, &url, checks).await?)

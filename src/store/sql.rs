@@ -4,7 +4,7 @@
 //! `sqlite`); `IS NOT DISTINCT FROM`, scalar subqueries and `$n` parameters mean the same on
 //! both.
 
-use crate::fence::{JumpCap, Rule, ScopeRule};
+use crate::fence::{JumpCap, Reserved, Rule, ScopeRule};
 
 /// One of something per accept rule: the statements of a backend are built once for each.
 pub(crate) struct ByRule<T> {
@@ -37,11 +37,12 @@ pub(crate) fn fence_admits(rule: Rule, fence: &str, token: &str) -> String {
 }
 
 /// The checks every fenced statement makes besides the accept rule, fixed by configuration
-/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`).
-#[derive(Debug, Clone, Copy, Default)]
+/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`, `[locks] names`).
+#[derive(Debug, Clone, Default)]
 pub struct Checks {
     pub scopes: ScopeRule,
     pub jump: JumpCap,
+    pub reserved: Reserved,
 }
 
 /// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's
@@ -56,13 +57,37 @@ pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &s
     }
 }
 
-/// The SQL spelling of [`crate::fence::issued`]: `token` is not above the latest grant of the
-/// built-in lock named `scope`, if there is one. Every statement that raises a scope's fence
-/// for a write or a claim is gated by it (lock grants pass it by construction: the grant
-/// updates the lock row first, in the same transaction). Evaluated on the statement's snapshot:
-/// a grant committed after it is not seen, which can only refuse more, never admit more.
-pub(crate) fn sql_issued_check(scope: &str, token: &str) -> String {
-    format!("NOT EXISTS (SELECT 1 FROM fencegate_locks AS issued WHERE issued.name = {scope} AND issued.token < {token})")
+/// The SQL spelling of [`crate::fence::issued`]: if the built-in lock named `scope` has a
+/// (not retired) grant, `token` is within `1..=` its latest one; if it has none, the scope must
+/// not be reserved for the built-in locks (`[locks] names`, [`Reserved`]), whose latest issued
+/// token is 0 until the first grant. Every statement that raises a scope's fence for a write or
+/// a claim is gated by it (lock grants pass it by construction: the grant updates the lock row
+/// first, in the same transaction). Evaluated on the statement's snapshot: a grant committed
+/// after it is not seen, which can only refuse more, never admit more.
+pub(crate) fn sql_issued_check(scope: &str, token: &str, reserved: &Reserved) -> String {
+    format!(
+        "COALESCE((SELECT {token} BETWEEN 1 AND issued.token FROM fencegate_locks AS issued \
+                   WHERE issued.name = {scope} AND NOT issued.retired), NOT {reserved})",
+        reserved = sql_reserved(reserved, scope)
+    )
+}
+
+/// The SQL spelling of [`Reserved::covers`]: `scope` starts with one of the prefixes. They are
+/// literals from the validated configuration ([`Reserved::new`] refuses anything that could end
+/// a string literal); `substr` counts characters on both backends, as `chars().count()` does.
+fn sql_reserved(reserved: &Reserved, scope: &str) -> String {
+    let mut any = Vec::with_capacity(reserved.prefixes().len());
+    for prefix in reserved.prefixes() {
+        if prefix.is_empty() {
+            return "TRUE".to_owned();
+        }
+        any.push(format!("substr({scope}, 1, {}) = '{prefix}'", prefix.chars().count()));
+    }
+    if any.is_empty() {
+        "FALSE".to_owned()
+    } else {
+        format!("({})", any.join(" OR "))
+    }
 }
 
 /// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
@@ -82,7 +107,7 @@ pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String 
 /// explains a refused claim. `$1` the scope; one text for both backends (sqlx binds `$n` on
 /// SQLite too). Decoded by [`super::scope_state_from`].
 pub(crate) const SCOPE_STATE: &str = "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
-                                             (SELECT token FROM fencegate_locks WHERE name = $1)";
+                                             (SELECT token FROM fencegate_locks WHERE name = $1 AND NOT retired)";
 
 
 /// How many migrations have been applied: readiness, on either backend.

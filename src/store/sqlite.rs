@@ -68,13 +68,13 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(rule: Rule, checks: Checks) -> Self {
+    fn new(rule: Rule, checks: &Checks) -> Self {
         let on_conflict = kv_on_conflict();
         let scope_check = sql_scope_check(checks.scopes, "kv.scope", "excluded.scope");
         let key_jump = sql_jump_check(checks.jump, "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = ?1)", "?4");
         let scope_gate = format!(
             "{} AND {}",
-            sql_issued_check("?1", "?2"),
+            sql_issued_check("?1", "?2", &checks.reserved),
             sql_jump_check(checks.jump, "(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = ?1)", "?2")
         );
         // INSERT .. SELECT needs a WHERE before ON CONFLICT (SQLite's parser), gate or not.
@@ -134,7 +134,7 @@ impl SqliteStore {
             .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
         let store = SqliteStore {
             pool,
-            sql: ByRule::build(|rule| Statements::new(rule, checks)).into(),
+            sql: ByRule::build(|rule| Statements::new(rule, &checks)).into(),
             checks,
         };
         if settings.migrate_on_start {
@@ -259,7 +259,7 @@ impl SqliteStore {
         if let Some(scope) = guard.scope() {
             (seen.scope_fence, seen.latest_issued) = self.scope_state(scope).await?;
         }
-        explain_refusal(keys, &seen, guard, self.checks)
+        explain_refusal(keys, &seen, guard, &self.checks)
     }
 
     /// A scope's fence and the latest token granted by the built-in lock of that name.
@@ -351,7 +351,7 @@ impl SqliteStore {
              VALUES (?1, ?2, ?4 + 1, ?6 + ?3, {NOW_TEXT}, ?5)
              ON CONFLICT (name) DO UPDATE SET
                  owner = excluded.owner, actor = excluded.actor, token = max(l.token, ?4) + 1,
-                 expires_at_ms = excluded.expires_at_ms, granted_at = {NOW_TEXT}
+                 expires_at_ms = excluded.expires_at_ms, granted_at = {NOW_TEXT}, retired = 0
              WHERE l.owner IS NULL OR l.expires_at_ms <= ?6
              RETURNING token, {}",
             ms_to_text("expires_at_ms")

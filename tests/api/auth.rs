@@ -692,6 +692,55 @@ async fn jwt_leases_belong_to_their_subject() {
     release(&app, &as_sub("one"), &name, &token).await.expect(200);
 }
 
+/// Actors live in namespaces: a JWT whose `sub` is an API key's name is another actor, and
+/// owns none of that key's leases (found by the third attacker's pass: it renewed and released
+/// them). The audit log names the namespaced actor.
+#[tokio::test]
+async fn a_jwt_subject_named_like_an_api_key_is_another_actor() {
+    let lock: &[&str] = &["lock", "read"];
+    let (app, keys) = spawn_with_keys(&[("locker", lock, &[""], &[])], |s| s.auth.jwt = Some(public_key("rsa_public.pem"))).await;
+    let mut c = claims("locker");
+    c["fencegate"]["rights"] = json!(["lock"]);
+    let jwt = sign(Algorithm::RS256, &rsa_key(), &c);
+    let plain = format!("jobs/{}", unique("lease"));
+    let name = enc(&plain);
+    let token = token_of(&acquire(&app, keys.of("locker"), &name).await.expect(201));
+    forbidden(&renew(&app, &jwt, &name, &token).await, "lock", "lock", &plain);
+    forbidden(&release(&app, &jwt, &name, &token).await, "lock", "lock", &plain);
+    renew(&app, keys.of("locker"), &name, &token).await.expect(200);
+    release(&app, keys.of("locker"), &name, &token).await.expect(200);
+    // And the other way round: the key does not own the JWT subject's lease.
+    let token = token_of(&acquire(&app, &jwt, &name).await.expect(201));
+    forbidden(&release(&app, keys.of("locker"), &name, &token).await, "lock", "lock", &plain);
+    release(&app, &jwt, &name, &token).await.expect(200);
+}
+
+/// An event stream outlives the request that opened it; it ends when its credential expires
+/// (the third attacker's pass saw grants streamed 20 s after the JWT was refused elsewhere).
+#[tokio::test]
+async fn an_event_stream_ends_when_its_credential_expires() {
+    let app = spawn_jwt(public_key("rsa_public.pem")).await;
+    let mut c = claims("watcher");
+    c["fencegate"]["rights"] = json!(["admin"]);
+    // `exp` is past, but within the 60 s leeway: valid for about 3 s more.
+    c["exp"] = json!(now() - 57);
+    let jwt = sign(Algorithm::RS256, &rsa_key(), &c);
+    let started = std::time::Instant::now();
+    let mut response = bearer(app.req(Method::GET, "/v1/admin/events"), &jwt).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut text = String::new();
+    loop {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk()).await;
+        match chunk.expect("the stream was still open 10 s after its credential expired").expect("read the stream") {
+            Some(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            None => break,
+        }
+    }
+    assert!(text.contains("event: expired"), "{text}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(9), "ended after {:?}", started.elapsed());
+    unauthenticated(&get(&app, &jwt, "/v1/admin/overview").await);
+}
+
 /// Set once per process, before any server reads it (tests run on threads of one process).
 fn hs256_secret_var() -> String {
     static VAR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -729,6 +778,6 @@ async fn admin_routes_need_the_admin_right_and_audit_the_actor() {
     app.send(reset(admin)).await.expect(200);
     let audit = app.send(bearer(app.req(Method::GET, "/v1/admin/audit"), admin)).await.expect(200);
     assert_eq!(audit["entries"].as_array().unwrap().len(), 1, "only the admin's reset happened: {audit}");
-    assert_eq!(audit["entries"][0]["actor"], json!("admin"), "{audit}");
+    assert_eq!(audit["entries"][0]["actor"], json!("key:admin"), "{audit}");
     put(&app, writer, "k", "6").await.expect(200);
 }

@@ -361,6 +361,24 @@ async fn on_loopback_without_auth_only_loopback_host_headers_are_served() {
     }
 }
 
+/// Two `Host` headers (RFC 9112 3.2: 400): the rebinding check must not read only the first,
+/// with or without auth, and nothing is written.
+#[tokio::test]
+async fn a_request_with_two_host_headers_is_400() {
+    let app = spawn_app().await;
+    for order in [["localhost", "evil.example"], ["evil.example", "localhost"], ["localhost", "localhost"]] {
+        let mut stream = connect(&app).await;
+        let body = "1";
+        let request = format!(
+            "PUT /v1/kv/two-hosts HTTP/1.1\r\nHost: {}\r\nHost: {}\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            order[0], order[1], body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        assert_eq!(read_status(&mut stream, Duration::from_secs(5)).await, Some(400), "{order:?}");
+    }
+    app.assert_absent("two-hosts").await;
+}
+
 #[tokio::test]
 async fn cors_headers_only_for_listed_origins() {
     let preflight = |app: &TestApp, origin: &str| {

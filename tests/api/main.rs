@@ -35,6 +35,7 @@ mod poison;
 mod outage;
 mod restart;
 mod scopes;
+mod sources;
 mod sticky;
 mod tables;
 mod tokens;

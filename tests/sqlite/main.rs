@@ -51,6 +51,8 @@ mod poison;
 mod restart;
 #[path = "../api/scopes.rs"]
 mod scopes;
+#[path = "../api/sources.rs"]
+mod sources;
 #[path = "../api/sticky.rs"]
 mod sticky;
 #[path = "../api/tokens.rs"]

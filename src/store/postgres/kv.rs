@@ -40,7 +40,7 @@ impl PgStore {
         let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
         let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
         let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
-        explain_refusal(&[], &seen, &guard, self.checks).map(Err)
+        explain_refusal(&[], &seen, &guard, &self.checks).map(Err)
     }
 
 
@@ -190,7 +190,7 @@ impl PgStore {
             (seen.scope_fence, seen.latest_issued) = scope_state(&mut conn, scope).await?;
             conn.done();
         }
-        explain_refusal(keys, &seen, guard, self.checks)
+        explain_refusal(keys, &seen, guard, &self.checks)
     }
 
     /// Whether reads go through the coalescing reader (`database.coalesce_workers > 0`). Such a

@@ -35,12 +35,12 @@ use crate::{config::DatabaseSettings, fence::Rule};
 /// The statement fencegate runs for an unscoped `PUT /v1/kv/{key}` (`$1` key, `$2` value, `$3`
 /// deleted, `$4` token) and for a lone scoped one (`$5` scope): the load bench runs exactly
 /// these against PostgreSQL directly, to compare like with like.
-pub fn kv_put_sql(rule: Rule, checks: Checks) -> String {
+pub fn kv_put_sql(rule: Rule, checks: &Checks) -> String {
     Statements::new(rule, checks).put_key
 }
 
 /// See [`kv_put_sql`].
-pub fn kv_put_scoped_sql(rule: Rule, checks: Checks) -> String {
+pub fn kv_put_scoped_sql(rule: Rule, checks: &Checks) -> String {
     Statements::new(rule, checks).put_scope
 }
 
@@ -98,7 +98,7 @@ impl PgStore {
                 "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
                  (set DATABASE_URL or --database-url)"
             ))?;
-        let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, checks)));
+        let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
             settings.max_connections,
@@ -152,8 +152,8 @@ impl PgStore {
     }
 
     /// The checks besides the accept rule, which the legacy-table statements follow too.
-    pub(in crate::store) fn checks(&self) -> Checks {
-        self.checks
+    pub(in crate::store) fn checks(&self) -> &Checks {
+        &self.checks
     }
 
     fn statements(&self, rule: Rule) -> &Statements {

@@ -68,15 +68,15 @@ fn scope_claim_rows(rule: Rule, jump: JumpCap, rows: &str, returning: &str) -> S
 /// The poisoning guards of a write or claim under scope `scope` with token `token`: a token
 /// the built-in lock of that name never issued, or one that jumps too far past the fence, may
 /// not raise it.
-fn scope_gate(checks: Checks, scope: &str, token: &str) -> String {
+fn scope_gate(checks: &Checks, scope: &str, token: &str) -> String {
     let fence = format!("(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = {scope})");
-    format!("{} AND {}", sql_issued_check(scope, token), sql_jump_check(checks.jump, &fence, token))
+    format!("{} AND {}", sql_issued_check(scope, token, &checks.reserved), sql_jump_check(checks.jump, &fence, token))
 }
 
 /// The one-scope claim, `$1` scope and `$2` token unless the caller's statement numbers them
 /// otherwise; returns the fence's version. `gated`: false only for a lock grant (which issues
 /// the token itself, one step at a time, so neither guard applies).
-fn scope_claim(rule: Rule, checks: Checks, scope: &str, token: &str, gated: bool) -> String {
+fn scope_claim(rule: Rule, checks: &Checks, scope: &str, token: &str, gated: bool) -> String {
     let gate = if gated { scope_gate(checks, scope, token) } else { "TRUE".to_owned() };
     let jump = if gated { checks.jump } else { JumpCap(0) };
     scope_claim_rows(rule, jump, &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"), "version")
@@ -140,17 +140,17 @@ fn kv_unbound(scopes: ScopeRule, key_expr: &str, scope_expr: &str) -> String {
 
 /// What a scoped kv write must pass before its autocommit statement may claim the scope: the
 /// key is not bound to another scope, and the poisoning guards admit the token.
-fn write_claim_gate(checks: Checks, key: &str, scope: &str, token: &str) -> String {
+fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> String {
     format!("{} AND {}", kv_unbound(checks.scopes, key, scope), scope_gate(checks, scope, token))
 }
 
 /// The jump cap of an unscoped write of `key` with `token`, against the key's own fence.
-fn kv_jump(checks: Checks, key: &str, token: &str) -> String {
+fn kv_jump(checks: &Checks, key: &str, token: &str) -> String {
     sql_jump_check(checks.jump, &format!("(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = {key})"), token)
 }
 
 impl Statements {
-    pub fn new(rule: Rule, checks: Checks) -> Self {
+    pub fn new(rule: Rule, checks: &Checks) -> Self {
         let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
         let scope_check = kv_scope_check(checks.scopes);
         // The jump cap again on the row as locked (see `scope_claim_rows`).
@@ -216,7 +216,7 @@ impl Statements {
 /// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
 /// coalescer (per-row outcomes) and by unscoped batches (in a transaction, all or nothing).
 /// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
-fn upsert_rows(rule: Rule, checks: Checks) -> String {
+fn upsert_rows(rule: Rule, checks: &Checks) -> String {
     let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
     let scope_check = kv_scope_check(checks.scopes);
     let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
@@ -243,7 +243,7 @@ fn upsert_rows(rule: Rule, checks: Checks) -> String {
 /// A scope is claimed only for writes whose keys are not bound to another scope
 /// ([`kv_unbound`]): a round whose every write under a scope is refused for its scope leaves
 /// that fence alone.
-fn upsert_scoped_rows(rule: Rule, checks: Checks) -> String {
+fn upsert_scoped_rows(rule: Rule, checks: &Checks) -> String {
     format!(
         "WITH w AS (
              SELECT * FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
@@ -279,7 +279,8 @@ pub(super) const ACQUIRE: &str = concat!("
         actor = EXCLUDED.actor,
         token = GREATEST(l.token, $4) + 1,
         expires_at = EXCLUDED.expires_at,
-        granted_at = EXCLUDED.granted_at
+        granted_at = EXCLUDED.granted_at,
+        retired = false
     WHERE l.owner IS NULL OR l.expires_at <= to_timestamp($6 / 1000000.0)
     RETURNING token, ", utc!("expires_at"));
 

@@ -108,7 +108,7 @@ pub(super) async fn fence_row(
     key: &CanonicalKey,
     guard: &Guard,
     deletes: bool,
-    checks: Checks,
+    checks: &Checks,
 ) -> Result<Result<bool, Refusal>, TableError> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
     let jump = |current: FencingToken| Jump { fenced: fenced(), presented: guard.token, current, max_jump: checks.jump.0 };

@@ -66,7 +66,7 @@ impl Sql<'_> {
 /// to a scope (sticky scope); no row back = refused. On conflict the ledger row is locked
 /// whether or not the `WHERE` admits the write.
 /// The row to insert exists only if the jump cap admits the token against the row's fence.
-pub(super) fn ledger_sql(rule: Rule, checks: Checks) -> String {
+pub(super) fn ledger_sql(rule: Rule, checks: &Checks) -> String {
     format!(
         "INSERT INTO fencegate_ledger AS l (relation, key, fence, token, scope)
          SELECT $1::text, $2::text, $3::int8, $3::int8, NULL::text WHERE {jump}
