@@ -70,7 +70,7 @@ impl Edge {
         body_read(&parts.extensions);
         let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(self.body_timeout))??;
         if !bytes.is_empty() {
-            check_numbers(&bytes, self.max_number_digits).map_err(ApiError::InvalidJson)?;
+            check_numbers(&bytes, self.max_number_digits, self.body_limit).map_err(ApiError::InvalidJson)?;
         }
         parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         Ok((Request::from_parts(parts, Body::from(bytes)), permit))
@@ -201,12 +201,18 @@ fn is_loopback_host(host: &str) -> bool {
     bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Refuses a JSON text holding a number whose decimal expansion is longer than `max` digits.
+/// Refuses a JSON text holding a number whose decimal expansion is longer than `max` digits,
+/// or whose numbers all together would read back more than `max_growth` bytes longer than they
+/// were sent: PostgreSQL's jsonb spells every number out, so 174,000 copies of the 5-byte
+/// `1e999` (each within `max`) are a 1 MiB request that reads back as 174 MB. With
+/// `max_growth` = the body limit, no stored value reads back larger than twice what a client
+/// may send.
 ///
 /// A lexer, not a parser: it finds numbers outside strings and measures each from its mantissa
 /// and exponent without expanding it. Invalid JSON gets whatever answer (the parser refuses it
 /// next anyway).
-pub fn check_numbers(json: &[u8], max: usize) -> Result<(), String> {
+pub fn check_numbers(json: &[u8], max: usize, max_growth: usize) -> Result<(), String> {
+    let mut grown: u128 = 0;
     let mut i = 0;
     let mut in_string = false;
     while i < json.len() {
@@ -237,6 +243,14 @@ pub fn check_numbers(json: &[u8], max: usize) -> Result<(), String> {
                     return Err(format!(
                         "the number {shown}{} would be {digits} digits long; at most {max} are allowed (kv.max_number_digits)",
                         if text.len() > 40 { "…" } else { "" }
+                    ));
+                }
+                grown += digits.saturating_sub(text.len() as u128);
+                if grown > max_growth as u128 {
+                    return Err(format!(
+                        "the numbers in this value would read back more than {max_growth} bytes longer than they were sent \
+                         (stored numbers are spelled out in full: 1e999 is 1000 digits); at most server.body_limit_bytes \
+                         of growth is allowed: send such numbers as strings"
                     ));
                 }
             }
@@ -317,12 +331,23 @@ mod tests {
 
     #[test]
     fn numbers_inside_strings_and_keys_are_not_numbers() {
-        assert!(check_numbers(br#"{"1e999999": "1e999999 \" 1e999999"}"#, 10).is_ok());
-        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e10}]}"#, 11).is_ok());
-        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e11}]}"#, 11).is_err());
-        assert!(check_numbers(br#"["\\", 1e999999]"#, 1000).is_err());
-        assert!(check_numbers(b"1e999", 1000).is_ok());
-        assert!(check_numbers(b"1e1000", 1000).is_err());
+        assert!(check_numbers(br#"{"1e999999": "1e999999 \" 1e999999"}"#, 10, 0).is_ok());
+        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e10}]}"#, 11, 100).is_ok());
+        assert!(check_numbers(br#"{"a": [1, 2.5, -3e2, {"b": 1e11}]}"#, 11, 100).is_err());
+        assert!(check_numbers(br#"["\\", 1e999999]"#, 1000, usize::MAX).is_err());
+        assert!(check_numbers(b"1e999", 1000, 995).is_ok());
+        assert!(check_numbers(b"1e1000", 1000, usize::MAX).is_err());
+    }
+
+    #[test]
+    fn numbers_may_not_grow_past_the_budget_all_together() {
+        // Each within the digit limit; together they grow by 995 bytes each.
+        let many = format!("[{}]", vec!["1e999"; 100].join(","));
+        assert!(check_numbers(many.as_bytes(), 1000, 995 * 100).is_ok());
+        assert!(check_numbers(many.as_bytes(), 1000, 995 * 100 - 1).is_err());
+        // Numbers that read back as sent (or shorter) cost nothing.
+        let plain = format!("[{}]", vec!["123456789"; 1000].join(","));
+        assert!(check_numbers(plain.as_bytes(), 1000, 0).is_ok());
     }
 
     #[test]

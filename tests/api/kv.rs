@@ -414,3 +414,28 @@ async fn a_value_the_database_refuses_is_400_alone_and_amid_coalesced_neighbours
         }
     }
 }
+
+/// Numbers each within `kv.max_number_digits` that all together read back far larger than they
+/// were sent (the third attacker's pass: 1 MiB of `1e999` read back as 174 MB, and eight such
+/// reads at once aborted the process): 400 at write time, on every backend, nothing stored.
+#[tokio::test]
+async fn a_value_that_would_read_back_far_larger_than_it_was_sent_is_400() {
+    let app = spawn_app_with(|s| s.server.body_limit_bytes = 64 * 1024).await;
+    let put_raw = |key: &str, raw: String| {
+        app.req(Method::PUT, &kv(key)).header(TOKEN, "1").header("content-type", "application/json").body(raw)
+    };
+    // 66 × 995 bytes of growth > 64 KiB, from a 400-byte body.
+    let numbers = |n: usize| format!("[{}]", vec!["1e999"; n].join(","));
+    let body = app.send(put_raw("amp", numbers(66))).await.problem(400, "invalid-json");
+    assert!(body["detail"].as_str().unwrap().contains("read back"), "{body}");
+    app.assert_absent("amp").await;
+    let batch = format!(r#"{{"ops":[{{"op":"put","key":"amp","value":{}}}]}}"#, numbers(66));
+    let r = app.send(app.req(Method::POST, "/v1/batch").header(TOKEN, "1").header("content-type", "application/json").body(batch));
+    r.await.problem(400, "invalid-json");
+    app.assert_absent("amp").await;
+    // Up to the budget it is stored, and reads back within body limit + growth budget.
+    app.send(put_raw("ok", numbers(65))).await.expect(201);
+    let got = app.kv_get("ok").await;
+    got.expect(200);
+    assert!(got.text.len() < 2 * 64 * 1024, "read back {} bytes", got.text.len());
+}
