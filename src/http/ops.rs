@@ -26,7 +26,11 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Ready to take writes: the database answers and is fully migrated.
+/// How long `/readyz` waits for the database before answering 503.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// Ready to take writes: the database answers within [`READY_WITHIN`], is a writable primary,
+/// fully migrated, and refused no write for lack of resources lately.
 #[utoipa::path(
     operation_id = "readyz",
     get,
@@ -36,7 +40,12 @@ pub async fn healthz() -> Json<serde_json::Value> {
     responses((status = 200, description = "The database answers and is migrated", body = body::Status), doc::Readiness)
 )]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store.ready().await {
+    // A probe usually gives up after 1 s: a database that does not answer in time (frozen, or
+    // every connection busy) is a 503 that says so, never a probe timeout.
+    let ready = tokio::time::timeout(READY_WITHIN, state.store.ready()).await.unwrap_or_else(|_| {
+        Err(StoreError::NotReady(format!("the database did not answer within {} ms", READY_WITHIN.as_millis())))
+    });
+    match ready {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(err) => {
             tracing::warn!(error = %err, "not ready");

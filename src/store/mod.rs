@@ -9,6 +9,7 @@ mod catalog;
 pub mod overview;
 mod sql;
 mod postgres;
+mod pressure;
 mod replication;
 mod sqlite;
 mod tables;
@@ -46,6 +47,8 @@ enum Backend {
 pub struct Store {
     backend: Backend,
     high_water: Arc<HighWater>,
+    /// Writes refused for lack of resources lately (a full disk): readiness says so.
+    pressure: Arc<pressure::Pressure>,
 }
 
 /// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
@@ -429,10 +432,19 @@ impl Store {
         } else {
             Backend::Postgres(PgStore::connect(&settings.database, &url, checks).await?)
         };
-        Ok(Store { backend, high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)) })
+        Ok(Store {
+            backend,
+            high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)),
+            pressure: Arc::default(),
+        })
     }
 
+    /// Ready to take writes: reachable, primary, writable, migrated, and no write refused for
+    /// lack of resources lately ([`pressure`]).
     pub async fn ready(&self) -> Result<(), StoreError> {
+        if let Some(why) = self.pressure.recent() {
+            return Err(StoreError::NotReady(why));
+        }
         detached!(self, b => b.ready().await)
     }
 
@@ -451,12 +463,14 @@ impl Store {
             // A coalesced write needs no task of its own: the coalescer's worker owns the
             // statement (and any transaction) and finishes it whether or not this request is
             // still waiting. Skipping the extra task saves a cross-thread hop per write.
-            Backend::Postgres(pg) if pg.coalesces() => pg.write(write, guard).await?,
+            Backend::Postgres(pg) if pg.coalesces() => pg.write(write, guard).await,
             _ => {
                 let owned_guard = guard.clone();
-                detached!(self, b => b.write(write, &owned_guard).await)?
+                detached!(self, b => b.write(write, &owned_guard).await)
             }
         };
+        self.pressure.observe(&outcome);
+        let outcome = outcome?;
         self.learn(since, &outcome, &fence, guard.token);
         Ok(outcome)
     }
@@ -466,7 +480,9 @@ impl Store {
     pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
         let since = self.high_water.epoch();
         let (owned_writes, owned_guard) = (writes.to_vec(), guard.clone());
-        let outcome = detached!(self, b => b.batch(&owned_writes, &owned_guard).await)?;
+        let outcome = detached!(self, b => b.batch(&owned_writes, &owned_guard).await);
+        self.pressure.observe(&outcome);
+        let outcome = outcome?;
         match &outcome {
             Outcome::Accepted(written) => {
                 for w in written {
@@ -516,7 +532,9 @@ impl Store {
             return Ok(Outcome::Stale(vec![stale]));
         }
         let owned_scope = scope.clone();
-        let outcome = detached!(self, b => b.claim(&owned_scope, token).await)?;
+        let outcome = detached!(self, b => b.claim(&owned_scope, token).await);
+        self.pressure.observe(&outcome);
+        let outcome = outcome?;
         self.learn(since, &outcome, &fence, token);
         Ok(outcome)
     }

@@ -128,3 +128,66 @@ async fn wait_ready(app: &TestApp, what: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A frozen database (bytes stop flowing; nothing fails): `/readyz` still answers within a
+/// probe's usual 1 s, 503 saying why, instead of hanging for the acquire timeout.
+#[tokio::test]
+async fn readiness_answers_within_a_second_when_the_database_is_frozen() {
+    let db = pg::fresh_database().await;
+    let upstream = tokio::net::lookup_host(host_port(&db)).await.unwrap().next().unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let app = spawn_app_on(with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)), |s| s.database.acquire_timeout_ms = 5000).await;
+    app.get("/readyz").await.expect(200);
+    proxy.stall();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let ready = app.get("/readyz").await;
+        let took = started.elapsed();
+        let body = ready.problem(503, "unavailable");
+        assert!(took < Duration::from_millis(1000), "/readyz took {took:?}");
+        assert!(body["detail"].as_str().unwrap().contains("did not answer"), "{body}");
+    }
+    proxy.heal();
+    wait_ready(&app, "the database thawed").await;
+}
+
+/// A database that refuses writes for lack of resources (here a legacy table's trigger answers
+/// SQLSTATE 53100 disk_full, as PostgreSQL does when it cannot extend a file): writes are 503,
+/// and `/readyz` says so for a while, naming the refusal, until a write is taken again.
+#[tokio::test]
+async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
+    use sqlx::Connection;
+    let db = pg::fresh_database().await;
+    let mut conn = sqlx::PgConnection::connect(&db).await.unwrap();
+    for sql in [
+        "CREATE TABLE notes (id int PRIMARY KEY, body text)",
+        "CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           RAISE EXCEPTION 'could not extend file \"base/1/2\": No space left on device' USING ERRCODE = 'disk_full'; END $$",
+        "CREATE TRIGGER full_disk BEFORE INSERT OR UPDATE ON notes FOR EACH ROW EXECUTE FUNCTION full_disk()",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+    let app = spawn_app_on(db.clone(), |s| {
+        s.resources = vec![fencegate::tables::ResourceSettings {
+            name: "notes".into(),
+            table: "notes".into(),
+            key: vec!["id".into()],
+            fence: fencegate::tables::FenceMode::Ledger,
+            fence_column: None,
+            strict: false,
+            scope: None,
+        }]
+    })
+    .await;
+    app.get("/readyz").await.expect(200);
+    let put = || app.req(reqwest::Method::PUT, "/v1/tables/notes/1").header(crate::helpers::TOKEN, "1").json(&json!({"body": "x"}));
+    let refused = app.send(put()).await;
+    refused.problem(503, "unavailable");
+    let ready = app.get("/readyz").await;
+    let body = ready.problem(503, "unavailable");
+    assert!(body["detail"].as_str().unwrap().contains("53100"), "{body}");
+    // Space is back: the next write is taken, and readiness follows at once.
+    sqlx::query("DROP TRIGGER full_disk ON notes").execute(&mut conn).await.unwrap();
+    app.send(put()).await.expect(201);
+    app.get("/readyz").await.expect(200);
+}

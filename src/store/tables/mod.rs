@@ -104,7 +104,9 @@ impl Store {
     pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
         let pg = self.postgres()?;
         let (op, guard) = (op.clone(), guard.clone());
-        run_detached(async move { pg.table_write(&op, &guard).await }).await
+        let written = run_detached(async move { pg.table_write(&op, &guard).await }).await;
+        self.pressure.observe(&written);
+        written
     }
 
     /// Applies every kv write and table op or none, under one token. A refused row names
@@ -114,7 +116,9 @@ impl Store {
     pub async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
         let pg = self.postgres()?;
         let (ops, guard) = (ops.to_vec(), guard.clone());
-        run_detached(async move { pg.batch_tables(&ops, &guard).await }).await
+        let written = run_detached(async move { pg.batch_tables(&ops, &guard).await }).await;
+        self.pressure.observe(&written);
+        written
     }
 
     pub async fn table_get(&self, resource: &Arc<Resource>, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
