@@ -10,7 +10,9 @@
 //! Subscribers read from one `tokio::sync::broadcast` channel of [`CHANNEL_CAPACITY`] events:
 //! memory is bounded whatever the subscribers do. One that falls further behind than that is
 //! told so and dropped (its stream ends); it never holds events for itself. At most
-//! [`MAX_SUBSCRIBERS`] streams are open at once.
+//! [`MAX_SUBSCRIBERS`] streams are open at once: a new one evicts the slowest reader (the one
+//! that took its last event longest ago, the oldest among equals), so readers that never read
+//! cannot lock the console out.
 //!
 //! Events are per process: with several processes in front of one database, each one's stream
 //! shows the writes it served. Locks and fences in the overview come from the database.
@@ -18,7 +20,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::{SystemTime, UNIX_EPOCH},
@@ -31,7 +33,7 @@ use crate::fence::{Fenced, FencingToken, Jump, NotIssued, ScopeMismatch, Stale};
 
 /// Events buffered for subscribers; one that lags further is dropped.
 pub const CHANNEL_CAPACITY: usize = 1024;
-/// Open event streams at once (a console tab holds one); more are refused with 503.
+/// Open event streams at once (a console tab holds one); a new one evicts the slowest.
 pub const MAX_SUBSCRIBERS: usize = 64;
 /// Refused writes kept for the overview, newest first.
 pub const REFUSALS_KEPT: usize = 50;
@@ -210,7 +212,8 @@ pub struct Events(Arc<Inner>);
 struct Inner {
     sender: broadcast::Sender<Arc<Event>>,
     next_id: AtomicU64,
-    subscribers: AtomicUsize,
+    /// The open streams, oldest first.
+    open: Mutex<Vec<Arc<Slot>>>,
     refusals: Mutex<VecDeque<Arc<Event>>>,
     rate: Rate,
     totals: Totals,
@@ -255,7 +258,7 @@ impl Events {
         Events(Arc::new(Inner {
             sender,
             next_id: AtomicU64::new(1),
-            subscribers: AtomicUsize::new(0),
+            open: Mutex::new(Vec::with_capacity(MAX_SUBSCRIBERS)),
             refusals: Mutex::new(VecDeque::with_capacity(REFUSALS_KEPT)),
             rate: Rate::new(),
             totals: Totals::default(),
@@ -322,7 +325,7 @@ impl Events {
             jump,
             scope_mismatch,
             bad_proof,
-            subscribers: self.0.subscribers.load(Ordering::Relaxed),
+            subscribers: self.0.open.lock().unwrap_or_else(|p| p.into_inner()).len(),
         }
     }
 
@@ -339,13 +342,30 @@ impl Events {
         self.0.rate.second(second)
     }
 
-    /// A new subscriber, or `None` when [`MAX_SUBSCRIBERS`] are open already.
-    pub fn subscribe(&self) -> Option<Subscription> {
+    /// A new subscriber. When [`MAX_SUBSCRIBERS`] are open already, the slowest reader among
+    /// them is evicted to make room: its stream ends (with `dropped`) when next polled, and it
+    /// stops counting at once, whether or not its client ever reads again.
+    pub fn subscribe(&self) -> Subscription {
+        static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
         let inner = &self.0;
-        let taken =
-            inner.subscribers.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_SUBSCRIBERS).then_some(n + 1));
-        taken.ok()?;
-        Some(Subscription { receiver: inner.sender.subscribe(), closed: inner.closed.subscribe(), events: self.clone() })
+        let slot = Arc::new(Slot {
+            id: NEXT_SLOT.fetch_add(1, Ordering::Relaxed),
+            last_read: AtomicU64::new(now_secs()),
+            evicted: std::sync::atomic::AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        });
+        let mut open = inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= MAX_SUBSCRIBERS {
+            let slowest = (0..open.len())
+                .min_by_key(|&i| (open[i].last_read.load(Ordering::Relaxed), open[i].id))
+                .expect("the list is full");
+            let evicted = open.remove(slowest);
+            evicted.evicted.store(true, Ordering::Release);
+            evicted.wake.notify_one();
+        }
+        open.push(slot.clone());
+        drop(open);
+        Subscription { receiver: inner.sender.subscribe(), closed: inner.closed.subscribe(), events: self.clone(), slot }
     }
 
     /// Ends every stream (shutdown): each ends when it is next polled, and its connection,
@@ -356,11 +376,22 @@ impl Events {
 }
 
 /// One subscriber's view of the bus; counted until dropped (the client went away, lagged, or
-/// the server shut down).
+/// the server shut down) or evicted.
 pub struct Subscription {
     receiver: broadcast::Receiver<Arc<Event>>,
     closed: watch::Receiver<bool>,
     events: Events,
+    slot: Arc<Slot>,
+}
+
+/// An open stream, as the eviction sees it.
+struct Slot {
+    id: u64,
+    /// The second the stream last asked for its next event: a stream whose client does not
+    /// read stops asking once its socket is full.
+    last_read: AtomicU64,
+    evicted: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
 }
 
 /// What a subscriber gets next.
@@ -373,6 +404,9 @@ pub enum Next {
     },
     /// Shutdown: the stream ends.
     Closed,
+    /// More streams were wanted than [`MAX_SUBSCRIBERS`], and this was the slowest reader: the
+    /// stream ends after telling the client.
+    Evicted,
 }
 
 impl Subscription {
@@ -380,7 +414,12 @@ impl Subscription {
         if *self.closed.borrow() {
             return Next::Closed;
         }
+        self.slot.last_read.store(now_secs(), Ordering::Relaxed);
+        if self.slot.evicted.load(Ordering::Acquire) {
+            return Next::Evicted;
+        }
         tokio::select! {
+            () = self.slot.wake.notified() => Next::Evicted,
             received = self.receiver.recv() => match received {
                 Ok(event) => Next::Event(event),
                 Err(broadcast::error::RecvError::Lagged(skipped)) => Next::Lagged { skipped },
@@ -397,7 +436,8 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.events.0.subscribers.fetch_sub(1, Ordering::AcqRel);
+        let mut open = self.events.0.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|slot| slot.id != self.slot.id);
     }
 }
 
@@ -509,8 +549,8 @@ mod tests {
     #[tokio::test]
     async fn a_subscriber_that_falls_behind_is_told_and_holds_nothing() {
         let events = Events::new();
-        let mut slow = events.subscribe().unwrap();
-        let mut fast = events.subscribe().unwrap();
+        let mut slow = events.subscribe();
+        let mut fast = events.subscribe();
         assert_eq!(events.counters().subscribers, 2);
         for i in 0..CHANNEL_CAPACITY + 10 {
             events.refused(stale(&format!("k{i}")), "put");
@@ -527,20 +567,32 @@ mod tests {
         assert!(matches!(fast.next().await, Next::Closed));
     }
 
-    #[test]
-    fn subscribers_are_capped() {
+    #[tokio::test]
+    async fn a_new_subscriber_past_the_cap_evicts_the_slowest_reader() {
         let events = Events::new();
-        let held: Vec<_> = (0..MAX_SUBSCRIBERS).map(|_| events.subscribe().unwrap()).collect();
-        assert!(events.subscribe().is_none());
+        let mut held: Vec<_> = (0..MAX_SUBSCRIBERS).map(|_| events.subscribe()).collect();
+        // The third read last long ago; the others just now.
+        held[2].slot.last_read.store(now_secs() - 30, Ordering::Relaxed);
+        let _newest = events.subscribe();
+        assert_eq!(events.counters().subscribers, MAX_SUBSCRIBERS, "one in, one out");
+        assert!(matches!(held[2].next().await, Next::Evicted));
+        // Among equals, the oldest goes: held[0].
+        let _another = events.subscribe();
+        assert!(matches!(held[0].next().await, Next::Evicted));
+        assert_eq!(events.counters().subscribers, MAX_SUBSCRIBERS);
+        // Dropping an evicted subscription does not count it out twice.
+        drop(held.remove(2));
+        drop(held.remove(0));
+        assert_eq!(events.counters().subscribers, MAX_SUBSCRIBERS);
         drop(held);
-        assert!(events.subscribe().is_some());
+        assert_eq!(events.counters().subscribers, 2);
     }
 
     #[test]
     fn nothing_is_built_for_nobody() {
         let events = Events::new();
         events.publish(|| panic!("built with no subscriber"));
-        let _s = events.subscribe().unwrap();
+        let _s = events.subscribe();
         let mut built = false;
         events.publish(|| {
             built = true;

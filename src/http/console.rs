@@ -68,9 +68,7 @@ pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Res
 )]
 pub async fn events(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
     check_admin(&actor)?;
-    let Some(subscription) = state.events.subscribe() else {
-        return Err(ApiError::TooManyStreams(crate::events::MAX_SUBSCRIBERS));
-    };
+    let subscription = state.events.subscribe();
     // A stream outlives the request that opened it: it ends when its credential expires, as a
     // new request with that credential would be refused then.
     let ends = actor.expires_at().map(|exp| {
@@ -121,6 +119,11 @@ fn stream_of(subscription: Subscription, ends: Option<tokio::time::Instant>) -> 
                     Next::Lagged { skipped } => {
                         let data = json!({"type": "dropped", "skipped": skipped,
                             "detail": "this stream fell too far behind and is closed; reconnect and read the overview again"});
+                        return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                    }
+                    Next::Evicted => {
+                        let data = json!({"type": "dropped", "skipped": 0,
+                            "detail": "more event streams were opened than this server keeps, and this one read slowest: it is closed; reconnect when needed"});
                         return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
                     }
                     Next::Closed => return None,

@@ -181,9 +181,6 @@ pub enum ApiError {
     Timeout,
     #[error("too many requests in flight")]
     Overloaded,
-    /// `GET /v1/admin/events` while the most streams a process serves are open.
-    #[error("{0} event streams are open already, the most one process serves (events::MAX_SUBSCRIBERS); close a console tab or retry later")]
-    TooManyStreams(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
@@ -267,7 +264,6 @@ impl ApiError {
             LockLost { .. } => kinds::LOCK_LOST,
             Unauthenticated(_) => kinds::UNAUTHENTICATED,
             Forbidden { .. } | ForeignLease(_) => kinds::FORBIDDEN,
-            TooManyStreams(_) => kinds::UNAVAILABLE,
             Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) | Store(StoreError::NotReady(_)) => kinds::UNAVAILABLE,
             Store(_) | Internal(_) => kinds::INTERNAL,
         }

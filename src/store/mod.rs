@@ -49,6 +49,8 @@ pub struct Store {
     high_water: Arc<HighWater>,
     /// Writes refused for lack of resources lately (a full disk): readiness says so.
     pressure: Arc<pressure::Pressure>,
+    /// The console's overview, bounded in cost (`overview`).
+    overview: Arc<overview::Latest>,
 }
 
 /// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
@@ -436,6 +438,7 @@ impl Store {
             backend,
             high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)),
             pressure: Arc::default(),
+            overview: Arc::default(),
         })
     }
 
