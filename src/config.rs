@@ -230,6 +230,9 @@ pub struct DatabaseSettings {
     pub coalesce_workers: usize,
     /// Most writes combined into one statement.
     pub coalesce_max_rows: usize,
+    /// PostgreSQL: the schema holding every table of fencegate's, its migration history
+    /// included (created if missing; nothing is created in `public`).
+    pub schema: String,
 }
 
 impl DatabaseSettings {
@@ -258,6 +261,7 @@ impl Default for DatabaseSettings {
             migrate_on_start: true,
             coalesce_workers: 4,
             coalesce_max_rows: 128,
+            schema: "fencegate".into(),
         }
     }
 }
@@ -275,8 +279,25 @@ impl fmt::Debug for DatabaseSettings {
             .field("migrate_on_start", &self.migrate_on_start)
             .field("coalesce_workers", &self.coalesce_workers)
             .field("coalesce_max_rows", &self.coalesce_max_rows)
+            .field("schema", &self.schema)
             .finish()
     }
+}
+
+/// Checks a schema name from the configuration: a plain lower-case identifier (it is written
+/// into `search_path` and DDL unquoted), not a system schema.
+fn validate_schema(schema: &str) -> Result<(), String> {
+    let mut chars = schema.chars();
+    let plain = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && schema.len() <= 63;
+    if !plain {
+        return Err(format!("database.schema {schema:?} must be a lower-case identifier: a-z, 0-9 and _, at most 63 bytes"));
+    }
+    if schema.starts_with("pg_") || schema == "information_schema" {
+        return Err(format!("database.schema {schema:?} is a system schema"));
+    }
+    Ok(())
 }
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
@@ -475,6 +496,7 @@ impl Settings {
             bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
                 self.database.coalesce_workers, self.database.max_connections);
         }
+        validate_schema(&self.database.schema).map_err(|e| anyhow::anyhow!(e))?;
         if self.database.coalesce_max_rows == 0 {
             bail!("database.coalesce_max_rows must be at least 1");
         }
@@ -589,6 +611,16 @@ mod tests {
 
     fn no_env(_: &str) -> Option<String> {
         None
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for ok in ["fencegate", "fg_2", "_x", "public"] {
+            assert!(validate_schema(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Fencegate", "fence-gate", "a;drop", "pg_catalog", "information_schema", "1x", &"x".repeat(64)] {
+            assert!(validate_schema(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

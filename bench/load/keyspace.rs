@@ -57,7 +57,7 @@ pub struct Size {
 struct Sizes {
     /// pg_database_size of the bench database (the kv table, the other tables, the catalog).
     database: i64,
-    /// pg_total_relation_size('fencegate_kv'): heap, TOAST and the primary key index.
+    /// pg_total_relation_size('fencegate.fencegate_kv'): heap, TOAST and the primary key index.
     table: i64,
     heap: i64,
     index: i64,
@@ -65,8 +65,8 @@ struct Sizes {
 
 async fn sizes(db: &mut PgConnection) -> Result<Sizes> {
     let row = sqlx::query(
-        "SELECT pg_database_size(current_database()), pg_total_relation_size('fencegate_kv'),
-                pg_relation_size('fencegate_kv'), pg_indexes_size('fencegate_kv')",
+        "SELECT pg_database_size(current_database()), pg_total_relation_size('fencegate.fencegate_kv'),
+                pg_relation_size('fencegate.fencegate_kv'), pg_indexes_size('fencegate.fencegate_kv')",
     )
     .fetch_one(&mut *db)
     .await?;
@@ -100,7 +100,7 @@ async fn counters(db: &mut PgConnection) -> Result<Counters> {
     let row = sqlx::query(
         "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8, b.buffers_alloc, t.n_tup_upd, t.n_tup_hot_upd
          FROM pg_stat_bgwriter AS b, pg_stat_user_tables AS t
-         WHERE t.relid = 'fencegate_kv'::regclass",
+         WHERE t.relid = 'fencegate.fencegate_kv'::regclass",
     )
     .fetch_one(&mut *db)
     .await?;
@@ -160,9 +160,9 @@ async fn load(db: &mut PgConnection, admin: &mut PgConnection, live: u64) -> Res
     let total = live + live / 10;
     let base = TOKENS.next() - total as i64 - 1;
     let started = Instant::now();
-    sqlx::raw_sql("TRUNCATE fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("TRUNCATE fencegate.fencegate_kv").execute(&mut *db).await?;
     sqlx::query(
-        "INSERT INTO fencegate_kv (key, value, deleted, key_fence, fence_token, scope, version)
+        "INSERT INTO fencegate.fencegate_kv (key, value, deleted, key_fence, fence_token, scope, version)
          SELECT g::text, CASE WHEN g <= $1 THEN $3::jsonb END, g > $1, $4 + g, $4 + g, NULL,
                 CASE WHEN g <= $1 THEN 1 ELSE 2 END
          FROM generate_series(1, $2::int8) AS g
@@ -177,7 +177,7 @@ async fn load(db: &mut PgConnection, admin: &mut PgConnection, live: u64) -> Res
     .with_context(|| format!("loading {live} keys and {} tombstones", live / 10))?;
     let insert = started.elapsed();
     let started = Instant::now();
-    sqlx::raw_sql("VACUUM ANALYZE fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("VACUUM ANALYZE fencegate.fencegate_kv").execute(&mut *db).await?;
     // Superuser (or pg_checkpoint) only; without it the runs start with the load's dirty pages.
     let _ = sqlx::raw_sql("CHECKPOINT").execute(&mut *admin).await;
     Ok((insert, started.elapsed()))

@@ -123,8 +123,8 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     // The very statement fencegate runs for an unscoped PUT (kv.strict = false).
     // The checks of fencegate's configuration for this run (BENCH_TRUST: sticky scope, jump cap).
     let checks = server::kv_settings().checks();
-    let put_key = fencegate::store::kv_put_sql(fencegate::fence::Rule::Inclusive, checks.clone());
-    let put_scoped = fencegate::store::kv_put_scoped_sql(fencegate::fence::Rule::Inclusive, checks);
+    let put_key = fencegate::store::kv_put_sql(fencegate::fence::Rule::Inclusive, &checks);
+    let put_scoped = fencegate::store::kv_put_scoped_sql(fencegate::fence::Rule::Inclusive, &checks);
     let scripts = pgbench_scripts(&put_key, &put_scoped, &s.out_dir)?;
 
     println!("fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s", s.step.as_secs(), s.warmup.as_secs_f64(), s.soak.as_secs());

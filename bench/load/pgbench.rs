@@ -137,6 +137,8 @@ pub async fn pgbench_step(
             .arg("-f")
             .arg(script)
             .arg(db_url)
+            // fencegate's tables are in its own schema; the statements name them unqualified.
+            .env("PGOPTIONS", format!("{} -c search_path=fencegate", std::env::var("PGOPTIONS").unwrap_or_default()))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),

@@ -14,7 +14,8 @@ use crate::{
     tables::{Column, Fence, FenceMode, KeyText, Resource, ResourceSettings, Resources},
 };
 
-/// fencegate's own tables: writing them through `/v1/tables` would forge fences.
+/// fencegate's own tables (and anything in its schema): writing them through `/v1/tables`
+/// would forge fences.
 const OWN_TABLES: [&str; 5] = ["fencegate_kv", "fencegate_fences", "fencegate_ledger", "fencegate_locks", "_sqlx_migrations"];
 
 /// Key types whose output function is canonical (equal values print the same), so the printed
@@ -22,7 +23,7 @@ const OWN_TABLES: [&str; 5] = ["fencegate_kv", "fencegate_fences", "fencegate_le
 const CANONICAL_KEY_TYPES: [&str; 12] =
     ["int2", "int4", "int8", "text", "varchar", "bpchar", "uuid", "date", "timestamp", "timestamptz", "bool", "numeric"];
 
-pub async fn load(pool: &PgPool, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
+pub async fn load(pool: &PgPool, own_schema: &str, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
     let mut conn = pool.acquire().await?;
     let ledger: bool = sqlx::query_scalar("SELECT to_regclass('fencegate_ledger') IS NOT NULL").fetch_one(&mut *conn).await?;
     if !ledger {
@@ -31,7 +32,7 @@ pub async fn load(pool: &PgPool, settings: &[ResourceSettings]) -> anyhow::Resul
     let mut resources = Vec::with_capacity(settings.len());
     let mut problems = Vec::new();
     for (i, resource) in settings.iter().enumerate() {
-        match inspect(&mut conn, resource).await? {
+        match inspect(&mut conn, own_schema, resource).await? {
             Ok(resource) => resources.push(resource),
             Err(problem) => problems.push(format!("{}: {problem}", resource.label(i))),
         }
@@ -52,7 +53,7 @@ struct CatalogColumn {
 }
 
 /// `Ok(Err(problem))` is a bad resource; `Err` is a database failure.
-async fn inspect(conn: &mut PgConnection, settings: &ResourceSettings) -> anyhow::Result<Result<Resource, String>> {
+async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceSettings) -> anyhow::Result<Result<Resource, String>> {
     let (schema, table) = settings.schema_and_table();
     let relation = sqlx::query(
         "SELECT c.oid::int8, c.relkind::text, quote_ident(n.nspname) || '.' || quote_ident(c.relname),
@@ -84,8 +85,8 @@ async fn inspect(conn: &mut PgConnection, settings: &ResourceSettings) -> anyhow
         };
         return Ok(Err(format!("{qualified} is {what}; only ordinary and partitioned tables can be fenced")));
     }
-    if OWN_TABLES.contains(&table) {
-        return Ok(Err(format!("{qualified} is one of fencegate's own tables")));
+    if OWN_TABLES.contains(&table) || schema == own_schema {
+        return Ok(Err(format!("{qualified} is one of fencegate's own tables (in its schema {own_schema:?})")));
     }
     let missing: Vec<&str> = ["SELECT", "INSERT", "UPDATE", "DELETE"]
         .iter()

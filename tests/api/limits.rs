@@ -14,7 +14,7 @@ use crate::helpers::{spawn_app_on, unique};
 async fn lock_row(db: &str, key: &str) -> PgConnection {
     let mut conn = PgConnection::connect(db).await.expect("connect for the row lock");
     conn.execute("BEGIN").await.unwrap();
-    sqlx::query("SELECT 1 FROM fencegate_kv WHERE key = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM fencegate.fencegate_kv WHERE key = $1 FOR UPDATE")
         .bind(key)
         .execute(&mut conn)
         .await
@@ -121,7 +121,7 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
 
     let key = unique("k");
     app.kv_put(&key, "7", &json!("must be committed")).await.expect(201);
-    let stored: Option<String> = sqlx::query_scalar("SELECT value::text FROM fencegate_kv WHERE key = $1")
+    let stored: Option<String> = sqlx::query_scalar("SELECT value::text FROM fencegate.fencegate_kv WHERE key = $1")
         .bind(&key)
         .fetch_optional(&mut admin)
         .await
@@ -233,7 +233,7 @@ async fn an_acquire_that_waited_for_its_fence_gets_its_whole_lease() {
 
     let mut fence_holder = PgConnection::connect(&db).await.expect("connect for the fence row");
     fence_holder.execute("BEGIN").await.unwrap();
-    sqlx::query("SELECT 1 FROM fencegate_fences WHERE scope = $1 FOR UPDATE").bind(&name).execute(&mut fence_holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate.fencegate_fences WHERE scope = $1 FOR UPDATE").bind(&name).execute(&mut fence_holder).await.unwrap();
     let (granted, ()) = tokio::join!(acquire("waited"), async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         fence_holder.execute("COMMIT").await.unwrap();

@@ -23,6 +23,7 @@ mod client;
 mod console;
 mod concurrency;
 mod demo;
+mod dropin;
 mod edge;
 mod errors;
 mod kv;

@@ -990,7 +990,7 @@ async fn a_zombie_cannot_step_around_the_scope_of_a_table_row() {
     app.assert_absent("beside").await;
     app.fence("orders-lockX").await.problem(404, "not-found");
     assert_eq!(
-        sql_text(&db, "SELECT scope || ':' || token FROM fencegate_ledger WHERE key = 'acme,30'").await.as_deref(),
+        sql_text(&db, "SELECT scope || ':' || token FROM fencegate.fencegate_ledger WHERE key = 'acme,30'").await.as_deref(),
         Some("orders-lock:20")
     );
 }

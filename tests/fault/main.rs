@@ -229,7 +229,7 @@ async fn read_final_state(nodes: &[Node], db_url: &str, key: &str, lock: &str) -
         fs.http.push(entry);
     }
     let mut conn = PgConnection::connect(db_url).await.map_err(|e| format!("connect to {db_url}: {e}"))?;
-    let row = sqlx::query("SELECT value, fence_token, deleted FROM fencegate_kv WHERE key = $1")
+    let row = sqlx::query("SELECT value, fence_token, deleted FROM fencegate.fencegate_kv WHERE key = $1")
         .bind(key)
         .fetch_optional(&mut conn)
         .await
@@ -240,13 +240,13 @@ async fn read_final_state(nodes: &[Node], db_url: &str, key: &str, lock: &str) -
         let deleted: bool = row.try_get(2).map_err(|e| e.to_string())?;
         fs.sql = Some((value.and_then(|v| v.0.as_i64()), token as u64, deleted));
     }
-    let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
+    let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate.fencegate_fences WHERE scope = $1")
         .bind(lock)
         .fetch_optional(&mut conn)
         .await
         .map_err(|e| format!("read fencegate_fences: {e}"))?;
     fs.scope_fence = fence.map(|f| f as u64);
-    let lock: Option<i64> = sqlx::query_scalar("SELECT token FROM fencegate_locks WHERE name = $1")
+    let lock: Option<i64> = sqlx::query_scalar("SELECT token FROM fencegate.fencegate_locks WHERE name = $1")
         .bind(lock)
         .fetch_optional(&mut conn)
         .await

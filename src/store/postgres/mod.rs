@@ -14,6 +14,7 @@ pub(super) mod connections;
 mod kv;
 mod locks;
 mod reads;
+pub mod schema;
 pub(in crate::store) mod sql;
 
 use std::{sync::Arc, time::Duration};
@@ -64,6 +65,8 @@ pub(in crate::store) struct PgStore {
     options: Arc<PgConnectOptions>,
     /// The database's role and replication, as seen (`store::replication`).
     pub(in crate::store) replication: Arc<Replication>,
+    /// fencegate's own schema (`schema`).
+    schema: Arc<str>,
 }
 
 impl PgStore {
@@ -78,7 +81,7 @@ impl PgStore {
             .application_name("fencegate")
             // Defence in depth: no fencegate transaction is ever idle for long, so a session
             // stuck idle in one (a bug) is ended by the server instead of holding row locks.
-            .options([("idle_in_transaction_session_timeout", "30s")]);
+            .options([("idle_in_transaction_session_timeout", "30s"), ("search_path", settings.schema.as_str())]);
         let listener_options = options.clone().application_name("fencegate-listener");
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
@@ -118,6 +121,7 @@ impl PgStore {
             checks,
             options: Arc::new(listener_options),
             replication: Arc::default(),
+            schema: settings.schema.as_str().into(),
         };
         if settings.migrate_on_start {
             store.migrate_unless_standby().await?;
@@ -126,6 +130,7 @@ impl PgStore {
     }
 
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        schema::prepare(&self.pool, &self.schema).await?;
         // sqlx takes an advisory lock, so several fencegate processes may start at once.
         MIGRATOR.run(&self.pool).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
@@ -149,6 +154,11 @@ impl PgStore {
     /// listener of `store::admin`), named `fencegate-listener` in `pg_stat_activity`.
     pub(in crate::store) fn listener_options(&self) -> PgConnectOptions {
         (*self.options).clone()
+    }
+
+    /// fencegate's own schema.
+    pub(in crate::store) fn schema(&self) -> &str {
+        &self.schema
     }
 
     /// The checks besides the accept rule, which the legacy-table statements follow too.

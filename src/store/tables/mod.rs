@@ -93,7 +93,7 @@ impl Store {
             return Ok(Resources::default());
         }
         match &self.backend {
-            Backend::Postgres(pg) => catalog::load(&pg.pool, settings).await,
+            Backend::Postgres(pg) => catalog::load(&pg.pool, pg.schema(), settings).await,
             _ => anyhow::bail!(
                 "invalid resource: {}: legacy tables need PostgreSQL; set DATABASE_URL / --database-url",
                 settings[0].label(0)
