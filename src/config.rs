@@ -233,6 +233,9 @@ pub struct DatabaseSettings {
     /// PostgreSQL: the schema holding every table of fencegate's, its migration history
     /// included (created if missing; nothing is created in `public`).
     pub schema: String,
+    /// PostgreSQL: the longest a statement of fencegate's waits for a row lock (a SQL writer's
+    /// transaction holding a fence after `fencegate.fence()`), then 503.
+    pub lock_timeout_ms: u64,
 }
 
 impl DatabaseSettings {
@@ -262,6 +265,7 @@ impl Default for DatabaseSettings {
             coalesce_workers: 4,
             coalesce_max_rows: 128,
             schema: "fencegate".into(),
+            lock_timeout_ms: 5_000,
         }
     }
 }
@@ -280,6 +284,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("coalesce_workers", &self.coalesce_workers)
             .field("coalesce_max_rows", &self.coalesce_max_rows)
             .field("schema", &self.schema)
+            .field("lock_timeout_ms", &self.lock_timeout_ms)
             .finish()
     }
 }
@@ -497,6 +502,9 @@ impl Settings {
                 self.database.coalesce_workers, self.database.max_connections);
         }
         validate_schema(&self.database.schema).map_err(|e| anyhow::anyhow!(e))?;
+        if self.database.lock_timeout_ms == 0 {
+            bail!("database.lock_timeout_ms must be at least 1");
+        }
         if self.database.coalesce_max_rows == 0 {
             bail!("database.coalesce_max_rows must be at least 1");
         }

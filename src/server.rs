@@ -213,6 +213,7 @@ async fn tick(store: Store) {
     loop {
         every_second.tick().await;
         telemetry::record_pool(&store);
+        store.record_unfenced().await;
     }
 }
 

@@ -187,6 +187,7 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
         rule: Rule::from_strict(settings.strict),
         // Its length was checked against kv.max_key_bytes by `tables::validate`.
         scope: settings.bound_scope(usize::MAX).map_err(|e| anyhow::anyhow!(e))?,
+        guard: settings.guard,
     }))
 }
 

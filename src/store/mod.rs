@@ -51,6 +51,8 @@ pub struct Store {
     pressure: Arc<pressure::Pressure>,
     /// The console's overview, bounded in cost (`overview`).
     overview: Arc<overview::Latest>,
+    /// Some `[[resources]]` table is guarded: its unfenced writes are exported as a metric.
+    guarded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
@@ -263,6 +265,9 @@ fn is_transient(err: &sqlx::Error) -> bool {
             // way, or the URL routes to a standby); the write was not applied.
             code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
                 || code == "40001" || code == "40P01" || code == "3D000" || code == "25006"
+                // 55P03: lock_timeout (database.lock_timeout_ms) passed waiting for a row lock,
+                // e.g. a fence held by a SQL writer's open transaction; nothing was written.
+                || code == "55P03"
                 // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
                 || matches!(code.as_ref(), "5" | "6" | "261" | "517" | "262")
         }),
@@ -432,13 +437,17 @@ impl Store {
             tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
             Backend::Sqlite(SqliteStore::connect(&settings.database, &url, checks).await?)
         } else {
-            Backend::Postgres(PgStore::connect(&settings.database, &url, checks).await?)
+            let pg = PgStore::connect(&settings.database, &url, checks.clone()).await?;
+            let issuer_scopes: Vec<String> = settings.issuers.iter().flat_map(|i| i.scopes.iter().cloned()).collect();
+            postgres::sql_fence::sync_guards(&pg.pool, &checks, &issuer_scopes, settings.kv.max_key_bytes).await?;
+            Backend::Postgres(pg)
         };
         Ok(Store {
             backend,
             high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)),
             pressure: Arc::default(),
             overview: Arc::default(),
+            guarded: Arc::default(),
         })
     }
 
@@ -587,6 +596,23 @@ impl Store {
     }
 
     /// (open, idle) connections, for the pool gauges.
+    /// `fencegate_unfenced_writes_total{resource}`: what guarded tables' triggers counted in
+    /// audit mode (across every process: the counts are in the database). Nothing to do, and
+    /// no query, without a guarded table.
+    pub async fn record_unfenced(&self) {
+        let (true, Backend::Postgres(pg)) = (self.guarded.load(std::sync::atomic::Ordering::Relaxed), &self.backend) else {
+            return;
+        };
+        match postgres::sql_fence::unfenced_writes(&pg.pool).await {
+            Ok(counts) => {
+                for (resource, writes) in counts {
+                    metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource).absolute(writes as u64);
+                }
+            }
+            Err(err) => tracing::debug!(error = %err, "cannot read the unfenced writes"),
+        }
+    }
+
     pub fn pool_stats(&self) -> (u32, usize) {
         match &self.backend {
             Backend::Postgres(b) => b.pool_stats(),

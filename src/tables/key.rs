@@ -102,6 +102,7 @@ mod tests {
             fence: Fence::Ledger,
             rule: Rule::Inclusive,
             scope: None,
+            guard: None,
         }
     }
 

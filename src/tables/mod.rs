@@ -13,7 +13,7 @@ mod settings;
 pub use key::{canonical_key, RowKey};
 pub use resource::{Column, Fence, KeyText, Resource, Resources};
 pub use row::{RowBody, RowValues, RowWrite, TableOp};
-pub use settings::{validate, FenceMode, ResourceSettings};
+pub use settings::{validate, FenceMode, GuardMode, ResourceSettings};
 
 /// A table request fencegate refuses (or PostgreSQL refused) because of what the client sent.
 /// Messages are shown to clients as-is and name the column when one is to blame.

@@ -23,6 +23,8 @@ pub struct Resource {
     pub rule: Rule,
     /// `scope = "..."`: the scope every write to the table is under (a binding).
     pub scope: Option<crate::fence::Scope>,
+    /// `guard`: a trigger on the table checks writers that bypass fencegate.
+    pub guard: Option<super::settings::GuardMode>,
 }
 
 /// A column of a legacy table.
@@ -98,5 +100,9 @@ impl Resources {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> {
+        self.0.values()
     }
 }

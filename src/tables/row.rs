@@ -127,6 +127,7 @@ mod tests {
             fence: Fence::Column { column: 3, max: i64::MAX },
             rule: Rule::Inclusive,
             scope: None,
+            guard: None,
         }
     }
 

@@ -32,6 +32,28 @@ pub struct ResourceSettings {
     /// an `X-Fencing-Scope` header; a different header is 409 `scope-mismatch`.
     #[serde(default)]
     pub scope: Option<String>,
+    /// Guard the table against writers that bypass fencegate (a trigger; needs `scope`):
+    /// `enforce` refuses a write by another role that did not call `fencegate.fence(scope, t)`
+    /// in its transaction (SQLSTATE FG428), `audit` lets it through and counts it.
+    #[serde(default)]
+    pub guard: Option<GuardMode>,
+}
+
+/// What a guarded table does with a write that came without `fencegate.fence()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardMode {
+    Enforce,
+    Audit,
+}
+
+impl GuardMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardMode::Enforce => "enforce",
+            GuardMode::Audit => "audit",
+        }
+    }
 }
 
 /// Where a resource keeps its fences.
@@ -93,6 +115,9 @@ impl ResourceSettings {
             if self.key[..i].contains(column) {
                 return Err(format!("key names column {column:?} twice"));
             }
+        }
+        if self.guard.is_some() && self.scope.is_none() {
+            return Err("guard needs scope = \"<the lock's name>\": SQL writers fence their transaction with fencegate.fence(scope, token)".into());
         }
         match (self.fence, &self.fence_column) {
             (FenceMode::Column, None) => {

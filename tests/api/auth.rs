@@ -269,6 +269,7 @@ async fn tables_need_the_right_and_the_resource() {
         fence_column: None,
         strict: false,
         scope: None,
+        guard: None,
     };
     let all: &[&str] = &[""];
     let orders: &[&str] = &["orders"];

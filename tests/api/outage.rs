@@ -176,6 +176,7 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
             fence_column: None,
             strict: false,
             scope: None,
+            guard: None,
         }]
     })
     .await;

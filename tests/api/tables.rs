@@ -54,6 +54,7 @@ fn orders() -> ResourceSettings {
         fence_column: None,
         strict: false,
         scope: None,
+        guard: None,
     }
 }
 
@@ -66,6 +67,7 @@ fn accounts() -> ResourceSettings {
         fence_column: Some("fence_token".into()),
         strict: false,
         scope: None,
+        guard: None,
     }
 }
 
@@ -78,6 +80,7 @@ fn tickets_strict() -> ResourceSettings {
         fence_column: None,
         strict: true,
         scope: None,
+        guard: None,
     }
 }
 

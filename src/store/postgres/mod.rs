@@ -15,6 +15,7 @@ mod kv;
 mod locks;
 mod reads;
 pub mod schema;
+pub(in crate::store) mod sql_fence;
 pub(in crate::store) mod sql;
 
 use std::{sync::Arc, time::Duration};
@@ -81,7 +82,14 @@ impl PgStore {
             .application_name("fencegate")
             // Defence in depth: no fencegate transaction is ever idle for long, so a session
             // stuck idle in one (a bug) is ended by the server instead of holding row locks.
-            .options([("idle_in_transaction_session_timeout", "30s"), ("search_path", settings.schema.as_str())]);
+            // A SQL writer's transaction that called fencegate.fence() holds the fence row until
+            // it ends: fencegate's statements wait for a row lock at most this long (then 503,
+            // retry), instead of holding a connection for as long as that transaction lasts.
+            .options([
+                ("idle_in_transaction_session_timeout", "30s".to_owned()),
+                ("search_path", settings.schema.clone()),
+                ("lock_timeout", format!("{}ms", settings.lock_timeout_ms)),
+            ]);
         let listener_options = options.clone().application_name("fencegate-listener");
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)

@@ -14,8 +14,14 @@ use sqlx::{Connection, PgPool, Row};
 
 use super::MIGRATOR;
 
-/// fencegate's tables, as the migrations create them (the migration history apart).
+/// fencegate's tables from before the schema setting (the migration history apart): what an
+/// install in `public` can hold.
 const OWN_TABLES: [&str; 5] = ["fencegate_kv", "fencegate_fences", "fencegate_locks", "fencegate_ledger", "fencegate_audit"];
+
+/// The last migration released before the schema setting: an install in `public` has applied
+/// at most this far. One that went further was made with `database.schema = "public"` on
+/// purpose (its functions are bound to `public`), and is not moved.
+const LAST_BEFORE_SCHEMAS: i64 = 20261123000001;
 
 /// Makes the schema ready for the migrations: creates it if missing, and moves an install that
 /// predates it out of `public`.
@@ -76,10 +82,24 @@ async fn move_from_public(conn: &mut sqlx::PgConnection, schema: &str) -> anyhow
         return Ok(tx.rollback().await?);
     }
     for table in &found {
+        // Table names from the constant above, schema from the validated configuration.
         sqlx::query(&format!("ALTER TABLE public.{table} SET SCHEMA {schema}")).execute(&mut *tx).await?;
     }
     let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
     let history: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL").fetch_one(&mut *tx).await?;
+    if history {
+        let newest: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE version = ANY($1)")
+            .bind(&versions)
+            .fetch_one(&mut *tx)
+            .await?;
+        if newest.is_some_and(|v| v > LAST_BEFORE_SCHEMAS) {
+            anyhow::bail!(
+                "fencegate's tables in public were made with database.schema = \"public\" (migration {} is applied there): \
+                 keep that setting, or move them by hand; nothing was changed",
+                newest.unwrap_or_default()
+            );
+        }
+    }
     let mut moved = 0;
     if history {
         sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {schema}._sqlx_migrations (LIKE public._sqlx_migrations INCLUDING ALL)"))

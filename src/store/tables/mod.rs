@@ -93,7 +93,15 @@ impl Store {
             return Ok(Resources::default());
         }
         match &self.backend {
-            Backend::Postgres(pg) => catalog::load(&pg.pool, pg.schema(), settings).await,
+            Backend::Postgres(pg) => {
+                let resources = catalog::load(&pg.pool, pg.schema(), settings).await?;
+                let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
+                crate::store::postgres::sql_fence::install_guards(&pg.pool, &all).await?;
+                if all.iter().any(|r| r.guard.is_some()) {
+                    self.guarded.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(resources)
+            }
             _ => anyhow::bail!(
                 "invalid resource: {}: legacy tables need PostgreSQL; set DATABASE_URL / --database-url",
                 settings[0].label(0)
