@@ -12,13 +12,13 @@ use tokio::net::TcpStream;
 
 use crate::helpers::{kv, spawn_app, spawn_app_with, unique, TestApp, TOKEN};
 
-async fn connect(app: &TestApp) -> TcpStream {
+pub(crate) async fn connect(app: &TestApp) -> TcpStream {
     TcpStream::connect(app.address.trim_start_matches("http://")).await.expect("connect to fencegate")
 }
 
 /// Reads until the server closes the connection (EOF or reset) or `limit` passes; returns how
 /// long it took, or `None` if the connection was still open at the limit.
-async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+pub(crate) async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -32,7 +32,7 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Durati
 }
 
 /// Reads one response's head and returns its status line's code (the body, if any, is left).
-async fn read_status(stream: &mut TcpStream, limit: Duration) -> Option<u16> {
+pub(crate) async fn read_status(stream: &mut TcpStream, limit: Duration) -> Option<u16> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     let deadline = Instant::now() + limit;
