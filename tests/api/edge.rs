@@ -268,32 +268,8 @@ async fn a_trickled_body_takes_no_in_flight_slot_and_is_408_after_body_timeout()
     app.assert_absent("t0").await;
 }
 
-#[tokio::test]
-async fn bodies_beyond_max_buffered_bytes_are_503_and_the_budget_comes_back() {
-    let app = spawn_app_with(|s| {
-        s.server.body_limit_bytes = 10_000;
-        s.server.max_buffered_bytes = 20_000;
-        s.server.body_timeout_ms = 1000;
-    })
-    .await;
-    let mut holders = Vec::new();
-    for i in 0..2 {
-        let mut stream = connect(&app).await;
-        let head = format!("PUT /v1/kv/h{i} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n\"");
-        stream.write_all(head.as_bytes()).await.unwrap();
-        holders.push(stream);
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let value = json!("v".repeat(5000));
-    let refused = app.kv_put("late", "1", &value).await;
-    refused.problem(503, "unavailable");
-    assert_eq!(refused.header("retry-after"), Some("1"));
-    // The holders time out (408) and give their bytes back.
-    for mut stream in holders {
-        assert_eq!(read_status(&mut stream, Duration::from_secs(3)).await, Some(408));
-    }
-    app.kv_put("late", "1", &value).await.expect(201);
-}
+// `server.max_buffered_bytes` (charged as bytes arrive) and the minimum body rate:
+// tests/api/availability.rs.
 
 // --- Finding 6: readers that never read ------------------------------------------------------
 
