@@ -192,21 +192,8 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout_not_header_t
     assert!(closed >= Duration::from_millis(1000), "closed after {closed:?}, before the idle timeout");
 }
 
-#[tokio::test]
-async fn connections_beyond_max_connections_wait_until_one_closes() {
-    let app = spawn_app_with(|s| s.server.max_connections = 2).await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut stream = connect(&app).await;
-        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
-        assert_eq!(read_status(&mut stream, Duration::from_secs(2)).await, Some(200));
-        held.push(stream);
-    }
-    let waiting = app.client.get(format!("{}/healthz", app.address)).timeout(Duration::from_millis(500)).send().await;
-    assert!(waiting.is_err(), "a third connection was served: {waiting:?}");
-    drop(held.pop());
-    app.get("/healthz").await.expect(200);
-}
+// `server.max_connections` (idle connections closed to make room, a new one waits only while
+// every connection is handling a request): tests/api/availability.rs.
 
 /// Under `ulimit -n 64`, more silent connections than file descriptors: accept fails with
 /// EMFILE. The server must neither die nor spin on it, and must serve again once the silent
