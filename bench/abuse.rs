@@ -148,7 +148,9 @@ async fn request(stream: &mut BufReader<TcpStream>, head_and_body: &[u8]) -> Res
     let mut body = vec![0u8; length];
     stream.read_exact(&mut body).await?;
     if close {
-        bail!("server closed");
+        // The status too: a refusal that ends its connection (413, 408, a 503 mid-body) is
+        // still an answer, not a cut connection.
+        bail!("{status}, then the server closed");
     }
     Ok(status)
 }

@@ -158,13 +158,22 @@ pub struct ServerSettings {
     /// A request body not fully received within this long (from the end of its headers) is
     /// answered 408 and its connection closed.
     pub body_timeout_ms: u64,
+    /// After a body's first second, it must keep arriving at this many bytes a second on
+    /// average, else 408 and the connection closed: a stalled or trickled body is cut in
+    /// seconds, not at `body_timeout_ms`. 0: no minimum rate.
+    pub min_body_rate_bytes_per_s: u64,
     /// A keep-alive connection with no request in progress is closed after this long.
     pub idle_timeout_ms: u64,
     /// A response the client does not read (no byte written for this long) closes the
     /// connection, freeing what the response held.
     pub write_timeout_ms: u64,
-    /// Open client connections at most; beyond it, new connections wait in the listen backlog.
+    /// Open client connections at most. At the cap, a new connection closes the one that has
+    /// made no progress the longest among those not handling a request; if every connection is
+    /// handling one, it waits in the listen backlog.
     pub max_connections: usize,
+    /// Open connections from one peer IP address at most; a connection beyond it is closed at
+    /// once. 0: no per-client cap.
+    pub max_connections_per_client: usize,
     /// Request body bytes buffered at once across all requests; a body that would exceed it is
     /// answered 503 + Retry-After.
     pub max_buffered_bytes: usize,
@@ -199,9 +208,11 @@ impl Default for ServerSettings {
             worker_threads: 0,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
+            min_body_rate_bytes_per_s: 1024,
             idle_timeout_ms: 60_000,
             write_timeout_ms: 10_000,
             max_connections: 10_000,
+            max_connections_per_client: 0,
             max_buffered_bytes: 64 * 1024 * 1024,
             cors_origins: Vec::new(),
         }

@@ -14,6 +14,9 @@
 //!
 //! On shutdown, a connection that is not handling a request is closed at once — a half-sent
 //! request has touched nothing — and one that is gets to finish it (hyper's graceful shutdown).
+//! The connection cap (`slots`) closes connections for the same reason: through a [`Handle`],
+//! it asks the one that made no progress the longest to close, which it does unless it is
+//! handling a request by then.
 
 use std::{
     convert::Infallible,
@@ -34,7 +37,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
-    sync::watch,
+    sync::{watch, Notify},
     time::Instant,
 };
 use tower::ServiceExt;
@@ -62,6 +65,8 @@ struct State {
     headers_since: AtomicU64,
     /// When a write first found the socket full (0: not blocked).
     write_blocked_since: AtomicU64,
+    /// The connection cap asks the connection to close (see [`Handle::close_if_idle`]).
+    reap: Notify,
 }
 
 impl State {
@@ -115,6 +120,55 @@ impl State {
             (Some(w), Some(p)) => Some(if w.0 <= p.0 { w } else { p }),
             (w, p) => w.or(p),
         }
+    }
+}
+
+/// The connection as the connection cap sees it: how long it has made no progress, and a way
+/// to ask it to close. Made before the connection is served ([`Handle::new`], then [`serve`]).
+#[derive(Clone)]
+pub struct Handle(Arc<State>);
+
+impl Handle {
+    pub fn new() -> Self {
+        Handle(Arc::new(State {
+            epoch: Instant::now(),
+            phase: AtomicU8::new(IDLE),
+            last_io: AtomicU64::new(1),
+            headers_since: AtomicU64::new(0),
+            write_blocked_since: AtomicU64::new(0),
+            reap: Notify::new(),
+        }))
+    }
+
+    /// Since when the connection has made no progress (no byte read or written), if it is not
+    /// handling a request: idle, or its request's headers or body still arriving. Closing such
+    /// a connection loses nothing that was acted on. `None`: a request is being handled.
+    pub fn idle_since(&self) -> Option<Instant> {
+        if self.0.phase.load(Ordering::Acquire) == HANDLING {
+            return None;
+        }
+        Some(self.0.at(self.0.last_io.load(Ordering::Relaxed)))
+    }
+
+    /// Asks the connection to close unless it is handling a request when it gets to it (it
+    /// may have started one since [`Handle::idle_since`]). Counted as
+    /// `fencegate_connections_closed_total{reason="reaped at the connection cap"}`.
+    pub fn close_if_idle(&self) {
+        self.0.reap.notify_one();
+    }
+}
+
+#[cfg(test)]
+impl Handle {
+    /// Resolves once [`Handle::close_if_idle`] was called (for the cap's tests).
+    pub(crate) async fn asked_to_close(&self) {
+        self.0.reap.notified().await
+    }
+}
+
+impl Default for Handle {
+    fn default() -> Self {
+        Handle::new()
     }
 }
 
@@ -272,15 +326,9 @@ enum Exit {
 /// request's first byte, a blocked write). A later deadline (every answered request) leaves it
 /// be: when it fires early, the deadline is recomputed and the timer set again. A busy
 /// connection thus touches its timer about once per timeout, not twice per request.
-pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(stream: TcpStream, handle: Handle, router: Router, timeouts: Timeouts, mut shutdown: watch::Receiver<bool>) {
     let now = Instant::now();
-    let state = Arc::new(State {
-        epoch: now,
-        phase: AtomicU8::new(IDLE),
-        last_io: AtomicU64::new(1),
-        headers_since: AtomicU64::new(0),
-        write_blocked_since: AtomicU64::new(0),
-    });
+    let state = handle.0;
     let io = TokioIo::new(Watched { io: stream, state: state.clone() });
     let service = Serve { router, state: state.clone() };
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -297,10 +345,22 @@ pub async fn serve(stream: TcpStream, router: Router, timeouts: Timeouts, mut sh
     let mut armed = Some(now + timeouts.idle);
     let stop = shutdown.changed();
     tokio::pin!(stop);
+    let reaped = state.reap.notified();
+    tokio::pin!(reaped);
     let mut draining = false;
     let exit = std::future::poll_fn(|cx| loop {
         if let Poll::Ready(result) = conn.as_mut().poll(cx) {
             return Poll::Ready(Exit::Ended(result));
+        }
+        // After hyper's poll: a request that arrived in full is being handled by now, and is
+        // not cut; a response already answered has been written out (or is blocked).
+        if reaped.as_mut().poll(cx).is_ready() {
+            if state.phase.load(Ordering::Acquire) != HANDLING {
+                return Poll::Ready(Exit::Closed("reaped at the connection cap"));
+            }
+            // Too late: it took a request meanwhile. The cap picks another.
+            reaped.set(state.reap.notified());
+            continue;
         }
         if !draining {
             if let Poll::Ready(changed) = stop.as_mut().poll(cx) {

@@ -15,6 +15,7 @@
 //! - [`events`]: grants, releases and refusals as they happen, for the console (`/ui`).
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
 //! - [`conn`]: one client connection and its timeouts.
+//! - [`slots`]: the connection cap (and per-client cap); closes idle connections to make room.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -29,6 +30,7 @@ pub mod issuers;
 pub mod locks;
 pub mod percent;
 pub mod server;
+pub mod slots;
 pub mod store;
 pub mod tables;
 pub mod telemetry;

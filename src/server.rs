@@ -5,7 +5,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use anyhow::Context;
 use tokio::{
     net::TcpListener,
-    sync::{watch, Semaphore},
+    sync::watch,
     task::JoinSet,
 };
 
@@ -13,6 +13,7 @@ use crate::{
     config::Settings,
     conn,
     http::{app, AppState, Limits},
+    slots::Slots,
     store::Store,
     telemetry,
 };
@@ -85,7 +86,8 @@ pub async fn serve_announced(
     };
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();
-    accept(&listener, &router, timeouts, server.max_connections, &stopped, &mut connections, shutdown).await;
+    let slots = Slots::new(server.max_connections, server.max_connections_per_client);
+    accept(&listener, &router, timeouts, &slots, &stopped, &mut connections, shutdown).await;
     drop(listener);
     tracing::info!(connections = connections.len(), "shutting down: draining in-flight requests");
     let _ = stop.send(true);
@@ -105,18 +107,20 @@ pub async fn serve_announced(
     Ok(())
 }
 
-/// Accepts connections until `shutdown` resolves: at most `max_connections` at once (beyond
-/// that, new ones wait in the kernel's backlog), backing off when accept fails.
+/// Accepts connections until `shutdown` resolves, within the connection caps (`slots`): a peer
+/// over its own cap is closed at once; at the overall cap, room is made (the longest-idle
+/// connection not handling a request is closed) or, if every connection is handling one, this
+/// loop waits with the new connection, and the next ones wait in the kernel's backlog. Backs
+/// off when accept fails.
 async fn accept(
     listener: &TcpListener,
     router: &axum::Router,
     timeouts: conn::Timeouts,
-    max_connections: usize,
+    slots: &Arc<Slots>,
     stopped: &watch::Receiver<bool>,
     connections: &mut JoinSet<()>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let slots = Arc::new(Semaphore::new(max_connections));
     let mut backoff = Backoff::default();
     tokio::pin!(shutdown);
     loop {
@@ -125,22 +129,30 @@ async fn accept(
         while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             () = &mut shutdown => return,
-            accepted = async {
-                let slot = slots.clone().acquire_owned().await.expect("never closed");
-                (slot, listener.accept().await)
-            } => accepted,
+            accepted = listener.accept() => accepted,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         match accepted {
-            (slot, Ok((stream, _peer))) => {
+            Ok((stream, peer)) => {
+                if slots.over_client_cap(peer.ip()) {
+                    tracing::debug!(%peer, "closing a connection over server.max_connections_per_client");
+                    metrics::counter!("fencegate_connections_closed_total", "reason" => "over the per-client cap").increment(1);
+                    continue; // dropped: closed
+                }
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = slots.make_room() => {}
+                }
+                let handle = conn::Handle::new();
+                let slot = slots.take(peer.ip(), handle.clone());
                 let (router, stopped) = (router.clone(), stopped.clone());
                 connections.spawn(async move {
-                    conn::serve(stream, router, timeouts, stopped).await;
+                    conn::serve(stream, handle, router, timeouts, stopped).await;
                     drop(slot);
                 });
             }
-            (_, Err(err)) if is_connection_error(&err) => {}
-            (_, Err(err)) => {
+            Err(err) if is_connection_error(&err) => {}
+            Err(err) => {
                 // EMFILE, ENFILE, ENOMEM...: retrying at once would spin and log without end;
                 // wait for connections (and file descriptors) to be freed.
                 let (wait, log) = backoff.failed();

@@ -8,13 +8,20 @@
 //! 2. **Content-Type**: a request with a body must say `application/json` (or `…+json`), so a
 //!    browser page cannot post to fencegate with a form or a "simple" `text/plain` request,
 //!    which browsers send cross-site without a preflight. No body, no Content-Type needed.
-//! 3. **Content-Length** over `server.body_limit_bytes`: 413 at once, without waiting for a
+//! 3. **Transfer-Encoding** other than plain `chunked` (`gzip, chunked`): 501 — hyper removes
+//!    the chunking but decodes nothing else, so the body would be stored as it came.
+//! 4. **Content-Length** over `server.body_limit_bytes`: 413 at once, without waiting for a
 //!    body that may never come.
-//! 4. **The body, read in full here**, within `server.body_timeout_ms` (else 408), counted
-//!    against `server.max_buffered_bytes` across all requests (else 503). Only then does the
-//!    request go on to `max_in_flight`: a client trickling a body holds a connection (bounded
-//!    by the timeout), never one of the slots well-behaved requests need.
-//! 5. **Numbers** in the body whose decimal expansion exceeds `kv.max_number_digits`: 400
+//! 5. **The body, read in full here**, within `server.body_timeout_ms`, and after its first
+//!    second at `server.min_body_rate_bytes_per_s` on average (else 408). Its bytes are charged
+//!    against `server.max_buffered_bytes` **as they arrive** (else 503), never as declared: a
+//!    socket that declares 1 MiB and sends nothing holds nothing. The first
+//!    [`FREE_BODY_BYTES`] of every body are not charged, so a small body (a lease renewal, a
+//!    small value) never waits on or is refused by the budget large bodies hold; what they take
+//!    is bounded by the connection cap instead. Only then does the request go on to
+//!    `max_in_flight`: a client trickling a body holds a connection (bounded by the rate and the
+//!    timeout), never one of the slots well-behaved requests need.
+//! 6. **Numbers** in the body whose decimal expansion exceeds `kv.max_number_digits`: 400
 //!    `invalid-json` on every backend, before any database work. A 9-byte `1e131071` is
 //!    131,072 digits on every read from PostgreSQL; it never gets that far, and never joins a
 //!    coalesced statement whose neighbours would then be retried one by one.
@@ -27,17 +34,34 @@ use axum::{
     http::{header, HeaderMap, HeaderValue},
 };
 use http_body_util::BodyExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
 
 use super::problem::ApiError;
+
+/// The first bytes of every body, which `max_buffered_bytes` does not count. 16 KiB holds any
+/// renewal, release, lock request and most values; at most this much per connection, so what
+/// all of them hold is bounded by `max_connections` (160 MiB at the default 10,000, less than
+/// hyper's own read buffers may hold for the same connections).
+pub const FREE_BODY_BYTES: usize = 16 * 1024;
+
+/// How long a body may take before `min_body_rate_bytes_per_s` applies: a client's first write,
+/// and TCP's slow start, need not keep up with an average from the first millisecond.
+const RATE_GRACE: Duration = Duration::from_secs(1);
 
 /// What the edge checks, built once from the settings.
 #[derive(Clone)]
 pub struct Edge {
     pub body_limit: usize,
     pub body_timeout: Duration,
+    /// After [`RATE_GRACE`], a body must have arrived at this many bytes a second on average
+    /// since its headers; 0: no minimum.
+    pub min_body_rate: u64,
     pub max_number_digits: usize,
-    /// One permit per body byte held in memory, across all requests.
+    /// One permit per body byte held in memory beyond each body's first [`FREE_BODY_BYTES`],
+    /// across all requests.
     pub buffered: Arc<Semaphore>,
     /// Serve only requests whose `Host` names a loopback address or `localhost`.
     pub loopback_hosts_only: bool,
@@ -55,6 +79,7 @@ impl Edge {
         if self.loopback_hosts_only {
             check_host(&req)?;
         }
+        check_transfer_coding(req.headers())?;
         if req.body().is_end_stream() {
             body_read(req.extensions());
             return Ok((req, None));
@@ -64,8 +89,13 @@ impl Edge {
         if declared.is_some_and(|len| len > self.body_limit as u64) {
             return Err(ApiError::PayloadTooLarge { limit: self.body_limit });
         }
+        // A declared body that cannot fit in what is free now is refused before any of it is
+        // read (a clean 503, not a cut upload). Nothing is reserved: only arrived bytes count.
+        if declared.is_some_and(|len| (len as usize).saturating_sub(FREE_BODY_BYTES) > self.buffered.available_permits()) {
+            return Err(ApiError::BufferFull);
+        }
         let (mut parts, body) = req.into_parts();
-        let read = read_body(self, body, declared);
+        let read = read_body(self, body, Instant::now());
         let outcome = tokio::time::timeout(self.body_timeout, read).await;
         body_read(&parts.extensions);
         let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(self.body_timeout))??;
@@ -84,43 +114,60 @@ fn body_read(extensions: &axum::http::Extensions) {
     }
 }
 
-/// Reads the whole body, holding a permit per byte: the declared length up front when there is
-/// one, else as chunks arrive.
-async fn read_body(edge: &Edge, mut body: Body, declared: Option<u64>) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
-    let reserve = |n: usize, permit: &mut Option<OwnedSemaphorePermit>| -> Result<(), ApiError> {
-        if n == 0 {
-            return Ok(());
-        }
-        let n = u32::try_from(n).map_err(|_| ApiError::BufferFull)?;
-        let more = edge.buffered.clone().try_acquire_many_owned(n).map_err(|_| ApiError::BufferFull)?;
-        match permit {
-            Some(held) => held.merge(more),
-            None => *permit = Some(more),
-        }
-        Ok(())
-    };
-    let mut permit = None;
-    let mut reserved = 0usize;
-    if let Some(len) = declared {
-        // Checked against the body limit already, so it fits in usize.
-        reserved = len as usize;
-        reserve(reserved, &mut permit)?;
-    }
+/// Reads the whole body, holding a permit per byte beyond the first [`FREE_BODY_BYTES`], taken
+/// as the bytes arrive; refuses it when it falls below the minimum rate.
+async fn read_body(edge: &Edge, mut body: Body, started: Instant) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+    let mut permit: Option<OwnedSemaphorePermit> = None;
+    let mut charged = 0usize;
     let mut buf = Vec::new();
-    while let Some(frame) = body.frame().await {
+    loop {
+        let next = match rate_deadline(started, buf.len(), edge.min_body_rate) {
+            None => body.frame().await,
+            Some(at) => tokio::time::timeout_at(at, body.frame()).await.map_err(|_| ApiError::BodyTooSlow(edge.min_body_rate))?,
+        };
+        let Some(frame) = next else { break };
         let frame = frame.map_err(|err| ApiError::InvalidJson(format!("the body could not be read: {err}")))?;
         let Ok(data) = frame.into_data() else { continue };
-        if buf.len() + data.len() > edge.body_limit {
+        let len = buf.len() + data.len();
+        if len > edge.body_limit {
             return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
         }
-        if buf.len() + data.len() > reserved {
-            let more = buf.len() + data.len() - reserved;
-            reserve(more, &mut permit)?;
-            reserved += more;
+        let owed = len.saturating_sub(FREE_BODY_BYTES) - charged;
+        if owed > 0 {
+            // One frame's worth: at most hyper's read buffer, far below u32::MAX.
+            let n = u32::try_from(owed).map_err(|_| ApiError::BufferFull)?;
+            let more = edge.buffered.clone().try_acquire_many_owned(n).map_err(|_| ApiError::BufferFull)?;
+            match &mut permit {
+                Some(held) => held.merge(more),
+                None => permit = Some(more),
+            }
+            charged += owed;
         }
         buf.extend_from_slice(&data);
     }
     Ok((Bytes::from(buf), permit))
+}
+
+/// When a body that started at `started` and has `received` bytes falls below `rate` bytes a
+/// second (after the grace) if no more of it comes; `None`: no minimum rate.
+fn rate_deadline(started: Instant, received: usize, rate: u64) -> Option<Instant> {
+    (rate > 0).then(|| started + RATE_GRACE + Duration::from_secs_f64(received as f64 / rate as f64))
+}
+
+/// Plain `chunked` only (any case, in one header or several). hyper takes the chunking off a
+/// body whose last coding is `chunked` and leaves any other (`gzip, chunked`) undecoded.
+fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        for coding in text.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            if !coding.eq_ignore_ascii_case("chunked") {
+                return Err(ApiError::UnsupportedTransferCoding(format!(
+                    "Transfer-Encoding {coding:?} is not supported: send the body uncompressed, with Content-Length or Transfer-Encoding: chunked; nothing was stored"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
@@ -348,6 +395,27 @@ mod tests {
         // Numbers that read back as sent (or shorter) cost nothing.
         let plain = format!("[{}]", vec!["123456789"; 1000].join(","));
         assert!(check_numbers(plain.as_bytes(), 1000, 0).is_ok());
+    }
+
+    #[test]
+    fn only_plain_chunked_is_a_transfer_coding() {
+        let coded = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(header::TRANSFER_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            check_transfer_coding(&headers).is_ok()
+        };
+        assert!(coded(&[]) && coded(&["chunked"]) && coded(&["Chunked"]) && coded(&[" chunked "]));
+        assert!(!coded(&["gzip, chunked"]) && !coded(&["gzip", "chunked"]) && !coded(&["identity,chunked"]));
+    }
+
+    #[test]
+    fn the_minimum_rate_starts_after_the_grace_and_moves_with_each_byte() {
+        let started = Instant::now();
+        assert_eq!(rate_deadline(started, 0, 0), None);
+        assert_eq!(rate_deadline(started, 0, 1000), Some(started + RATE_GRACE));
+        assert_eq!(rate_deadline(started, 500, 1000), Some(started + RATE_GRACE + Duration::from_millis(500)));
     }
 
     #[test]

@@ -161,6 +161,7 @@ mod tests {
         Edge {
             body_limit: 1024,
             body_timeout: Duration::from_secs(5),
+            min_body_rate: 0,
             max_number_digits: 100,
             buffered: Arc::new(Semaphore::new(1 << 20)),
             loopback_hosts_only: false,

@@ -86,6 +86,8 @@ pub struct Limits {
     pub max_in_flight: usize,
     /// A body must arrive within this long of its headers.
     pub body_timeout: Duration,
+    /// After a body's first second, the bytes a second it must keep up; 0: none.
+    pub min_body_rate: u64,
     /// Body bytes held in memory at once across all requests.
     pub max_buffered_bytes: usize,
     pub max_number_digits: usize,
@@ -104,6 +106,7 @@ impl Limits {
             request_timeout: settings.request_timeout(),
             max_in_flight: server.max_in_flight,
             body_timeout: Duration::from_millis(server.body_timeout_ms),
+            min_body_rate: server.min_body_rate_bytes_per_s,
             max_buffered_bytes: server.max_buffered_bytes,
             max_number_digits: settings.kv.max_number_digits,
             // With credentials, a rebound page cannot send the bearer it does not have.
@@ -194,6 +197,7 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     let edge = edge::Edge {
         body_limit: limits.body_bytes,
         body_timeout: limits.body_timeout,
+        min_body_rate: limits.min_body_rate,
         max_number_digits: limits.max_number_digits,
         buffered: Arc::new(tokio::sync::Semaphore::new(limits.max_buffered_bytes)),
         loopback_hosts_only: limits.loopback_hosts_only,

@@ -242,7 +242,7 @@ problems! {
     /// Every `/v1` route: the edge, and the credential.
     Guarded: [UNAUTHENTICATED, FORBIDDEN] + Edge;
     /// A route with a JSON body.
-    Body: [INVALID_JSON, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, BODY_TIMEOUT];
+    Body: [INVALID_JSON, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, UNSUPPORTED_TRANSFER_CODING, BODY_TIMEOUT];
     /// A fenced write's refusals (nothing is written).
     Fenced: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED,
              TOKEN_JUMP, MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF];

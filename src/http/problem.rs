@@ -55,6 +55,11 @@ pub mod kinds {
         ProblemType { status: StatusCode::UNSUPPORTED_MEDIA_TYPE.as_u16(), slug: "unsupported-media-type", title: "Request body must be JSON" };
     pub const MISDIRECTED_REQUEST: ProblemType =
         ProblemType { status: StatusCode::MISDIRECTED_REQUEST.as_u16(), slug: "misdirected-request", title: "Host not served" };
+    /// 501, not 400: the request is well formed, but uses a transfer coding this server does
+    /// not implement — what RFC 9112 §6.1 says a server answers to a coding it does not
+    /// understand; it tells the client to send the body uncompressed, not that it is broken.
+    pub const UNSUPPORTED_TRANSFER_CODING: ProblemType =
+        ProblemType { status: StatusCode::NOT_IMPLEMENTED.as_u16(), slug: "unsupported-transfer-coding", title: "Transfer coding not supported" };
     pub const BODY_TIMEOUT: ProblemType =
         ProblemType { status: StatusCode::REQUEST_TIMEOUT.as_u16(), slug: "body-timeout", title: "Request body too slow" };
     pub const NOT_FOUND: ProblemType =
@@ -101,7 +106,7 @@ pub mod kinds {
         ProblemType { status: StatusCode::INTERNAL_SERVER_ERROR.as_u16(), slug: "internal", title: "Internal server error" };
     pub const ALL: &[ProblemType] = &[
         MISSING_TOKEN, MALFORMED_TOKEN, INVALID_KEY, INVALID_SCOPE, INVALID_JSON, INVALID_BATCH,
-        PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, MISDIRECTED_REQUEST, BODY_TIMEOUT, NOT_FOUND,
+        PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, UNSUPPORTED_TRANSFER_CODING, MISDIRECTED_REQUEST, BODY_TIMEOUT, NOT_FOUND,
         METHOD_NOT_ALLOWED, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED, TOKEN_JUMP, MISSING_TOKEN_PROOF,
         INVALID_TOKEN_PROOF, INVALID_ROW, INVALID_VALUE, INVALID_REQUEST, RESET_NOT_BELOW, LOCK_HELD,
         LOCK_EXHAUSTED, SCOPE_HAS_ISSUER, BINDING_CONFLICT, LOCK_LOST, UNAUTHENTICATED, FORBIDDEN, UNAVAILABLE, INTERNAL,
@@ -126,11 +131,17 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A `Transfer-Encoding` other than plain `chunked` (see `edge`).
+    #[error("{0}")]
+    UnsupportedTransferCoding(String),
     /// The `Host` is not one this server answers for (DNS rebinding; see `edge`).
     #[error("{0}")]
     Misdirected(String),
     #[error("the request body did not arrive within {} ms (server.body_timeout_ms)", .0.as_millis())]
     BodyTimeout(std::time::Duration),
+    /// The body fell below `server.min_body_rate_bytes_per_s` (bytes a second).
+    #[error("the request body arrived slower than {0} bytes a second (server.min_body_rate_bytes_per_s)")]
+    BodyTooSlow(u64),
     #[error("too many request bodies buffered at once (server.max_buffered_bytes); retry shortly")]
     BufferFull,
     #[error("{0}")]
@@ -240,8 +251,9 @@ impl ApiError {
             InvalidBatch(_) => kinds::INVALID_BATCH,
             PayloadTooLarge { .. } => kinds::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType(_) => kinds::UNSUPPORTED_MEDIA_TYPE,
+            UnsupportedTransferCoding(_) => kinds::UNSUPPORTED_TRANSFER_CODING,
             Misdirected(_) => kinds::MISDIRECTED_REQUEST,
-            BodyTimeout(_) => kinds::BODY_TIMEOUT,
+            BodyTimeout(_) | BodyTooSlow(_) => kinds::BODY_TIMEOUT,
             NotFound(_) => kinds::NOT_FOUND,
             MethodNotAllowed => kinds::METHOD_NOT_ALLOWED,
             Stale(_) => kinds::STALE_TOKEN,
@@ -460,7 +472,20 @@ impl IntoResponse for ApiError {
         }
         // Refused before its body was read (or while it trickled in): the rest of the body
         // would be taken for the next request, so the connection ends with this response.
-        if matches!(self, ApiError::PayloadTooLarge { .. } | ApiError::BodyTimeout(_) | ApiError::UnsupportedMediaType(_)) {
+        let body_unread = matches!(
+            self,
+            ApiError::PayloadTooLarge { .. }
+                | ApiError::BodyTimeout(_)
+                | ApiError::BodyTooSlow(_)
+                | ApiError::BufferFull
+                | ApiError::UnsupportedMediaType(_)
+                | ApiError::UnsupportedTransferCoding(_)
+        );
+        // A 401 or 403 ends its connection too: a client without a (good enough) credential
+        // must not keep a connection, and the cap's slot it holds, by sending nothing more
+        // (DESIGN: unauthenticated connections never hold the cap).
+        let refused_caller = status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN;
+        if body_unread || refused_caller {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let Some(failure) = failure {

@@ -12,13 +12,13 @@ use tokio::net::TcpStream;
 
 use crate::helpers::{kv, spawn_app, spawn_app_with, unique, TestApp, TOKEN};
 
-async fn connect(app: &TestApp) -> TcpStream {
+pub(crate) async fn connect(app: &TestApp) -> TcpStream {
     TcpStream::connect(app.address.trim_start_matches("http://")).await.expect("connect to fencegate")
 }
 
 /// Reads until the server closes the connection (EOF or reset) or `limit` passes; returns how
 /// long it took, or `None` if the connection was still open at the limit.
-async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+pub(crate) async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -32,7 +32,7 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Durati
 }
 
 /// Reads one response's head and returns its status line's code (the body, if any, is left).
-async fn read_status(stream: &mut TcpStream, limit: Duration) -> Option<u16> {
+pub(crate) async fn read_status(stream: &mut TcpStream, limit: Duration) -> Option<u16> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     let deadline = Instant::now() + limit;
@@ -192,21 +192,8 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout_not_header_t
     assert!(closed >= Duration::from_millis(1000), "closed after {closed:?}, before the idle timeout");
 }
 
-#[tokio::test]
-async fn connections_beyond_max_connections_wait_until_one_closes() {
-    let app = spawn_app_with(|s| s.server.max_connections = 2).await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut stream = connect(&app).await;
-        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
-        assert_eq!(read_status(&mut stream, Duration::from_secs(2)).await, Some(200));
-        held.push(stream);
-    }
-    let waiting = app.client.get(format!("{}/healthz", app.address)).timeout(Duration::from_millis(500)).send().await;
-    assert!(waiting.is_err(), "a third connection was served: {waiting:?}");
-    drop(held.pop());
-    app.get("/healthz").await.expect(200);
-}
+// `server.max_connections` (idle connections closed to make room, a new one waits only while
+// every connection is handling a request): tests/api/availability.rs.
 
 /// Under `ulimit -n 64`, more silent connections than file descriptors: accept fails with
 /// EMFILE. The server must neither die nor spin on it, and must serve again once the silent
@@ -268,32 +255,8 @@ async fn a_trickled_body_takes_no_in_flight_slot_and_is_408_after_body_timeout()
     app.assert_absent("t0").await;
 }
 
-#[tokio::test]
-async fn bodies_beyond_max_buffered_bytes_are_503_and_the_budget_comes_back() {
-    let app = spawn_app_with(|s| {
-        s.server.body_limit_bytes = 10_000;
-        s.server.max_buffered_bytes = 20_000;
-        s.server.body_timeout_ms = 1000;
-    })
-    .await;
-    let mut holders = Vec::new();
-    for i in 0..2 {
-        let mut stream = connect(&app).await;
-        let head = format!("PUT /v1/kv/h{i} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n\"");
-        stream.write_all(head.as_bytes()).await.unwrap();
-        holders.push(stream);
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let value = json!("v".repeat(5000));
-    let refused = app.kv_put("late", "1", &value).await;
-    refused.problem(503, "unavailable");
-    assert_eq!(refused.header("retry-after"), Some("1"));
-    // The holders time out (408) and give their bytes back.
-    for mut stream in holders {
-        assert_eq!(read_status(&mut stream, Duration::from_secs(3)).await, Some(408));
-    }
-    app.kv_put("late", "1", &value).await.expect(201);
-}
+// `server.max_buffered_bytes` (charged as bytes arrive) and the minimum body rate:
+// tests/api/availability.rs.
 
 // --- Finding 6: readers that never read ------------------------------------------------------
 

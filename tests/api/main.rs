@@ -16,6 +16,7 @@ mod support_pg;
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
 mod admin;
+mod availability;
 mod auth;
 mod batch;
 mod byol;
