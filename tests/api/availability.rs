@@ -243,7 +243,7 @@ async fn connections_handling_a_request_are_never_reaped() {
     app.kv_put(&key, "1", &json!("before")).await.expect(201);
     let mut holder = PgConnection::connect(&db).await.unwrap();
     holder.execute("BEGIN").await.unwrap();
-    sqlx::query("SELECT 1 FROM fencegate_kv WHERE key = $1 FOR UPDATE").bind(&key).execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate.fencegate_kv WHERE key = $1 FOR UPDATE").bind(&key).execute(&mut holder).await.unwrap();
     let stuck: Vec<_> = (2..4)
         .map(|token| {
             let url = format!("{}{}", app.address, kv(&key));
