@@ -140,14 +140,18 @@ impl Handle {
         }))
     }
 
-    /// Since when the connection has made no progress (no byte read or written), if it is not
-    /// handling a request: idle, or its request's headers or body still arriving. Closing such
-    /// a connection loses nothing that was acted on. `None`: a request is being handled.
+    /// Since when the connection has made no progress, if it is not handling a request: idle
+    /// since its last byte, or its request's headers arriving since their first byte (headers
+    /// trickled a byte at a time are no progress: that is slowloris), or its body arriving
+    /// since its last byte (the minimum body rate bounds the rest). Closing such a connection
+    /// loses nothing that was acted on. `None`: a request is being handled.
     pub fn idle_since(&self) -> Option<Instant> {
-        if self.0.phase.load(Ordering::Acquire) == HANDLING {
-            return None;
+        let state = &self.0;
+        match state.phase.load(Ordering::Acquire) {
+            HANDLING => None,
+            HEADERS => Some(state.at(state.headers_since.load(Ordering::Relaxed))),
+            _ => Some(state.at(state.last_io.load(Ordering::Relaxed))),
         }
-        Some(self.0.at(self.0.last_io.load(Ordering::Relaxed)))
     }
 
     /// Asks the connection to close unless it is handling a request when it gets to it (it
