@@ -29,6 +29,13 @@ use crate::conn::Handle;
 /// be (all handling a request) or the one asked took a request instead.
 const RETRY: Duration = Duration::from_millis(50);
 
+/// A connection that made progress this recently is never closed to make room. A new
+/// connection looks exactly like an attacker's until its request is read; without this, under
+/// a flood of reconnecting attackers (each new one closing the oldest), a probe accepted a few
+/// milliseconds earlier could become the oldest before its request was read (seen in the
+/// slowloris test). With it, each place under the cap is held at least this long.
+const GRACE: Duration = Duration::from_millis(100);
+
 /// The open connections, shared by the accept loop and the connections' [`Slot`]s.
 pub struct Slots {
     max: usize,
@@ -86,10 +93,12 @@ impl Slots {
                 }
                 let pending = asked.and_then(|id| open.connections.get(&id)).is_some_and(|h| h.idle_since().is_some());
                 if !pending {
+                    let settled = tokio::time::Instant::now().checked_sub(GRACE);
                     let oldest = open
                         .connections
                         .iter()
                         .filter_map(|(id, handle)| handle.idle_since().map(|since| (since, *id, handle)))
+                        .filter(|(since, _, _)| settled.is_some_and(|settled| *since <= settled))
                         .min_by_key(|(since, id, _)| (*since, *id));
                     asked = oldest.map(|(_, id, handle)| {
                         handle.close_if_idle();
