@@ -31,8 +31,11 @@ use crate::store::unfenced::Unfenced;
 pub struct DemoOptions {
     /// An existing fencegate; `None` starts one.
     pub url: Option<String>,
-    /// The database, for starting fencegate and for the unfenced side (`None` with `url`: the
-    /// unfenced side is skipped, the demo cannot reach that database).
+    /// The configured database (`None`: none configured). Started by the demo, fencegate runs
+    /// on it in a scratch schema (PostgreSQL), or on a scratch SQLite file when there is none;
+    /// the unfenced side writes the same scratch place. With `url` and no database, the
+    /// unfenced side is skipped. The scratch place is removed when the demo ends: the demo
+    /// leaves nothing in the user's data.
     pub database_url: Option<String>,
     pub lease_ms: u64,
 }
@@ -48,6 +51,52 @@ pub struct WorkerOptions {
     pub work_ms: u64,
     /// `None`: write through fencegate with the token. `Some(db)`: plain upsert into `db`.
     pub unfenced_db: Option<String>,
+    /// PostgreSQL: the demo's scratch schema, where the unfenced table is.
+    pub scratch_schema: Option<String>,
+}
+
+/// Where the demo writes: a schema of its own in the configured PostgreSQL, or a scratch SQLite
+/// file; removed by [`Scratch::remove`].
+struct Scratch {
+    /// The database fencegate (when the demo starts it) and the unfenced side use.
+    url: Option<String>,
+    /// PostgreSQL: `fencegate_demo_<run id>`, made here (never from input).
+    schema: Option<String>,
+    /// SQLite: the scratch directory holding the file.
+    dir: Option<std::path::PathBuf>,
+}
+
+impl Scratch {
+    fn new(configured: Option<&str>, run_id: u128, starts_server: bool) -> anyhow::Result<Scratch> {
+        match configured {
+            Some(url) if !url.starts_with("sqlite:") => {
+                Ok(Scratch { url: Some(url.to_owned()), schema: Some(format!("fencegate_demo_{run_id}")), dir: None })
+            }
+            // The user's own SQLite file is never the demo's: a scratch file instead.
+            _ if starts_server => {
+                let dir = std::env::temp_dir().join(format!("fencegate-demo-{run_id}-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                Ok(Scratch { url: Some(format!("sqlite://{}", dir.join("demo.sqlite").display())), schema: None, dir: Some(dir) })
+            }
+            _ => Ok(Scratch { url: None, schema: None, dir: None }),
+        }
+    }
+
+    async fn remove(&self) {
+        if let (Some(url), Some(schema)) = (&self.url, &self.schema) {
+            match <sqlx::PgConnection as sqlx::Connection>::connect(url).await {
+                Ok(mut conn) => {
+                    if let Err(err) = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(&mut conn).await {
+                        eprintln!("could not drop the demo's scratch schema {schema}: {err}");
+                    }
+                }
+                Err(err) => eprintln!("could not drop the demo's scratch schema {schema}: {err}"),
+            }
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 const EVENT: &str = "EVENT ";
@@ -89,11 +138,19 @@ impl Timeline {
 /// Runs the demo; returns whether fencing prevented the lost update.
 pub async fn run(options: DemoOptions) -> anyhow::Result<bool> {
     let style = Style { on: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none() };
+    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let scratch = Scratch::new(options.database_url.as_deref(), run_id, options.url.is_none())?;
+    let result = run_in(&options, &scratch, run_id, &style).await;
+    scratch.remove().await;
+    result
+}
+
+async fn run_in(options: &DemoOptions, scratch: &Scratch, run_id: u128, style: &Style) -> anyhow::Result<bool> {
     let mut server = None;
     let url = match &options.url {
         Some(url) => url.trim_end_matches('/').to_owned(),
         None => {
-            let (child, addr) = start_server(options.database_url.as_deref()).await?;
+            let (child, addr) = start_server(scratch).await?;
             server = Some(child);
             format!("http://{addr}")
         }
@@ -102,10 +159,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<bool> {
     println!("fencegate: {url}{}", if server.is_some() { " (started by the demo)" } else { "" });
     println!("lease: {} ms; worker A is frozen with SIGSTOP for {} ms\n", options.lease_ms, options.lease_ms + 500);
 
-    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
-    let fenced = scenario(&url, None, run_id, &options, &style).await;
-    let unfenced = match &options.database_url {
-        Some(db) => Some(scenario(&url, Some(db.clone()), run_id, &options, &style).await),
+    let fenced = scenario(&url, None, run_id, options, style).await;
+    let unfenced = match &scratch.url {
+        Some(_) => Some(scenario(&url, Some(scratch), run_id, options, style).await),
         None => {
             println!("(unfenced side skipped: it writes straight to the database; pass --database-url)\n");
             None
@@ -143,11 +199,13 @@ struct ScenarioResult {
 
 async fn scenario(
     url: &str,
-    unfenced_db: Option<String>,
+    unfenced: Option<&Scratch>,
     run_id: u128,
     options: &DemoOptions,
     style: &Style,
 ) -> anyhow::Result<ScenarioResult> {
+    let unfenced_db = unfenced.and_then(|s| s.url.clone());
+    let scratch_schema = unfenced.and_then(|s| s.schema.clone());
     let label = if unfenced_db.is_some() { "unfenced" } else { "fenced" };
     let title = match label {
         "fenced" => "== fenced: writes go through fencegate with the lock's token ==",
@@ -164,6 +222,7 @@ async fn scenario(
         lease_ms: options.lease_ms,
         work_ms,
         unfenced_db: unfenced_db.clone(),
+        scratch_schema: scratch_schema.clone(),
     };
 
     // A takes the lock, reads the list, then "works" for a while: we freeze it right there.
@@ -189,7 +248,7 @@ async fn scenario(
     let key = format!("demo-{label}-{run_id}");
     let final_list = match &unfenced_db {
         None => read_fenced(url, &key).await?,
-        Some(db) => Unfenced::connect(db).await?.read(&key).await?.unwrap_or(json!([])),
+        Some(db) => Unfenced::connect(db, scratch_schema.as_deref()).await?.read(&key).await?.unwrap_or(json!([])),
     };
     let zombie_rejected = zombie_write.get("status").and_then(Value::as_u64) == Some(412);
     let outcome = if final_list == json!(["B"]) {
@@ -233,6 +292,9 @@ fn spawn_worker(w: &WorkerOptions) -> anyhow::Result<Child> {
     if let Some(db) = &w.unfenced_db {
         cmd.args(["--unfenced-db", db]);
     }
+    if let Some(schema) = &w.scratch_schema {
+        cmd.args(["--scratch-schema", schema]);
+    }
     cmd.stdout(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true);
     cmd.spawn().context("cannot start a demo worker")
 }
@@ -242,12 +304,15 @@ fn signal(child: &Child, sig: Signal) -> anyhow::Result<()> {
     nix::sys::signal::kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("cannot send {sig} to worker {pid}"))
 }
 
-async fn start_server(database_url: Option<&str>) -> anyhow::Result<(Child, String)> {
+async fn start_server(scratch: &Scratch) -> anyhow::Result<(Child, String)> {
     let exe = std::env::current_exe().context("cannot find the fencegate executable")?;
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--listen", "127.0.0.1:0"]).env("FENCEGATE_LOG", "warn");
-    if let Some(db) = database_url {
+    if let Some(db) = &scratch.url {
         cmd.args(["--database-url", db]);
+    }
+    if let Some(schema) = &scratch.schema {
+        cmd.env("FENCEGATE_DATABASE_SCHEMA", schema);
     }
     let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true).spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
@@ -325,7 +390,7 @@ pub async fn worker(w: WorkerOptions) -> anyhow::Result<()> {
     emit(me, "acquire", &format!("acquire lock (lease {lease} ms)"), &token, "granted");
 
     let mut unfenced = match &w.unfenced_db {
-        Some(db) => Some(Unfenced::connect(db).await?),
+        Some(db) => Some(Unfenced::connect(db, w.scratch_schema.as_deref()).await?),
         None => None,
     };
     let list = match &mut unfenced {

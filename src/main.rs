@@ -110,6 +110,8 @@ enum Command {
         work_ms: u64,
         #[arg(long)]
         unfenced_db: Option<String>,
+        #[arg(long)]
+        scratch_schema: Option<String>,
     },
 }
 
@@ -257,12 +259,10 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
             started.await
         }
         Command::Demo { url, lease_ms } => {
-            // Started by the demo, fencegate uses the configured database (by default the
-            // embedded SQLite file); against --url, only an explicitly configured one is known.
-            let database_url = match &url {
-                None => Some(settings.database.effective_url()),
-                Some(_) => settings.database.url.clone(),
-            };
+            // Started by the demo, fencegate uses the configured PostgreSQL (in a scratch schema)
+            // or a scratch SQLite file; against --url, only an explicitly configured database is
+            // known (for the unfenced side, in a scratch schema too).
+            let database_url = settings.database.url.clone();
             let options = fencegate::demo::DemoOptions { url, database_url, lease_ms };
             if fencegate::demo::run(options).await? {
                 Ok(())
@@ -270,8 +270,9 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
                 anyhow::bail!("the zombie's write was not rejected")
             }
         }
-        Command::DemoWorker { url, name, lock, key, lease_ms, work_ms, unfenced_db } => {
-            fencegate::demo::worker(fencegate::demo::WorkerOptions { url, name, lock, key, lease_ms, work_ms, unfenced_db })
+        Command::DemoWorker { url, name, lock, key, lease_ms, work_ms, unfenced_db, scratch_schema } => {
+            let options = fencegate::demo::WorkerOptions { url, name, lock, key, lease_ms, work_ms, unfenced_db, scratch_schema };
+            fencegate::demo::worker(options)
                 .await
         }
         Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {

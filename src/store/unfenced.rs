@@ -1,8 +1,9 @@
 //! The write a service does today, without fencegate: a plain upsert with no token check.
 //!
 //! Used only by `fencegate demo`, to show side by side the lost update that fencing prevents.
-//! It writes its own table (`fencegate_demo_unfenced`), never fencegate's data, and no API
-//! route reaches it.
+//! It writes its own table (`fencegate_demo_unfenced`) in the demo's scratch place (a schema of
+//! its own on PostgreSQL, a scratch file on SQLite, both removed when the demo ends), never
+//! fencegate's data or the user's, and no API route reaches it.
 
 use std::{str::FromStr, time::Duration};
 
@@ -14,7 +15,8 @@ pub enum Unfenced {
 }
 
 impl Unfenced {
-    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+    /// `schema`: PostgreSQL only, the demo's scratch schema (a name the demo made, never input).
+    pub async fn connect(url: &str, schema: Option<&str>) -> anyhow::Result<Self> {
         if url.starts_with("sqlite:") {
             // The fencegate process has the same file open: wait for its write lock.
             let mut conn = SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(5)).connect().await?;
@@ -24,6 +26,9 @@ impl Unfenced {
             Ok(Unfenced::Sqlite(conn))
         } else {
             let mut conn = PgConnection::connect(url).await?;
+            if let Some(schema) = schema {
+                sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path = {schema}")).execute(&mut conn).await?;
+            }
             sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key text PRIMARY KEY, value jsonb NOT NULL)")
                 .execute(&mut conn)
                 .await?;
