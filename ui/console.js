@@ -463,7 +463,9 @@
     const button = $("play");
     button.disabled = true;
     $("timeline").replaceChildren();
-    const scope = "console-demo-" + Math.random().toString(16).slice(2, 10);
+    // One fixed scope and key for every play, so replaying adds nothing: the same lock (its
+    // token steps on), the same key. Named so no one mistakes it for data.
+    const scope = "fencegate-console-demo";
     const key = scope + "/report";
     const lockPath = "/v1/locks/" + encodeURIComponent(scope);
     const kvPath = "/v1/kv/" + encodeURIComponent(key);
@@ -471,7 +473,7 @@
     const s = { A: {}, B: {} };
     drawStage(s);
     try {
-      step("scope " + scope + " (its own: no user data touched)");
+      step("scope " + scope + " (the console's own, reused by every play: no user data touched)");
       let r = await call("POST", lockPath, { body: { owner: "console worker A", ttl_ms: ttl } });
       if (r.status !== 201) throw new Error("A could not take the lock: " + r.status + " " + (r.body && r.body.detail));
       const tokenA = r.body.token;

@@ -92,6 +92,15 @@ async fn the_console_shows_fencing_live_and_plays_the_zombie_scenario() {
     let errors = browser.errors().await;
     assert!(errors.is_empty(), "console errors while loading the page: {errors:#?}");
 
+    // Names come from clients: a right-to-left override or a zero-width space is shown as
+    // ⟨U+XXXX⟩, never rendered (a look-alike of another name).
+    let spoof = "billing\u{202E}ylthgin".to_owned();
+    acquire(&app, &spoof, "worker\u{200B}7", 120_000).await;
+    let row = query("#locks tr", "data-lock", &spoof);
+    browser.until(Duration::from_secs(10), "the look-alike lock's row", &format!("return {row} !== null")).await;
+    let shown = browser.js(&format!("return [{row}.querySelector('.name').textContent, {row}.querySelector('.holder').textContent]")).await;
+    assert_eq!(shown, json!(["billing⟨U+202E⟩ylthgin", "worker⟨U+200B⟩7"]));
+
     // A write refused after the page loaded shows within a few seconds, presented vs current.
     let key = "ledger/2026-11".to_owned();
     app.kv_put(&enc(&key), "41", &json!(1)).await.expect(201);
@@ -154,7 +163,7 @@ async fn the_console_shows_fencing_live_and_plays_the_zombie_scenario() {
         .until(
             Duration::from_secs(5),
             "the zombie's refusal in the table",
-            "const r = [...document.querySelectorAll('#refusals tbody tr')].find(r => r.dataset.scope.startsWith('console-demo-')); \
+            "const r = [...document.querySelectorAll('#refusals tbody tr')].find(r => r.dataset.scope === 'fencegate-console-demo'); \
              return r && r.dataset.kind === 'stale' && r.dataset.scope",
         )
         .await;
@@ -165,7 +174,7 @@ async fn the_console_shows_fencing_live_and_plays_the_zombie_scenario() {
     // The only errors the browser logged since: the zombie's refused write (a 412 is a failed
     // request to chromium), nothing else.
     let errors = browser.errors().await;
-    assert!(errors.iter().all(|e| e.contains("/v1/kv/console-demo-") && e.contains("412")), "console errors: {errors:#?}");
+    assert!(errors.iter().all(|e| e.contains("/v1/kv/fencegate-console-demo") && e.contains("412")), "console errors: {errors:#?}");
 
     // The whole page in one picture.
     let height = browser.js("return document.documentElement.scrollHeight").await.as_u64().unwrap() as u32;
