@@ -169,6 +169,25 @@ enum AdminCommand {
         #[arg(long)]
         reason: String,
     },
+    /// Rebind every key under a prefix, or every fenced row of a legacy table, to a sticky
+    /// scope (or none): audited (actor "cli:$USER"), in one transaction. The fences stay.
+    Rebind {
+        /// Keys starting with this ("" for every key).
+        #[arg(long, group = "what")]
+        prefix: Option<String>,
+        /// The legacy-table resource: all its rows.
+        #[arg(long, group = "what")]
+        table: Option<String>,
+        /// The new scope.
+        #[arg(long, conflicts_with = "unbind")]
+        bind: Option<String>,
+        /// No scope.
+        #[arg(long)]
+        unbind: bool,
+        /// Why (1..=1000 bytes): recorded in the audit log.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -307,6 +326,44 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
             };
             let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
             match store.reset(Reset { target, to, scope, reason, actor }).await? {
+                Ok(done) => {
+                    println!("{}", serde_json::to_string(&done)?);
+                    Ok(())
+                }
+                Err(refused) => anyhow::bail!("{refused}"),
+            }
+        }
+        Command::Admin { command: AdminCommand::Rebind { prefix, table, bind, unbind, reason } } => {
+            use fencegate::{fence::Scope, store::admin::{Rebind, RebindTarget}};
+            let max = settings.kv.max_key_bytes;
+            let scope = match (bind, unbind) {
+                (Some(s), _) => Some(Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?),
+                (None, true) => None,
+                (None, false) => anyhow::bail!("say where to: --bind SCOPE, or --unbind for none"),
+            };
+            let store = fencegate::server::open_store(&settings).await?;
+            let target = match (prefix, table) {
+                (Some(prefix), _) => {
+                    if let Some((bound, to)) = settings.bindings()?.contradicting(&prefix, scope.as_ref()) {
+                        anyhow::bail!("the configuration binds keys starting with {bound:?} to scope {:?}: nothing was changed", to.as_str());
+                    }
+                    RebindTarget::Keys { prefix }
+                }
+                (_, Some(table)) => {
+                    let resources = store.resources(&settings.resources).await?;
+                    let resource = resources
+                        .get(&table)
+                        .cloned()
+                        .ok_or_else(|| anyhow::anyhow!("--table: no resource {table:?} in [[resources]] of the config file"))?;
+                    if resource.scope.as_ref().is_some_and(|configured| scope.as_ref() != Some(configured)) {
+                        anyhow::bail!("the configuration puts every write to {table:?} under another scope: nothing was changed");
+                    }
+                    RebindTarget::Table(resource)
+                }
+                _ => anyhow::bail!("name what to rebind: --prefix, or --table"),
+            };
+            let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
+            match store.rebind(Rebind { target, scope, reason, actor }).await? {
                 Ok(done) => {
                     println!("{}", serde_json::to_string(&done)?);
                     Ok(())

@@ -94,6 +94,15 @@ impl Bindings {
         self.prefixes.iter().find(|(prefix, _)| key.starts_with(prefix.as_str())).map(|(_, scope)| scope)
     }
 
+    /// A binding that some key under `prefix` falls under and that names another scope than
+    /// `scope`: (its prefix, its scope). What a bulk rebind of `prefix` to `scope` contradicts.
+    pub fn contradicting(&self, prefix: &str, scope: Option<&Scope>) -> Option<(&str, &Scope)> {
+        self.prefixes
+            .iter()
+            .find(|(p, s)| (p.starts_with(prefix) || prefix.starts_with(p.as_str())) && Some(s) != scope)
+            .map(|(p, s)| (p.as_str(), s))
+    }
+
     /// The scope a write of `key` is under: the binding's if the key is bound (a different
     /// presented scope is a mismatch), else the presented one.
     pub fn resolve(&self, key: &Key, presented: Option<Scope>) -> Result<Option<Scope>, ScopeMismatch> {

@@ -23,7 +23,7 @@ use super::{
 use crate::{
     auth::Actor,
     fence::{FencingToken, Scope},
-    store::admin::{Reset, ResetRefused, ResetTarget},
+    store::admin::{Rebind, RebindTarget, Reset, ResetRefused, ResetTarget},
     tables::RowKey,
 };
 
@@ -210,6 +210,108 @@ pub async fn retire_lock(
     check_admin(&actor)?;
     let reset = Reset { target: ResetTarget::Lock(name), to: None, scope: None, reason: request.reason, actor: actor_name(&actor) };
     run(&state, reset).await
+}
+
+/// `{"prefix": "P", "scope": "S" | null, "reason": "why"}` (`prefix` for keys only).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RebindRequest {
+    /// Keys only: every key starting with it (`""`: every key). Required for keys.
+    #[serde(default)]
+    prefix: Option<String>,
+    /// The new sticky scope, or null for none. Required.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    scope: Option<Option<String>>,
+    /// Why (1..=1000 bytes, no control characters): recorded in the audit log. Required.
+    reason: String,
+}
+
+fn rebind_scope(state: &AppState, request: &RebindRequest) -> Result<Option<Scope>, ApiError> {
+    let Some(scope) = &request.scope else {
+        return Err(ApiError::InvalidRequest("\"scope\" is required: the new binding, or null for none".into()));
+    };
+    scope
+        .as_deref()
+        .map(|s| Scope::parse(s, state.kv.max_key_bytes).map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}"))))
+        .transpose()
+}
+
+async fn rebind(state: &AppState, rebind: Rebind) -> Result<Response, ApiError> {
+    match state.store.rebind(rebind).await? {
+        Ok(done) => Ok(Json(done).into_response()),
+        Err(ResetRefused::NotFound(why)) => Err(ApiError::NotFound(why)),
+        Err(refused) => Err(ApiError::InvalidRequest(refused.to_string())),
+    }
+}
+
+/// `POST /v1/admin/kv/rebind`: every key under a prefix moves under another sticky scope (or
+/// none), e.g. once `[[scopes]]` binds keys written before the binding existed. Refused (409)
+/// when it contradicts a binding of the configuration.
+#[utoipa::path(
+    operation_id = "rebind_keys",
+    post,
+    path = super::routes::ADMIN_KV_REBIND,
+    tag = "admin",
+    summary = "Rebind every key under a prefix to a sticky scope (audited)",
+    request_body(content = RebindRequest, content_type = "application/json"),
+    responses((status = 200, description = "Rebound; the audit log has the row", body = body::RebindDone), doc::Rebind)
+)]
+pub async fn rebind_keys(State(state): State<AppState>, actor: Actor, JsonBody(request): JsonBody<RebindRequest>) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let scope = rebind_scope(&state, &request)?;
+    let Some(prefix) = request.prefix else {
+        return Err(ApiError::InvalidRequest("\"prefix\" is required: the keys to rebind (\"\" for every key)".into()));
+    };
+    if prefix.len() > state.kv.max_key_bytes || prefix.chars().any(char::is_control) {
+        return Err(ApiError::InvalidRequest("\"prefix\" is longer than kv.max_key_bytes or holds a control character".into()));
+    }
+    if let Some((bound, to)) = state.bindings.contradicting(&prefix, scope.as_ref()) {
+        return Err(ApiError::BindingConflict(format!(
+            "the configuration binds keys starting with {bound:?} to scope {:?} ([[scopes]]), and some of them are under \
+             {prefix:?}: rebinding them elsewhere would refuse every later write; nothing was changed",
+            to.as_str()
+        )));
+    }
+    let target = RebindTarget::Keys { prefix };
+    rebind(&state, Rebind { target, scope, reason: request.reason, actor: actor_name(&actor) }).await
+}
+
+/// `POST /v1/admin/tables/{resource}/rebind`: every row of the table fencegate holds a fence
+/// for moves under another sticky scope (or none); 409 against the resource's `scope`.
+#[utoipa::path(
+    operation_id = "rebind_table",
+    post,
+    path = super::routes::ADMIN_TABLE_REBIND,
+    tag = "admin",
+    summary = "Rebind every fenced row of a legacy table to a sticky scope (audited)",
+    params(("resource" = String, Path, description = "A configured [[resources]] name")),
+    request_body(content = RebindRequest, content_type = "application/json"),
+    responses((status = 200, description = "Rebound; the audit log has the row", body = body::RebindDone), doc::Rebind)
+)]
+pub async fn rebind_table(
+    State(state): State<AppState>,
+    actor: Actor,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    JsonBody(request): JsonBody<RebindRequest>,
+) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let resource = super::tables::resource(&state, &name)?;
+    let scope = rebind_scope(&state, &request)?;
+    if request.prefix.is_some() {
+        return Err(ApiError::InvalidRequest("a table is rebound whole: leave \"prefix\" out".into()));
+    }
+    if let Some(configured) = &resource.scope {
+        if scope.as_ref() != Some(configured) {
+            return Err(ApiError::BindingConflict(format!(
+                "the configuration puts every write to {name:?} under scope {:?}: rebinding its rows elsewhere would \
+                 refuse every later write; nothing was changed",
+                configured.as_str()
+            )));
+        }
+    }
+    let target = RebindTarget::Table(resource);
+    rebind(&state, Rebind { target, scope, reason: request.reason, actor: actor_name(&actor) }).await
 }
 
 #[derive(Deserialize)]

@@ -262,6 +262,7 @@ problems! {
     TableGet: [NOT_FOUND, INVALID_KEY] + Guarded;
     Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW, BINDING_CONFLICT] + Guarded + Body;
     Retire: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND] + Guarded + Body;
+    Rebind: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND, BINDING_CONFLICT] + Guarded + Body;
     Audit: [INVALID_REQUEST] + Guarded;
     Readiness: [UNAVAILABLE] + Edge;
 }
@@ -475,6 +476,24 @@ pub mod schemas {
         /// Present when the binding was changed: the new sticky scope (null: none).
         #[schema(nullable = false)]
         scope: Option<Option<String>>,
+        audit_id: String,
+    }
+
+    #[derive(ToSchema)]
+    #[allow(dead_code)]
+    pub struct RebindDone {
+        /// kv or table.
+        target: String,
+        /// kv: the prefix rebound.
+        #[schema(nullable = false)]
+        prefix: Option<String>,
+        /// table: the resource rebound.
+        #[schema(nullable = false)]
+        resource: Option<String>,
+        /// The new binding (null: none).
+        scope: Option<String>,
+        /// Keys or rows whose binding changed.
+        rebound: u64,
         audit_id: String,
     }
 

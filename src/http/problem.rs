@@ -380,12 +380,22 @@ fn describe_mismatch(m: &ScopeMismatch) -> String {
         Some(scope) => format!("scope {scope:?}"),
         None => "no scope".to_owned(),
     };
+    let send = match m.scope.as_deref() {
+        Some(scope) => format!("send X-Fencing-Scope: {scope} with that lock's token"),
+        None => "write it without X-Fencing-Scope (and outside any [[scopes]] binding)".to_owned(),
+    };
+    // The other way out: the key was written before a binding (or a resource's `scope`) put
+    // it under the presented scope, which leaving the header out cannot undo.
+    let rebind = match &m.fenced {
+        Fenced::Row { resource, .. } => format!("POST /v1/admin/tables/{resource}/rebind"),
+        _ => "POST /v1/admin/kv/rebind (a prefix), or the key's reset with \"scope\"".to_owned(),
+    };
     format!(
-        "{what} is bound to {} but the write came under {}: send X-Fencing-Scope: {} with that lock's token \
-         (an admin reset rebinds a key); nothing was written",
+        "{what} is bound to {} but the write came under {}: {send}; or, if it belongs under {} now (a binding \
+         added after it was written), an admin rebinds it: {rebind}; nothing was written",
         name(m.scope.as_deref()),
         name(m.presented.as_ref().map(|s| s.as_str())),
-        m.scope.as_deref().unwrap_or("(none: leave the header out)"),
+        name(m.presented.as_ref().map(|s| s.as_str())),
     )
 }
 

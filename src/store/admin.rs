@@ -89,6 +89,39 @@ pub enum ResetRefused {
     Invalid(String),
 }
 
+/// A bulk rebind: every key under a prefix, or every row of a legacy table fencegate has a
+/// fence for, moved under another sticky scope (or none). The fences are not touched.
+#[derive(Debug, Clone)]
+pub struct Rebind {
+    pub target: RebindTarget,
+    pub scope: Option<Scope>,
+    pub reason: String,
+    pub actor: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum RebindTarget {
+    /// Keys starting with the prefix (`""`: every key).
+    Keys { prefix: String },
+    Table(Arc<Resource>),
+}
+
+/// A rebind that was done: the response body of the rebind endpoints.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebindDone {
+    /// `kv` or `table`.
+    pub target: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// The new binding (null: none).
+    pub scope: Option<String>,
+    /// Keys or rows whose binding changed.
+    pub rebound: u64,
+    pub audit_id: String,
+}
+
 /// An audit log row, as `GET /v1/admin/audit` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditEntry {
@@ -126,16 +159,22 @@ pub(crate) fn decide(
     Ok((to, scope))
 }
 
-/// Checks what a reset asks before any database work.
-pub fn validate(reset: &Reset) -> Result<(), ResetRefused> {
-    if reset.reason.trim().is_empty() || reset.reason.len() > 1000 {
+/// An audit reason: required, 1..=1000 bytes, no control characters. The audit log is read
+/// in terminals and on the console: a newline or an escape sequence in a reason could forge a
+/// line or repaint the screen.
+pub fn validate_reason(reason: &str) -> Result<(), ResetRefused> {
+    if reason.trim().is_empty() || reason.len() > 1000 {
         return Err(ResetRefused::Invalid("\"reason\" is required: 1..=1000 bytes saying why".into()));
     }
-    // The audit log is read in terminals and on the console: a newline or an escape sequence
-    // in a reason could forge a line or repaint the screen.
-    if reset.reason.chars().any(char::is_control) {
+    if reason.chars().any(char::is_control) {
         return Err(ResetRefused::Invalid("\"reason\" must not contain control characters (newlines, escapes)".into()));
     }
+    Ok(())
+}
+
+/// Checks what a reset asks before any database work.
+pub fn validate(reset: &Reset) -> Result<(), ResetRefused> {
+    validate_reason(&reset.reason)?;
     match (&reset.target, reset.to, &reset.scope) {
         (ResetTarget::Lock(_), None, None) => Ok(()),
         (ResetTarget::Lock(_), _, _) => Err(ResetRefused::Invalid("retiring a lock takes only \"reason\"".into())),
@@ -171,6 +210,22 @@ impl Store {
             self.high_water.clear();
         }
         Ok(done)
+    }
+
+    /// Rebinds every key under a prefix, or every fenced row of a table, with its audit row, in
+    /// one transaction. Nothing about fences changes, so the cache stays as it is.
+    pub async fn rebind(&self, rebind: Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+        if let Err(refused) = validate_reason(&rebind.reason) {
+            return Ok(Err(refused));
+        }
+        let backend = self.backend.clone();
+        super::run_detached(async move {
+            match &backend {
+                super::Backend::Postgres(pg) => pg.rebind(&rebind).await,
+                super::Backend::Sqlite(db) => db.rebind(&rebind).await,
+            }
+        })
+        .await
     }
 
     /// The newest audit rows first, at most `limit`.
@@ -412,19 +467,73 @@ macro_rules! reset_targets {
 
         /// The reset's audit row, in the reset's transaction; its id.
         async fn insert_audit(tx: &mut $conn, reset: &Reset, change: &Change) -> Result<i64, StoreError> {
+            audit_row(tx, &reset.actor, reset.target.action(), reset.target.kind(), change, &reset.reason).await
+        }
+
+        async fn audit_row(
+            tx: &mut $conn,
+            actor: &str,
+            action: &str,
+            target: &str,
+            change: &Change,
+            reason: &str,
+        ) -> Result<i64, StoreError> {
             Ok(sqlx::query_scalar(&audit_insert($now))
-                .bind(&reset.actor)
-                .bind(reset.target.kind())
+                .bind(actor)
+                .bind(target)
                 .bind(&change.name)
                 .bind(&change.resource)
                 .bind(change.from.get())
                 .bind(change.to.get())
                 .bind(&change.from_scope)
                 .bind(&change.to_scope)
-                .bind(&reset.reason)
-                .bind(reset.target.action())
+                .bind(reason)
+                .bind(action)
                 .fetch_one(&mut *tx)
                 .await?)
+        }
+
+        /// Rebinds and audits, in `tx` (not committed here). Legacy tables exist on PostgreSQL only.
+        async fn rebind_in(tx: &mut $conn, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+            let scope = rebind.scope.as_ref().map(|s| s.as_str());
+            let (rebound, target, name, resource) = match &rebind.target {
+                RebindTarget::Keys { prefix } => {
+                    let done = sqlx::query(
+                        "UPDATE fencegate_kv SET scope = $2 WHERE substr(key, 1, length($1)) = $1 AND scope IS DISTINCT FROM $2",
+                    )
+                    .bind(prefix)
+                    .bind(scope)
+                    .execute(&mut *tx)
+                    .await?;
+                    (done.rows_affected(), "kv", prefix.clone(), None)
+                }
+                RebindTarget::Table(resource) => {
+                    let done = sqlx::query("UPDATE fencegate_ledger SET scope = $2 WHERE relation = $1 AND scope IS DISTINCT FROM $2")
+                        .bind(&resource.relation)
+                        .bind(scope)
+                        .execute(&mut *tx)
+                        .await?;
+                    (done.rows_affected(), "table", String::new(), Some(resource.name.clone()))
+                }
+            };
+            // The tokens of a rebind are not changed: 0 and 0 in the audit row.
+            let change = Change {
+                name: name.clone(),
+                resource: resource.clone(),
+                from: FencingToken::ZERO,
+                to: FencingToken::ZERO,
+                from_scope: None,
+                to_scope: scope.map(str::to_owned),
+            };
+            let audit_id = audit_row(tx, &rebind.actor, "rebind", target, &change, &rebind.reason).await?;
+            Ok(Ok(RebindDone {
+                target,
+                prefix: (target == "kv").then_some(name),
+                resource,
+                scope: scope.map(str::to_owned),
+                rebound,
+                audit_id: audit_id.to_string(),
+            }))
         }
     };
 }
@@ -469,6 +578,18 @@ mod pg {
             tx.commit().await?;
             conn.done();
             Ok(Ok(change.done(reset, audit_id)))
+        }
+
+        pub(crate) async fn rebind(&self, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+            let mut conn = self.conns.take().await?;
+            let mut tx = conn.begin().await?;
+            let done = rebind_in(&mut tx, rebind).await?;
+            match done {
+                Ok(_) => tx.commit().await?,
+                Err(_) => tx.rollback().await?,
+            }
+            conn.done();
+            Ok(done)
         }
 
         pub(crate) async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
@@ -554,6 +675,19 @@ mod sqlite {
             let audit_id = insert_audit(&mut tx, reset, &change).await?;
             tx.commit().await?;
             Ok(Ok(change.done(reset, audit_id)))
+        }
+
+        pub(crate) async fn rebind(&self, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+            if let RebindTarget::Table(_) = rebind.target {
+                return Ok(Err(ResetRefused::NotFound("legacy tables need the PostgreSQL store".into())));
+            }
+            let mut tx = self.pool.begin().await?;
+            let done = rebind_in(&mut tx, rebind).await?;
+            match done {
+                Ok(_) => tx.commit().await?,
+                Err(_) => tx.rollback().await?,
+            }
+            Ok(done)
         }
 
         pub(crate) async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {

@@ -172,3 +172,72 @@ async fn the_command_line_resets_against_the_database() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("below the current fence"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A `[[scopes]]` binding added after keys were written: every write of the binding's lock
+/// holder to them is 409 (they remember no scope), and the 409 says how out; one audited bulk
+/// rebind moves them all, instead of a reset per key. A rebind against the configuration is 409.
+#[tokio::test]
+async fn keys_written_before_a_binding_are_rebound_in_bulk() {
+    let db = crate::pg::fresh_database().await;
+    let before = spawn_app_on(db.clone(), |_| {}).await;
+    for key in ["invoice-1", "invoice-2", "other-1"] {
+        before.kv_put(key, "5", &json!("old")).await.expect(201);
+    }
+    drop(before);
+    let app = spawn_app_on(db, |s| {
+        s.scopes = vec![fencegate::config::ScopeBinding { name: "billing".into(), keys: vec!["invoice-".into()] }]
+    })
+    .await;
+    let token = acquire(&app, "billing").await;
+    let refused = app.kv_put("invoice-1", &token, &json!("new")).await;
+    let body = refused.mismatch("invoice-1", None, Some("billing"));
+    assert!(body["detail"].as_str().unwrap().contains("/v1/admin/kv/rebind"), "{body}");
+
+    let rebind = |body: Value| app.req(Method::POST, "/v1/admin/kv/rebind").json(&body);
+    for bad in [json!({"prefix": "invoice-", "reason": "no scope given"}), json!({"scope": "billing", "reason": "no prefix"}),
+                json!({"prefix": "invoice-", "scope": "billing", "reason": "a\nb"})] {
+        app.send(rebind(bad)).await.problem(400, "invalid-request");
+    }
+    for wrong in [json!("other"), Value::Null] {
+        app.send(rebind(json!({"prefix": "invoice-", "scope": wrong, "reason": "x"}))).await.problem(409, "binding-conflict");
+    }
+    // "" covers the bound keys too: a rebind of everything to another scope contradicts them.
+    app.send(rebind(json!({"prefix": "", "scope": "other", "reason": "x"}))).await.problem(409, "binding-conflict");
+
+    let done = app.send(rebind(json!({"prefix": "invoice-", "scope": "billing", "reason": "binding added"}))).await.expect(200);
+    assert_eq!((&done["target"], &done["prefix"], &done["scope"], &done["rebound"]), (&json!("kv"), &json!("invoice-"), &json!("billing"), &json!(2)), "{done}");
+    let audit = app.get("/v1/admin/audit?limit=1").await.expect(200);
+    assert_eq!((&audit["entries"][0]["action"], &audit["entries"][0]["to_scope"]), (&json!("rebind"), &json!("billing")), "{audit}");
+    app.kv_put("invoice-1", &token, &json!("new")).await.expect(200);
+    app.kv_put("invoice-2", &token, &json!("new")).await.expect(200);
+    // Untouched: a key outside the prefix still remembers no scope.
+    app.kv_put("other-1", "6", &json!("unscoped")).await.expect(200);
+    // Again: nothing left to rebind.
+    let again = app.send(rebind(json!({"prefix": "invoice-", "scope": "billing", "reason": "again"}))).await.expect(200);
+    assert_eq!(again["rebound"], json!(0));
+}
+
+/// `fencegate admin rebind` does the bulk rebind against the database itself, audited.
+#[tokio::test]
+async fn the_command_line_rebinds_a_prefix() {
+    let db = crate::pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |_| {}).await;
+    app.kv_put("job-1", "3", &json!(1)).await.expect(201);
+    let run = |args: &[&str]| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args(["admin", "rebind"])
+            .args(args)
+            .args(["--database-url", &db])
+            .env("USER", "ops")
+            .env_remove("FENCEGATE_CONFIG")
+            .output()
+    };
+    let out = run(&["--prefix", "job-", "--bind", "jobs", "--reason", "moved under the jobs lock"]).await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!((&done["rebound"], &done["scope"]), (&json!(1), &json!("jobs")), "{done}");
+    app.kv_put("job-1", "4", &json!(2)).await.mismatch("job-1", Some("jobs"), None);
+    app.kv_put_scoped("job-1", "4", "jobs", &json!(2)).await.expect(200);
+    let out = run(&["--prefix", "job-", "--reason", "where to?"]).await.unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--unbind"));
+}

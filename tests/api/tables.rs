@@ -1105,3 +1105,29 @@ async fn a_table_row_fence_is_reset_through_the_admin_api() {
     reset("orders/acme,999".into(), json!({"to": "1", "reason": "x"})).await.problem(404, "not-found");
     reset("nope/acme,1".into(), json!({"to": "1", "reason": "x"})).await.problem(404, "not-found");
 }
+
+/// A `scope` added to a resource whose rows fencegate already fenced without one: each row
+/// refuses the lock holder (409, saying how out) until one audited rebind moves the whole table.
+#[tokio::test]
+async fn a_table_whose_scope_was_added_later_is_rebound_in_one_call() {
+    let (url, _db) = legacy_database().await;
+    let before = spawn_app_on(url.clone(), |s| s.resources = vec![orders()]).await;
+    put(&before, "orders", "acme,60", "5", &json!({"note": "a"})).await.expect(201);
+    put(&before, "orders", "acme,61", "5", &json!({"note": "b"})).await.expect(201);
+    drop(before);
+    let app = spawn_app_on(url, |s| s.resources = vec![ResourceSettings { scope: Some("orders-lock".into()), ..orders() }]).await;
+    let lock = app.send(app.req(Method::POST, "/v1/locks/orders-lock").json(&json!({"owner": "w", "ttl_ms": 60000}))).await;
+    let token = lock.expect(201)["token"].as_str().unwrap().to_owned();
+    let r = put(&app, "orders", "acme,60", &token, &json!({"note": "holder"})).await;
+    let body = r.mismatch("acme,60", None, Some("orders-lock"));
+    assert!(body["detail"].as_str().unwrap().contains("/v1/admin/tables/orders/rebind"), "{body}");
+
+    let rebind = |body: Value| app.req(Method::POST, "/v1/admin/tables/orders/rebind").json(&body);
+    app.send(rebind(json!({"scope": "elsewhere", "reason": "x"}))).await.problem(409, "binding-conflict");
+    app.send(rebind(json!({"scope": null, "reason": "x"}))).await.problem(409, "binding-conflict");
+    app.send(app.req(Method::POST, "/v1/admin/tables/nope/rebind").json(&json!({"scope": "s", "reason": "x"}))).await.problem(404, "not-found");
+    let done = app.send(rebind(json!({"scope": "orders-lock", "reason": "scope added to the resource"}))).await.expect(200);
+    assert_eq!((&done["target"], &done["resource"], &done["rebound"]), (&json!("table"), &json!("orders"), &json!(2)), "{done}");
+    put(&app, "orders", "acme,60", &token, &json!({"note": "holder"})).await.expect(200);
+    put(&app, "orders", "acme,61", &token, &json!({"note": "holder"})).await.expect(200);
+}
