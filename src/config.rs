@@ -32,7 +32,7 @@ pub struct Settings {
     pub auth: AuthSettings,
 }
 
-/// `[auth]`: who may do what (README, *Securing a deployment*).
+/// `[auth]`: who may do what (docs/security.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
@@ -187,7 +187,7 @@ impl ServerSettings {
     /// request is small next to the database's, which usually shares the host, and every extra
     /// idle thread costs cross-thread wake-ups: on 2 CPUs, one thread instead of two cut CPU
     /// per lone write from about 160 µs to 110 µs and raised 1-connection writes/s from about
-    /// 0.56x to 0.78x pgbench's, with 64-connection throughput unchanged (see bench/README.md).
+    /// 0.56x to 0.78x pgbench's, with 64-connection throughput unchanged (see bench/RESULTS.md).
     /// One thread is run by tokio's current-thread scheduler (`main.rs`).
     pub fn threads(&self) -> usize {
         match self.worker_threads {

@@ -10,7 +10,7 @@ use fencegate::{
 };
 
 /// jemalloc instead of the system allocator (the default feature `jemalloc`): glibc's malloc
-/// spent 28% of a lone PUT's instructions, and kept more memory after a burst (bench/README.md).
+/// spent 28% of a lone PUT's instructions, and kept more memory after a burst (bench/RESULTS.md).
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -217,7 +217,7 @@ impl Drop for AbortOnDrop {
 /// write, then an extra `epoll_wait`) whenever a new timer is due before its next planned
 /// wake-up. Every request arms one (the `request_timeout_ms` deadline), so on a runtime with
 /// nothing else due, every lone request paid those two system calls (strace: 1 write and
-/// 2.8 `epoll_wait` per request without the tick, in bench/README.md). With a tick due within
+/// 2.8 `epoll_wait` per request without the tick, in bench/RESULTS.md). With a tick due within
 /// a second, a later deadline is never the earliest, and arming it is only a wheel insert.
 async fn tick(store: Store) {
     let mut every_second = tokio::time::interval(std::time::Duration::from_secs(1));

@@ -12,7 +12,7 @@ pub fn init_logging(settings: &LogSettings) {
     use tracing_subscriber::{fmt, EnvFilter};
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.filter));
     // Colour codes only for a terminal: in a log file or journal they are noise, and styling
-    // every span's fields cost ~6% of a lone PUT's instructions (callgrind, bench/README.md).
+    // every span's fields cost ~6% of a lone PUT's instructions (callgrind, bench/RESULTS.md).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = if settings.format == "json" { builder.json().try_init() } else { builder.try_init() };

@@ -18,7 +18,7 @@ pub fn segment(name: &str) -> String {
 pub const TOKEN: &str = "x-fencing-token";
 pub const SCOPE: &str = "x-fencing-scope";
 
-/// Exit statuses of the client commands (README, "Make any job exclusive and fenced").
+/// Exit statuses of the client commands (docs/api.md, *The command line as a client*).
 pub mod exit {
     pub const OK: u8 = 0;
     /// 5xx, or no answer at all (refused, timed out, not HTTP).

@@ -1,5 +1,5 @@
-//! fencegate as its own client: `kv`, `fence` and `lock -- CMD` (README, "Make any job
-//! exclusive and fenced"). Every command takes `--url` (env `FENCEGATE_URL`) and sends
+//! fencegate as its own client: `kv`, `fence` and `lock -- CMD` (docs/api.md, *The command line
+//! as a client*). Every command takes `--url` (env `FENCEGATE_URL`) and sends
 //! `FENCEGATE_API_KEY`, when set, as the bearer credential; `--token` and `--scope` default to
 //! `FENCEGATE_TOKEN` and `FENCEGATE_SCOPE`, which `fencegate lock` hands to the command it runs.
 //!

@@ -150,7 +150,7 @@ impl FromRequestParts<AppState> for AdminRowPath {
         let path = parts.uri.path().strip_suffix("/reset").unwrap_or_default();
         let mut segments = path.rsplit('/');
         let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
-            return Err(ApiError::NotFound("no such endpoint; see the README for the API".into()));
+            return Err(ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()));
         };
         let resource = super::tables::resource(state, name)?;
         let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;

@@ -1,5 +1,5 @@
 //! The edge: what a request must be before any handler, limit or database sees it
-//! (README, *Securing a deployment*; docs/wire.md).
+//! (docs/security.md; docs/wire.md).
 //!
 //! In order:
 //! 1. **Host**: never twice (400). When auth is off on a loopback listener, only a loopback address or

@@ -7,7 +7,7 @@
 //! `from_fn` for auth). Applied to a `Router`, each `.layer` boxes every route again: per
 //! request a clone of a boxed service and a boxed future per level, and the futures moved
 //! into those boxes were the largest single item of a lone PUT's instructions (memcpy 6%,
-//! callgrind, bench/README.md). Here: one boxed future per request, and the order is read
+//! callgrind, bench/RESULTS.md). Here: one boxed future per request, and the order is read
 //! top to bottom in [`Gate::call`].
 //!
 //! The open routes (probes, the API's description) get a gate with no in-flight limit and no

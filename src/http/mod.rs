@@ -216,7 +216,7 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .layer(Extension(served))
         .layer(ServiceBuilder::new().layer(gate::GateLayer::open(edge.clone(), limits.request_timeout)).layer(body_limit));
     let api = api
-        .fallback(|| async { ApiError::NotFound("no such endpoint; see the README for the API".into()) })
+        .fallback(|| async { ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state.clone())
         .layer(
@@ -294,7 +294,7 @@ mod tests {
         assert!(on("[::1]:8080"));
         assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
         assert!(!on("192.168.1.5:8080"));
-        // With credentials configured, no Host check (README, *Securing a deployment*: with auth off).
+        // With credentials configured, no Host check (docs/security.md, *The edge*: with auth off).
         let mut with_auth = crate::config::Settings::default();
         with_auth.auth.keys = vec![crate::config::ApiKeySettings {
             name: "k".into(),

@@ -4,7 +4,7 @@
 //! This was four layers (tower-http's request-id pair and `TraceLayer`, and an axum `from_fn`
 //! middleware). Each boxed or wrapped the request, the response or its body again; together
 //! with an INFO span formatted for every request they came to about a sixth of the
-//! instructions of a lone PUT (callgrind, bench/README.md). Here: one boxed future per request,
+//! instructions of a lone PUT (callgrind, bench/RESULTS.md). Here: one boxed future per request,
 //! static metric labels, and the span only when DEBUG logging is on.
 //!
 //! - **Request id**: the client's `x-request-id` if it sent an acceptable one (1..=128 of

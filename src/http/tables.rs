@@ -49,7 +49,7 @@ impl FromRequestParts<AppState> for RowPath {
         // The route is /v1/tables/{resource}/{key}, so these are the last two segments.
         let mut segments = parts.uri.path().rsplit('/');
         let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
-            return Err(ApiError::NotFound("no such endpoint; see the README for the API".into()));
+            return Err(ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()));
         };
         let resource = resource(state, name)?;
         let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;

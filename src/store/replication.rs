@@ -95,7 +95,7 @@ impl Durability {
                 synchronous_commit = %commit,
                 "the primary has streaming replicas but none is synchronous: a failover can lose acknowledged fences \
                  and let a zombie back in. Configure a synchronous standby (synchronous_standby_names, \
-                 synchronous_commit = on) before relying on failover (README: High availability)"
+                 synchronous_commit = on) before relying on failover (docs/operations.md: High availability)"
             ),
             Durability::Alone { names } if !names.is_empty() => tracing::warn!(
                 synchronous_standby_names = %names,

@@ -1,4 +1,4 @@
-//! Recovery, audited (README, *Securing a deployment*): `POST /v1/admin/.../reset` is the only way a fence goes
+//! Recovery, audited (docs/security.md): `POST /v1/admin/.../reset` is the only way a fence goes
 //! down; every reset is an audit row; every process serving the database honours it at once.
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Trust: API keys and JWTs, rights × prefixes × tables on every route, 401/403 that change
 //! nothing, leases that belong to the actor that took them, and the start-up refusal of an
-//! open server on a reachable address (README, *Securing a deployment*; docs/wire.md).
+//! open server on a reachable address (docs/security.md; docs/wire.md).
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,4 +1,4 @@
-//! Availability under hostile clients (README, *Limits*): stalled and trickled bodies must not
+//! Availability under hostile clients (docs/operations.md, *Limits*): stalled and trickled bodies must not
 //! starve small writes and lease renewals, idle and half-sent sockets at the connection cap must
 //! not keep new clients and probes out, a 401 or 403 ends its connection, and a transfer coding
 //! fencegate does not decode is refused rather than stored as it came. Every attacker is a real

@@ -1,7 +1,7 @@
 //! fencegate as its own client, with real processes: `kv` and `fence` exit with the class of
 //! the answer, and `lock -- CMD` holds a lease while CMD runs, stops CMD when the lease is lost
 //! (a real SIGSTOP of the wrapper, a real SIGKILL of the server), and passes statuses and
-//! signals through (README, "Make any job exclusive and fenced").
+//! signals through (docs/api.md, *The command line as a client*).
 
 use std::path::Path;
 use std::process::Stdio;

@@ -1,4 +1,4 @@
-//! The edge under attack (README, *Securing a deployment* and *Limits*): non-JSON bodies, oversized
+//! The edge under attack (docs/security.md, *The edge*; docs/operations.md, *Limits*): non-JSON bodies, oversized
 //! declarations, forged request ids, slow and silent connections, trickled bodies, readers that
 //! never read, half-sent requests at shutdown, too many sockets, foreign Host headers, CORS.
 //! Slow clients are real sockets (`TcpStream`) against timeouts shortened in the settings.

@@ -1,6 +1,6 @@
 //! Property tests: random sequences of fenced operations (puts, deletes, batches, claims,
 //! scoped and unscoped, inclusive and strict, sticky scopes on and off) against a tiny
-//! in-memory model of the fence rules (README, *How it decides*; docs/wire.md). Every outcome (accepted, stale with the fence
+//! in-memory model of the fence rules (docs/api.md, *How fencegate decides*; docs/wire.md). Every outcome (accepted, stale with the fence
 //! reported, or a scope mismatch with the key and both scopes), and the final state of every
 //! key and scope, must match the model. Scoped and unscoped writes share keys, so sticky scope
 //! is exercised on every path. Runs on the real store (cache included), on whichever backend
@@ -37,7 +37,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The fence rules (README, *How it decides*), written as plainly as possible.
+/// The fence rules (docs/api.md, *How fencegate decides*), written as plainly as possible.
 #[derive(Default)]
 struct Model {
     rule: Option<Rule>,

@@ -1,4 +1,4 @@
-//! `GET /openapi.json` and `GET /docs` (README, API; docs/wire.md): an OpenAPI 3.1
+//! `GET /openapi.json` and `GET /docs` (docs/api.md; docs/wire.md): an OpenAPI 3.1
 //! document that a real validator accepts, open like /healthz, whose every operation the
 //! server really serves with a documented status; and a page that loads nothing from elsewhere.
 

@@ -1,4 +1,4 @@
-//! Tokens that would poison a fence (README, *How it decides*: a token a built-in lock never
+//! Tokens that would poison a fence (docs/api.md, *How fencegate decides*: a token a built-in lock never
 //! issued is refused): a token above what a built-in lock granted, and a jump past `kv.max_token_jump`.
 //! Every attempt is checked to have changed nothing: values, fences and the lock's counter.
 

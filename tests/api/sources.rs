@@ -153,7 +153,7 @@ async fn reserved_lock_scopes_refuse_unissued_tokens_before_the_first_grant() {
     not_issued(&put(&app, "a", 2, &lock, None).await, &lock, "2", "1");
     not_issued(&claim(&app, &lock, 2, None).await, &lock, "2", "1");
 
-    // A scope outside the reserved prefixes takes any token (the README says what guards it).
+    // A scope outside the reserved prefixes takes any token (docs/security.md says what guards it).
     let open = unique("open");
     claim(&app, &open, i64::MAX, None).await.expect(201);
     acquire(&app, &open, "w").await.problem(409, "lock-exhausted");

@@ -1,4 +1,4 @@
-//! A zombie cannot step around a scope fence (README, *How it decides*): sticky scopes, `[[scopes]]`
+//! A zombie cannot step around a scope fence (docs/api.md, *How fencegate decides*): sticky scopes, `[[scopes]]`
 //! bindings, and one spelling of a scope in a path and in `X-Fencing-Scope`.
 //!
 //! The scenario of every bypass: A took lock `billing` and lost it (a zombie with the old

@@ -959,7 +959,7 @@ async fn the_example_config_starts_against_its_schema() {
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
 
-/// Sticky scope on a table row (README, *How it decides*): B holds `orders-lock` and wrote the row
+/// Sticky scope on a table row (docs/api.md, *How fencegate decides*): B holds `orders-lock` and wrote the row
 /// under it; zombie A, with the old token, tries to leave the scope out or name another one,
 /// on every write path. The row in the table is checked with SQL.
 #[tokio::test]
@@ -1033,7 +1033,7 @@ async fn a_table_bound_to_a_scope_is_written_under_it() {
     assert!(order(&db, "acme", 1).await.is_some());
 }
 
-/// Poisoning guards on legacy tables (README, *How it decides*): a token the built-in lock never
+/// Poisoning guards on legacy tables (docs/api.md, *How fencegate decides*): a token the built-in lock never
 /// granted, and a jump past `kv.max_token_jump`, in ledger mode and in column mode. The tables
 /// are checked with SQL afterwards: nothing changed.
 #[tokio::test]

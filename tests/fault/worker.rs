@@ -9,7 +9,7 @@
 //! 3. a short "think" (the window in which a freeze makes this worker a zombie);
 //! 4. `PUT /v1/kv/counter` n+1 with `X-Fencing-Token: token`, `X-Fencing-Scope: counter`; an
 //!    unknown outcome (503, timeout, connection lost) is retried with the same token and value,
-//!    which the README promises is safe (a fenced write is idempotent under its token);
+//!    which docs/api.md promises is safe (a fenced write is idempotent under its token);
 //! 5. `DELETE /v1/locks/counter` with the token.
 //!
 //! Requests alternate between the fencegate processes; one that refused a connection is avoided
