@@ -408,7 +408,8 @@ pub struct Overrides {
 
 impl Settings {
     /// Builds settings in precedence order: defaults, then the file (if any), then environment
-    /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_DATABASE_SCHEMA`), then
+    /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_LOG_FORMAT`,
+    /// `FENCEGATE_DATABASE_SCHEMA`), then
     /// command-line flags.
     pub fn load(file: Option<&Path>, env: impl Fn(&str) -> Option<String>, cli: Overrides) -> anyhow::Result<Self> {
         let mut settings = match file {
@@ -423,6 +424,9 @@ impl Settings {
         }
         if let Some(filter) = env("FENCEGATE_LOG").filter(|v| !v.is_empty()) {
             settings.log.filter = filter;
+        }
+        if let Some(format) = env("FENCEGATE_LOG_FORMAT").filter(|v| !v.is_empty()) {
+            settings.log.format = format;
         }
         if let Some(schema) = env("FENCEGATE_DATABASE_SCHEMA").filter(|v| !v.is_empty()) {
             settings.database.schema = schema;

@@ -135,6 +135,20 @@ pub struct Refusal {
     pub keys: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// `<process>-<event id>`: the same refusal in the stream and in the database.
+    pub uid: String,
+    /// The route template (`/v1/kv/{key}`), the namespaced actor (`None`: auth off), and the
+    /// request id: what an operator needs to find the writer.
+    pub route: &'static str,
+    pub actor: Option<String>,
+    pub request_id: String,
+}
+
+/// Where a refused write came from: for its log line and its record.
+pub struct Origin {
+    pub route: &'static str,
+    pub actor: Option<String>,
+    pub request_id: String,
 }
 
 impl Refused {
@@ -149,7 +163,7 @@ impl Refused {
         }
     }
 
-    fn into_refusal(self, op: &'static str) -> Refusal {
+    fn into_refusal(self, op: &'static str, origin: Origin, uid: String) -> Refusal {
         let kind = self.kind();
         let mut r = Refusal {
             kind,
@@ -162,6 +176,10 @@ impl Refused {
             current_token: None,
             keys: 1,
             detail: None,
+            uid,
+            route: origin.route,
+            actor: origin.actor,
+            request_id: origin.request_id,
         };
         let name = |r: &mut Refusal, fenced: Fenced| match fenced {
             Fenced::Key(key) => r.key = Some(key.as_str().to_owned()),
@@ -205,6 +223,26 @@ impl Refused {
     }
 }
 
+/// The log line of a refused write (INFO, target `fencegate::refusal`); its fields are the
+/// JSON keys with `log.format = "json"`.
+fn log_refusal(r: &Refusal) {
+    let token = |t: Option<FencingToken>| t.map(|t| t.get()).unwrap_or(-1);
+    tracing::info!(
+        target: "fencegate::refusal",
+        kind = r.kind,
+        op = r.op,
+        route = r.route,
+        key = r.key.as_deref().unwrap_or(""),
+        resource = r.resource.as_deref().unwrap_or(""),
+        scope = r.scope.as_deref().unwrap_or(""),
+        presented_token = token(r.presented_token),
+        current_token = token(r.current_token),
+        actor = r.actor.as_deref().unwrap_or(""),
+        request_id = r.request_id.as_str(),
+        "write refused"
+    );
+}
+
 /// The bus of one process (one router). Cheap to clone.
 #[derive(Clone)]
 pub struct Events(Arc<Inner>);
@@ -220,7 +258,15 @@ struct Inner {
     /// Flips to `true` on shutdown: every stream ends (a stream would otherwise hold its
     /// connection through the whole shutdown grace period).
     closed: watch::Sender<bool>,
+    /// Where refusals are kept for operators (the database), once the server wired it.
+    sink: Mutex<Option<tokio::sync::mpsc::Sender<Arc<Event>>>>,
+    /// Names this process in a refusal's `uid`.
+    process: String,
 }
+
+/// Refusals waiting to be written to the database; past that, new ones are dropped (counted
+/// in `fencegate_refusals_unrecorded_total`) rather than slow the refused requests down.
+pub const SINK_CAPACITY: usize = 4096;
 
 #[derive(Default)]
 struct Totals {
@@ -263,6 +309,12 @@ impl Events {
             rate: Rate::new(),
             totals: Totals::default(),
             closed: watch::channel(false).0,
+            sink: Mutex::new(None),
+            process: format!("{:08x}", {
+                let mut bytes = [0u8; 4];
+                let _ = getrandom::getrandom(&mut bytes);
+                u32::from_le_bytes(bytes)
+            }),
         }))
     }
 
@@ -272,8 +324,15 @@ impl Events {
         self.0.totals.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A refused fenced write: counted, kept among the latest, and sent to subscribers.
-    pub fn refused(&self, refused: Refused, op: &'static str) {
+    /// Refusals go to `sink` from now on (the database's writer: `Store::record_refusals`).
+    pub fn record_to(&self, sink: tokio::sync::mpsc::Sender<Arc<Event>>) {
+        *self.0.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+    }
+
+    /// A refused fenced write: counted, logged (one line at INFO: an operator sees every
+    /// refusal with what to look for), kept among the latest, sent to subscribers, and
+    /// recorded in the database.
+    pub fn refused(&self, refused: Refused, op: &'static str, origin: Origin) {
         self.0.rate.add(now_secs(), Column::Refused);
         let t = &self.0.totals;
         let total = match refused {
@@ -284,7 +343,15 @@ impl Events {
             Refused::BadProof { .. } => &t.bad_proof,
         };
         total.fetch_add(1, Ordering::Relaxed);
-        let event = self.event(What::Refusal(refused.into_refusal(op)));
+        let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
+        let refusal = refused.into_refusal(op, origin, format!("{}-{id}", self.0.process));
+        log_refusal(&refusal);
+        let event = Arc::new(Event { id, at_ms: now_ms(), what: What::Refusal(refusal) });
+        if let Some(sink) = self.0.sink.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            if sink.try_send(event.clone()).is_err() {
+                metrics::counter!("fencegate_refusals_unrecorded_total").increment(1);
+            }
+        }
         {
             let mut kept = self.0.refusals.lock().unwrap_or_else(|p| p.into_inner());
             if kept.len() == REFUSALS_KEPT {
@@ -507,6 +574,10 @@ mod tests {
         FencingToken::from_db(v).unwrap()
     }
 
+    fn origin() -> Origin {
+        Origin { route: "/v1/kv/{key}", actor: Some("key:w".into()), request_id: "r-1".into() }
+    }
+
     fn stale(key: &str) -> Refused {
         Refused::Stale(vec![Stale { presented: t(3), current: t(4), fenced: Fenced::Key(Key::parse(key, 64).unwrap()) }])
     }
@@ -532,7 +603,7 @@ mod tests {
     fn the_latest_refusals_are_kept_newest_first_and_bounded() {
         let events = Events::new();
         for i in 0..REFUSALS_KEPT + 7 {
-            events.refused(stale(&format!("k{i}")), "put");
+            events.refused(stale(&format!("k{i}")), "put", origin());
         }
         let kept = events.recent_refusals();
         assert_eq!(kept.len(), REFUSALS_KEPT);
@@ -553,7 +624,7 @@ mod tests {
         let mut fast = events.subscribe();
         assert_eq!(events.counters().subscribers, 2);
         for i in 0..CHANNEL_CAPACITY + 10 {
-            events.refused(stale(&format!("k{i}")), "put");
+            events.refused(stale(&format!("k{i}")), "put", origin());
             // The fast one keeps up.
             assert!(matches!(fast.next().await, Next::Event(_)));
         }

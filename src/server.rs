@@ -64,6 +64,10 @@ pub async fn serve_announced(
         events: crate::events::Events::new(),
     });
     let events = state.events.clone();
+    // Refused writes, recorded in the database for operators (`store::refusals`).
+    let (refusals, queued) = tokio::sync::mpsc::channel(crate::events::SINK_CAPACITY);
+    events.record_to(refusals);
+    let _refusals = AbortOnDrop(tokio::spawn(state.store.clone().record_refusals(queued)));
     let addr = listener.local_addr().context("listener has no local address")?;
     let limits = Limits::from_settings(&settings, addr);
     // Aborted when this function returns or its future is dropped (an embedding caller may

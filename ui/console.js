@@ -114,10 +114,11 @@
     state.locks = fresh;
     renderLocks();
     renderFences(body.fences);
-    // Refusals: the server's ring, merged with what the stream already brought.
-    const known = new Set(state.refusals.map((r) => r.id));
-    for (const r of body.refusals) if (!known.has(r.id)) state.refusals.push(r);
-    state.refusals.sort((a, b) => b.id - a.id);
+    // Refusals: every process's (the database's), merged with what the stream already
+    // brought; one refusal has one uid in both.
+    const known = new Set(state.refusals.map((r) => r.uid));
+    for (const r of body.refusals) if (!known.has(r.uid)) state.refusals.push(r);
+    state.refusals.sort((a, b) => b.at_ms - a.at_ms);
     state.refusals.length = Math.min(state.refusals.length, REFUSALS_SHOWN);
     renderRefusals();
     for (const s of body.rate) {
@@ -220,10 +221,10 @@
         refreshSoon();
         break;
       case "refusal":
-        if (!state.refusals.some((r) => r.id === e.id)) {
+        if (!state.refusals.some((r) => r.uid === e.uid)) {
           state.refusals.unshift(e);
           state.refusals.length = Math.min(state.refusals.length, REFUSALS_SHOWN);
-          renderRefusals(e.id);
+          renderRefusals(e.uid);
           // Refusals are counted as they come; accepted writes with the next overview.
           if (state.counters) {
             state.counters.refused += 1;
@@ -340,12 +341,12 @@
     return t;
   }
 
-  function renderRefusals(newId) {
+  function renderRefusals(newUid) {
     const body = $("refusals").tBodies[0];
     body.replaceChildren(
       ...state.refusals.map((r) => {
         const [label, why] = KINDS[r.kind] || [r.kind, ""];
-        const row = el("tr", { "data-kind": r.kind, "data-id": String(r.id), class: r.id === newId ? "new" : "" }, [
+        const row = el("tr", { "data-kind": r.kind, "data-id": r.uid, class: r.uid === newUid ? "new" : "" }, [
           el("td", { class: "when", "data-at": String(r.at_ms), title: new Date(r.at_ms).toLocaleString() }),
           el("td", { class: "kind " + r.kind, title: why + (r.detail ? "; " + r.detail : ""), text: label }),
           el("td", { class: "name target", text: shown(target(r)) }),

@@ -320,6 +320,38 @@ pub struct AuditQuery {
     limit: Option<u32>,
 }
 
+/// `?limit=N`: 1..=1000, default 100.
+fn limit_of(query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>) -> Result<u32, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!("limit must be 1..=1000, got {limit}")));
+    }
+    Ok(limit)
+}
+
+/// `GET /v1/admin/refusals?limit=N` (1..=1000, default 100): refused writes of every process
+/// serving the database, newest first (the newest 10,000 of the last 7 days are kept).
+#[utoipa::path(
+    operation_id = "refusals",
+    get,
+    path = super::routes::ADMIN_REFUSALS,
+    tag = "admin",
+    summary = "Refused writes (412, 409, 422) of every process, newest first",
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "How many (1..=1000, default 100)")),
+    responses((status = 200, description = "`{\"refusals\": [...]}` (docs/wire.md)", content_type = "application/json"), doc::Audit)
+)]
+pub async fn refusals(
+    State(state): State<AppState>,
+    actor: Actor,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    check_admin(&actor)?;
+    let limit = limit_of(query)?;
+    let refusals = state.store.refusals(limit).await?;
+    Ok(Json(json!({ "refusals": refusals })).into_response())
+}
+
 /// `GET /v1/admin/audit?limit=N` (1..=1000, default 100): newest first.
 #[utoipa::path(
     operation_id = "audit",
@@ -336,11 +368,7 @@ pub async fn audit(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     check_admin(&actor)?;
-    let Query(query) = query.map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!("limit must be 1..=1000, got {limit}")));
-    }
+    let limit = limit_of(query)?;
     let entries = state.store.audit(limit).await?;
     Ok(Json(json!({ "entries": entries })).into_response())
 }

@@ -27,29 +27,39 @@ use crate::{
 /// Seconds of writes/s the overview returns (the page's chart).
 const RATE_HISTORY_SECONDS: usize = 300;
 
-/// `GET /v1/admin/overview`: locks and fences from the database, refusals and counters from
-/// this process.
+/// `GET /v1/admin/overview`: locks, fences and refused writes from the database (every
+/// process's), merged with this process's latest refusals (which may not be written yet);
+/// counters and writes/s from this process.
 #[utoipa::path(
     operation_id = "admin_overview",
     get,
     path = super::routes::ADMIN_OVERVIEW,
     tag = "admin",
-    summary = "The console's data: locks and fences (database), refusals and writes/s (this process)",
+    summary = "The console's data: locks, fences and refusals (database, every process), writes/s (this process)",
     responses((status = 200, description = "locks, fences, refusals, counters, rate (docs/wire.md)", content_type = "application/json"), super::openapi::Guarded)
 )]
 pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
     check_admin(&actor)?;
     let db = state.store.overview().await?;
+    let mut refusals: Vec<serde_json::Value> = db.refusals;
+    for local in state.events.recent_refusals() {
+        let local = serde_json::to_value(&*local).unwrap_or_default();
+        if !refusals.iter().any(|r| r["uid"] == local["uid"]) {
+            refusals.push(local);
+        }
+    }
+    refusals.sort_by_key(|r| std::cmp::Reverse(r["at_ms"].as_u64().unwrap_or(0)));
+    refusals.truncate(crate::store::overview::MAX_REFUSALS as usize);
     Ok(Json(json!({
         "locks": db.locks,
         "fences": db.fences,
-        "refusals": state.events.recent_refusals(),
+        "refusals": refusals,
         "counters": state.events.counters(),
         "rate": state.events.rate(RATE_HISTORY_SECONDS),
         "limits": {
             "locks": crate::store::overview::MAX_LOCKS,
             "fences": crate::store::overview::MAX_FENCES,
-            "refusals": crate::events::REFUSALS_KEPT,
+            "refusals": crate::store::overview::MAX_REFUSALS,
         },
     }))
     .into_response())

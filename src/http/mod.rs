@@ -137,6 +137,7 @@ mod routes {
     pub const ADMIN_AUDIT: &str = "/v1/admin/audit";
     pub const ADMIN_LOCK_RETIRE: &str = "/v1/admin/locks/{name}/retire";
     pub const ADMIN_KV_REBIND: &str = "/v1/admin/kv/rebind";
+    pub const ADMIN_REFUSALS: &str = "/v1/admin/refusals";
     pub const ADMIN_TABLE_REBIND: &str = "/v1/admin/tables/{resource}/rebind";
     pub const OPENAPI: &str = "/openapi.json";
     pub const DOCS: &str = "/docs";
@@ -148,7 +149,7 @@ mod routes {
     pub const UI_STYLE: &str = "/ui/console.css";
     pub const ALL: &[&str] = &[
         KV, TABLES, BATCH, FENCES, LOCKS, LOCK_RENEW, HEALTHZ, READYZ, METRICS,
-        ADMIN_FENCE_RESET, ADMIN_KV_RESET, ADMIN_TABLE_RESET, ADMIN_AUDIT, ADMIN_LOCK_RETIRE, ADMIN_KV_REBIND, ADMIN_TABLE_REBIND, OPENAPI, DOCS,
+        ADMIN_FENCE_RESET, ADMIN_KV_RESET, ADMIN_TABLE_RESET, ADMIN_AUDIT, ADMIN_LOCK_RETIRE, ADMIN_KV_REBIND, ADMIN_TABLE_REBIND, ADMIN_REFUSALS, OPENAPI, DOCS,
         ADMIN_OVERVIEW, ADMIN_EVENTS, UI, UI_SCRIPT, UI_STYLE,
     ];
 
@@ -184,6 +185,7 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(admin::retire_lock))
         .routes(routes!(admin::rebind_keys))
         .routes(routes!(admin::rebind_table))
+        .routes(routes!(admin::refusals))
         .routes(routes!(console::overview))
         .routes(routes!(console::events))
         .routes(routes!(console::page))

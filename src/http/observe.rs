@@ -142,7 +142,11 @@ where
             let op = metrics.record(method, route, status, outcome, elapsed.as_secs_f64());
             if let Some(op) = op.filter(|op| !op.starts_with("lock_")) {
                 match response.extensions_mut().remove::<Refused>() {
-                    Some(refused) => events.refused(refused, op),
+                    Some(refused) => {
+                        let actor = response.extensions().get::<crate::auth::Actor>().and_then(|a| a.name()).map(str::to_owned);
+                        let request_id = String::from_utf8_lossy(response.headers()[&REQUEST_ID].as_bytes()).into_owned();
+                        events.refused(refused, op, crate::events::Origin { route, actor, request_id })
+                    }
                     None if status.is_success() => events.accepted(),
                     None => {}
                 }

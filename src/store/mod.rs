@@ -10,6 +10,7 @@ pub mod overview;
 mod sql;
 mod postgres;
 mod pressure;
+mod refusals;
 mod replication;
 mod sqlite;
 mod tables;

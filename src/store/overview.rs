@@ -53,7 +53,12 @@ pub struct Overview {
     pub locks: Vec<LockView>,
     /// Most recently raised first.
     pub fences: Vec<FenceView>,
+    /// The newest refused writes of every process (`store::refusals`), newest first.
+    pub refusals: Vec<serde_json::Value>,
 }
+
+/// Refused writes listed at most.
+pub const MAX_REFUSALS: i64 = 50;
 
 impl Store {
     /// The locks and fences, at most [`FRESH_FOR`] old.
@@ -78,12 +83,15 @@ impl Store {
 }
 
 /// Rows of (name, owner, token, expires_at text, remaining ms) and (scope, fence, updated_at text).
-fn overview_from<R: sqlx::Row>(locks: Vec<R>, fences: Vec<R>) -> Result<Overview, StoreError>
+fn overview_from<R: sqlx::Row>(locks: Vec<R>, fences: Vec<R>, refusals: Vec<R>) -> Result<Overview, StoreError>
 where
     usize: sqlx::ColumnIndex<R>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
+    let refusals = refusals.iter().map(super::refusals::refusal_json).collect::<Result<_, StoreError>>()?;
     let locks = locks
         .iter()
         .map(|row| {
@@ -102,7 +110,7 @@ where
             Ok(FenceView { scope: row.try_get(0)?, fence_token: token_from_db(row.try_get(1)?)?, updated_at: row.try_get(2)? })
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok(Overview { locks, fences })
+    Ok(Overview { locks, fences, refusals })
 }
 
 mod pg {
@@ -126,8 +134,9 @@ mod pg {
             let mut conn = self.conns.take().await?;
             let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&mut *conn).await?;
             let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&mut *conn).await?;
+            let refusals = sqlx::query(&crate::store::refusals::select_pg()).bind(MAX_REFUSALS).fetch_all(&mut *conn).await?;
             conn.done();
-            overview_from(locks, fences)
+            overview_from(locks, fences, refusals)
         }
     }
 }
@@ -151,7 +160,9 @@ mod sqlite {
         pub(crate) async fn overview(&self) -> Result<Overview, StoreError> {
             let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&self.pool).await?;
             let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&self.pool).await?;
-            overview_from(locks, fences)
+            let refusals =
+                sqlx::query(&crate::store::refusals::select_sqlite()).bind(MAX_REFUSALS).fetch_all(&self.pool).await?;
+            overview_from(locks, fences, refusals)
         }
     }
 }

@@ -32,6 +32,7 @@ mod limits;
 mod locks;
 mod model;
 mod openapi;
+mod operating;
 mod ops;
 mod poison;
 mod outage;

@@ -45,6 +45,8 @@ mod locks;
 mod model;
 #[path = "../api/openapi.rs"]
 mod openapi;
+#[path = "../api/operating.rs"]
+mod operating;
 #[path = "../api/ops.rs"]
 mod ops;
 #[path = "../api/poison.rs"]
