@@ -45,9 +45,59 @@ pub fn metrics_handle() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a global metrics recorder was already installed; /metrics will be empty");
             }
+            describe();
             handle
         })
         .clone()
+}
+
+/// `# HELP` (and the unit) of every metric family fencegate exports: what it counts and what
+/// to make of it (docs/operations.md, *Metrics*). A family missing here has no HELP line; the
+/// test `every_metric_family_has_help` scrapes a server that produced them all.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("fencegate_http_requests_total", Unit::Count, "HTTP requests answered, by method, route and status.");
+    describe_histogram!("fencegate_http_request_duration_seconds", Unit::Seconds, "Time to answer an HTTP request, by method and route.");
+    describe_counter!(
+        "fencegate_writes_total",
+        Unit::Count,
+        "Fenced writes by op and outcome: accepted, stale (a zombie), not_issued, jump, scope_mismatch, bad_proof."
+    );
+    describe_counter!("fencegate_cache_refusals_total", Unit::Count, "Stale writes refused by the reject-only fence cache, without a database round trip.");
+    describe_counter!(
+        "fencegate_raced_refusals_total",
+        Unit::Count,
+        "Writes refused by a check that a concurrent grant or fence raise made moot before it was explained (answered 503, safe to retry)."
+    );
+    describe_counter!("fencegate_auth_failures_total", Unit::Count, "Requests refused 401 or 403, by reason.");
+    describe_counter!("fencegate_shed_requests_total", Unit::Count, "Requests answered 503 at once because server.max_in_flight requests were in flight.");
+    describe_counter!("fencegate_connections_closed_total", Unit::Count, "Client connections closed by fencegate, by reason (idle, too slow, reaped at the cap, ...).");
+    describe_counter!("fencegate_accept_errors_total", Unit::Count, "Failed accepts of new connections (out of file descriptors or memory).");
+    describe_counter!("fencegate_worker_panics_total", Unit::Count, "Coalescing workers that panicked and were restarted (a bug: report it).");
+    describe_counter!(
+        "fencegate_unfenced_writes_total",
+        Unit::Count,
+        "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."
+    );
+    describe_counter!("fencegate_refusals_unrecorded_total", Unit::Count, "Refused writes not recorded in the database because its queue was full.");
+    describe_counter!(
+        "fencegate_lock_takeovers_total",
+        Unit::Count,
+        "Built-in lock grants over a lease that expired without a release: its holder may still be running (a zombie)."
+    );
+    describe_counter!(
+        "fencegate_lease_expiries_total",
+        Unit::Count,
+        "Leases of the built-in locks that ran out without a release (counted when the lock is granted again)."
+    );
+    describe_gauge!("fencegate_db_pool_connections", Unit::Count, "Database connections, by state: open, idle, in_use.");
+    describe_gauge!(
+        "fencegate_replication_synchronous",
+        "1 if a synchronous standby confirms every commit, 0 if streaming replicas exist but none is synchronous (a failover can lose acknowledged fences). Absent with no replicas."
+    );
+    describe_gauge!("fencegate_replication_replicas", Unit::Count, "Streaming replicas of the primary, as pg_stat_replication shows them.");
+    describe_histogram!("fencegate_coalesced_rows", Unit::Count, "Writes combined into one statement by the coalescer.");
+    describe_histogram!("fencegate_coalesced_reads", Unit::Count, "Reads combined into one statement.");
 }
 
 pub fn record_pool(store: &Store) {

@@ -424,6 +424,13 @@ where
     })
 }
 
+/// A grant over a lease that lapsed without a release (both backends call this once the grant
+/// is decided; it is committed with the acquire or not at all, which a metric can ignore).
+pub(crate) fn count_takeover() {
+    metrics::counter!("fencegate_lock_takeovers_total").increment(1);
+    metrics::counter!("fencegate_lease_expiries_total").increment(1);
+}
+
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
     FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
 }

@@ -75,10 +75,22 @@ enum Durability {
 }
 
 impl Durability {
+    /// `fencegate_replication_synchronous`: only where there are replicas to speak of (a lone
+    /// server is not "asynchronous"; an alert on 0 must not fire for it).
     fn gauge(&self) -> Option<f64> {
         match self {
             Durability::Synchronous { .. } => Some(1.0),
-            Durability::Asynchronous { .. } | Durability::Alone { .. } => Some(0.0),
+            Durability::Asynchronous { .. } => Some(0.0),
+            Durability::Alone { .. } | Durability::Hidden | Durability::Standby => None,
+        }
+    }
+
+    /// `fencegate_replication_replicas`: how many streaming replicas (`None`: unknown).
+    fn replicas(&self) -> Option<f64> {
+        match self {
+            Durability::Synchronous { standbys } => Some(*standbys as f64),
+            Durability::Asynchronous { replicas, .. } => Some(*replicas as f64),
+            Durability::Alone { .. } => Some(0.0),
             Durability::Hidden | Durability::Standby => None,
         }
     }
@@ -224,6 +236,9 @@ impl PgStore {
     fn report(&self, state: Durability) {
         if let Some(value) = state.gauge() {
             metrics::gauge!("fencegate_replication_synchronous").set(value);
+        }
+        if let Some(replicas) = state.replicas() {
+            metrics::gauge!("fencegate_replication_replicas").set(replicas);
         }
         let mut reported = self.replication.reported.lock().expect("replication state lock");
         if reported.as_ref() != Some(&state) {

@@ -335,10 +335,12 @@ impl SqliteStore {
             .bind(name.as_str())
             .fetch_optional(&mut *tx)
             .await?;
-        let latest: Option<i64> = sqlx::query_scalar("SELECT token FROM fencegate_locks WHERE name = ?1")
-            .bind(name.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let (latest, owned): (Option<i64>, bool) =
+            sqlx::query_as("SELECT token, owner IS NOT NULL FROM fencegate_locks WHERE name = ?1")
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?
+                .map_or((None, false), |(token, owned)| (Some(token), owned));
         // The next token is `max(l.token, fence) + 1`. Checked here, not left to SQLite, which
         // would turn the overflow into a float; the lock's own token counts too (an admin
         // reset may have lowered the fence below it).
@@ -375,6 +377,9 @@ impl SqliteStore {
         let token = token_from_db(row.try_get(0)?)?;
         if !Self::claim_in(&mut *tx, &self.sql.inclusive.grant_claim, name, token).await? {
             return Err(StoreError::Corrupt(format!("the grant of lock {name} could not claim its scope")));
+        }
+        if owned {
+            super::count_takeover();
         }
         Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at: row.try_get(1)? }))
     }

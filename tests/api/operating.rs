@@ -89,3 +89,32 @@ async fn a_refused_write_is_one_log_line_at_the_default_level() {
     // Accepted writes are not logged at the default level.
     assert_eq!(app.stderr().lines().filter(|l| l.contains("\"k\"")).count(), 1, "{}", app.stderr());
 }
+
+/// The value of a counter without labels in a Prometheus text (0 when absent).
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// A grant over a lease that lapsed without a release is a takeover (the early warning that a
+/// zombie may be running); every metric family says what it is (`# HELP`).
+#[tokio::test]
+async fn takeovers_are_counted_and_every_metric_family_has_help() {
+    let app = crate::helpers::spawn_app().await;
+    let before = app.get("/metrics").await.text;
+    let grant = |ttl: u64| app.req(Method::POST, "/v1/locks/nightly").json(&json!({"owner": "w", "ttl_ms": ttl}));
+    let token = app.send(grant(100)).await.expect(201)["token"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    app.send(grant(60_000)).await.expect(201); // over the lapsed lease: a takeover
+    app.send(app.req(Method::DELETE, "/v1/locks/nightly").header(TOKEN, (token.parse::<i64>().unwrap() + 1).to_string())).await.expect(200);
+    app.send(grant(60_000)).await.expect(201); // after a release: not one
+    let after = app.get("/metrics").await.text;
+    for name in ["fencegate_lock_takeovers_total", "fencegate_lease_expiries_total"] {
+        // Other tests share the process's recorder: at least this test's one.
+        assert!(counter(&after, name) >= counter(&before, name) + 1, "{name}:\n{after}");
+    }
+    let families: Vec<&str> = after.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+    assert!(families.len() > 5, "{after}");
+    for family in families {
+        assert!(after.lines().any(|l| l.starts_with(&format!("# HELP {family} "))), "no # HELP for {family}:\n{after}");
+    }
+}

@@ -72,30 +72,30 @@ async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
     assert_eq!(mine.header("x-request-id"), Some("trace-42"), "the caller's id is kept for its logs");
 }
 
-/// `fencegate_replication_synchronous`: on PostgreSQL, 0 or 1 from the start (the test server
-/// has no standby: 0); absent on SQLite, which has no replication to report.
+/// Replication on PostgreSQL: `fencegate_replication_replicas` from the start (the test server
+/// has none: 0), and `fencegate_replication_synchronous` only where replicas exist (a lone
+/// server is not "asynchronous": an alert on 0 must not fire for it; tests/fault's failover run
+/// checks 0 and 1 with real standbys). Neither on SQLite, which has no replication.
 #[tokio::test]
-async fn metrics_say_whether_replication_is_synchronous() {
+async fn metrics_say_how_many_replicas_and_only_then_whether_synchronous() {
     let app = spawn_app().await;
     app.get("/readyz").await.expect(200);
-    let sample = |text: &str| text.lines().find(|l| l.starts_with("fencegate_replication_synchronous ")).map(str::to_owned);
+    let sample = |text: &str, name: &str| text.lines().find(|l| l.starts_with(&format!("{name} "))).map(str::to_owned);
     if crate::BACKEND == crate::pg::Backend::Sqlite {
         let r = app.get("/metrics").await;
-        assert_eq!(sample(&r.text), None, "SQLite has no replication to report:\n{}", r.text);
+        assert_eq!(sample(&r.text, "fencegate_replication_replicas"), None, "SQLite has no replication to report:\n{}", r.text);
+        assert_eq!(sample(&r.text, "fencegate_replication_synchronous"), None, "{}", r.text);
         return;
     }
     // Checked at start, on the process's own task: give it a moment.
     let mut last = String::new();
     for _ in 0..50 {
         last = app.get("/metrics").await.text;
-        if sample(&last).is_some() {
+        if sample(&last, "fencegate_replication_replicas").is_some() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        sample(&last).as_deref(),
-        Some("fencegate_replication_synchronous 0"),
-        "a server with no synchronous standby must say so:\n{last}"
-    );
+    assert_eq!(sample(&last, "fencegate_replication_replicas").as_deref(), Some("fencegate_replication_replicas 0"), "{last}");
+    assert_eq!(sample(&last, "fencegate_replication_synchronous"), None, "a lone server is not 'asynchronous':\n{last}");
 }

@@ -51,7 +51,7 @@ impl PgStore {
         // and, if it refuses, the holder are judged (so waiting for the row does not shorten
         // the lease). The next token exceeds both the fence and every earlier grant (which an
         // admin reset may have left above the fence): none is left when either is the maximum.
-        let (latest, at): (Option<i64>, i64) =
+        let (latest, at, owned): (Option<i64>, i64, bool) =
             sqlx::query_as(LOCK_TOKEN_AND_CLOCK).bind(name.as_str()).fetch_one(&mut *tx).await?;
         if fence.max(latest.unwrap_or(0)) == i64::MAX {
             return Ok(Acquired::Exhausted);
@@ -86,6 +86,9 @@ impl PgStore {
                 return Err(StoreError::Corrupt(format!("the grant of lock {name} could not claim its scope")));
             }
             let expires_at = row.try_get(1)?;
+            if owned {
+                crate::store::count_takeover();
+            }
             return Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at }));
         }
         Err(StoreError::Corrupt(format!("lock {name} is neither free nor held under its row lock")))

@@ -333,10 +333,12 @@ pub(super) fn entry_from(row: &sqlx::postgres::PgRow, first: usize) -> Result<En
 pub(super) const FENCE: &str = "SELECT fence_token FROM fencegate_fences WHERE scope = $1";
 
 /// Read by an acquire once the fence row is held, in one round trip: the latest token the
-/// built-in lock `$1` granted (NULL: never), and the database's clock now, in microseconds
-/// since the epoch (the instant the grant is decided at).
-pub(super) const LOCK_TOKEN_AND_CLOCK: &str =
-    "SELECT (SELECT token FROM fencegate_locks WHERE name = $1), (extract(epoch FROM clock_timestamp()) * 1000000)::int8";
+/// built-in lock `$1` granted (NULL: never), the database's clock now, in microseconds since
+/// the epoch (the instant the grant is decided at), and whether the lock still names an owner
+/// (a grant then takes over a lease that lapsed without a release: `fencegate_lock_takeovers_total`).
+pub(super) const LOCK_TOKEN_AND_CLOCK: &str = "SELECT (SELECT token FROM fencegate_locks WHERE name = $1),
+    (extract(epoch FROM clock_timestamp()) * 1000000)::int8,
+    COALESCE((SELECT owner IS NOT NULL FROM fencegate_locks WHERE name = $1), false)";
 
 /// A scope's fence, locked until the transaction ends (an acquire: claims of the scope wait).
 pub(super) const FENCE_FOR_UPDATE: &str = "SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE";
