@@ -1,0 +1,358 @@
+import { hostname } from 'node:os';
+import { problemError, LockHeldError } from './errors.js';
+import { toToken, encodeName, encodeRowKey } from './tokens.js';
+import { Lease } from './lease.js';
+
+const DEFAULT_TIMEOUT_MS = 30_000;
+
+function parseRetryAfter(value) {
+  if (value == null) return null;
+  const v = value.trim();
+  if (/^\d+$/.test(v)) return Number(v);
+  const t = Date.parse(v);
+  return Number.isNaN(t) ? null : Math.max(0, Math.ceil((t - Date.now()) / 1000));
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const t = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal.reason);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+function fencingHeaders({ token, scope, proof } = {}) {
+  const h = { 'X-Fencing-Token': toToken(token) };
+  if (scope !== undefined && scope !== null) h['X-Fencing-Scope'] = encodeName(scope, 'scope');
+  if (proof !== undefined && proof !== null) {
+    if (typeof proof !== 'string' || proof.length === 0) throw new TypeError('proof must be a non-empty string');
+    h['X-Fencing-Proof'] = proof;
+  }
+  return h;
+}
+
+function checkTtl(ttlMs) {
+  if (!Number.isSafeInteger(ttlMs) || ttlMs < 1) throw new TypeError(`ttlMs must be a positive integer of milliseconds, got ${ttlMs}`);
+  return ttlMs;
+}
+
+/** A client of one fencegate server. Every method returns the server's JSON body (snake_case, tokens as strings). */
+export class Client {
+  #base;
+  #apiKey;
+  #fetch;
+  #timeoutMs;
+  #headers;
+
+  constructor(options = {}) {
+    if (typeof options === 'string') options = { url: options };
+    const { url, apiKey, fetch: fetchImpl, timeoutMs, headers } = options;
+    if (typeof url !== 'string' && !(url instanceof URL)) throw new TypeError('url is required (e.g. "http://127.0.0.1:8080")');
+    const u = new URL(String(url));
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`url must be http: or https:, got ${u.protocol}`);
+    this.#base = u.href.replace(/\/+$/, '');
+    if (apiKey !== undefined && apiKey !== null && (typeof apiKey !== 'string' || apiKey.length === 0)) {
+      throw new TypeError('apiKey must be a non-empty string');
+    }
+    this.#apiKey = apiKey ?? null;
+    this.#fetch = fetchImpl ?? globalThis.fetch;
+    if (typeof this.#fetch !== 'function') throw new TypeError('no fetch: Node 20+ has a global fetch, or pass options.fetch');
+    this.#timeoutMs = timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    if (!(this.#timeoutMs > 0)) throw new TypeError('timeoutMs must be positive');
+    this.#headers = { ...(headers ?? {}) };
+  }
+
+  /** The server's base URL, without a trailing slash. */
+  get url() {
+    return this.#base;
+  }
+
+  /**
+   * Sends one request and returns its parsed JSON body (or text); a 4xx/5xx throws the
+   * FencegateError subclass of its problem type. The escape hatch for anything not wrapped.
+   */
+  async request(method, path, { headers, body, signal, timeoutMs } = {}) {
+    if (typeof path !== 'string' || !path.startsWith('/')) throw new TypeError('path must start with "/"');
+    const h = { Accept: 'application/json, application/problem+json', ...this.#headers, ...(headers ?? {}) };
+    if (this.#apiKey) h.Authorization = `Bearer ${this.#apiKey}`;
+    let payload;
+    if (body !== undefined) {
+      h['Content-Type'] = 'application/json';
+      payload = JSON.stringify(body);
+      if (payload === undefined) throw new TypeError('body is not JSON-serializable');
+    }
+    const timeout = AbortSignal.timeout(timeoutMs ?? this.#timeoutMs);
+    const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    const res = await this.#fetch(this.#base + path, { method, headers: h, body: payload, signal: sig });
+    const text = await res.text();
+    const ctype = res.headers.get('content-type') ?? '';
+    let parsed = null;
+    if (text.length > 0) {
+      if (/json/i.test(ctype)) {
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          parsed = null;
+        }
+      } else {
+        parsed = text;
+      }
+    }
+    if (res.ok) return parsed;
+    throw problemError(res.status, typeof parsed === 'object' ? parsed : null, {
+      requestId: res.headers.get('x-request-id'),
+      retryAfter: parseRetryAfter(res.headers.get('retry-after')),
+    });
+  }
+
+  async #orNull(promise) {
+    try {
+      return await promise;
+    } catch (e) {
+      if (e?.status === 404 && e?.slug === 'not-found') return null;
+      throw e;
+    }
+  }
+
+  // ---- kv ----
+
+  /** GET /v1/kv/{key}: `{key, value, fence_token, scope, version, updated_at}`, or null when absent or deleted. */
+  get(key, options = {}) {
+    return this.#orNull(this.request('GET', `/v1/kv/${encodeName(key, 'key')}`, { signal: options.signal }));
+  }
+
+  /** PUT /v1/kv/{key} with the fencing headers: `{key, fence_token, scope, version}`. */
+  put(key, value, options = {}) {
+    if (value === undefined) throw new TypeError('value must be a JSON value (undefined is not)');
+    return this.request('PUT', `/v1/kv/${encodeName(key, 'key')}`, {
+      headers: fencingHeaders(options),
+      body: value,
+      signal: options.signal,
+    });
+  }
+
+  /** DELETE /v1/kv/{key} (a tombstone keeps the fence): `{key, fence_token, scope, deleted: true}`. */
+  delete(key, options = {}) {
+    return this.request('DELETE', `/v1/kv/${encodeName(key, 'key')}`, { headers: fencingHeaders(options), signal: options.signal });
+  }
+
+  /** POST /v1/batch: all ops under one token (and scope), all or nothing. */
+  batch(ops, options = {}) {
+    if (!Array.isArray(ops) || ops.length === 0) throw new TypeError('ops must be a non-empty array');
+    return this.request('POST', '/v1/batch', { headers: fencingHeaders(options), body: { ops }, signal: options.signal });
+  }
+
+  // ---- fences ----
+
+  /** POST /v1/fences/{scope}: raise the scope's fence to the token without writing data. */
+  claim(scope, options = {}) {
+    const { scope: _ignored, ...rest } = options;
+    return this.request('POST', `/v1/fences/${encodeName(scope, 'scope')}`, { headers: fencingHeaders(rest), signal: options.signal });
+  }
+
+  /** GET /v1/fences/{scope}: `{scope, fence_token}`, or null when the scope has no fence. */
+  fence(scope, options = {}) {
+    return this.#orNull(this.request('GET', `/v1/fences/${encodeName(scope, 'scope')}`, { signal: options.signal }));
+  }
+
+  // ---- built-in locks ----
+
+  /**
+   * POST /v1/locks/{name}: a grant `{name, token, owner, expires_at, ttl_ms, scope}`. With
+   * `waitMs`, retries while the lock is held (LockHeldError once `waitMs` has passed).
+   */
+  async acquire(name, options = {}) {
+    const ttlMs = checkTtl(options.ttlMs);
+    const owner = options.owner ?? defaultOwner();
+    const waitMs = options.waitMs ?? 0;
+    const deadline = performance.now() + waitMs;
+    const path = `/v1/locks/${encodeName(name, 'lock name')}`;
+    for (;;) {
+      try {
+        return await this.request('POST', path, { body: { owner, ttl_ms: ttlMs }, signal: options.signal });
+      } catch (e) {
+        if (!(e instanceof LockHeldError)) throw e;
+        const left = deadline - performance.now();
+        if (left <= 0) throw e;
+        const hint = e.remainingMs ?? 100;
+        await sleep(Math.max(10, Math.min(left, hint + 5, 1000)), options.signal);
+      }
+    }
+  }
+
+  /** POST /v1/locks/{name}/renew: the renewed grant; LockLostError when no longer the holder. */
+  renew(name, options = {}) {
+    return this.request('POST', `/v1/locks/${encodeName(name, 'lock name')}/renew`, {
+      headers: { 'X-Fencing-Token': toToken(options.token) },
+      body: { ttl_ms: checkTtl(options.ttlMs) },
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+    });
+  }
+
+  /** DELETE /v1/locks/{name}: `{name, token, released: true}`; LockLostError when not the holder. */
+  release(name, options = {}) {
+    return this.request('DELETE', `/v1/locks/${encodeName(name, 'lock name')}`, {
+      headers: { 'X-Fencing-Token': toToken(options.token) },
+      signal: options.signal,
+      timeoutMs: options.timeoutMs,
+    });
+  }
+
+  /** GET /v1/locks/{name}: `{name, owner, remaining_ms}` while held, null when free. */
+  holder(name, options = {}) {
+    return this.#orNull(this.request('GET', `/v1/locks/${encodeName(name, 'lock name')}`, { signal: options.signal }));
+  }
+
+  /**
+   * Takes the built-in lock `name` and keeps it: renewed every ttl/3, `lease.signal` aborted
+   * when it is lost. Release it with `await lease.release()` or `await using`.
+   */
+  async lease(name, options = {}) {
+    const ttlMs = checkTtl(options.ttlMs);
+    const owner = options.owner ?? defaultOwner();
+    const waitMs = options.waitMs ?? 0;
+    const deadline = performance.now() + waitMs;
+    for (;;) {
+      const sentAt = performance.now();
+      try {
+        const grant = await this.request('POST', `/v1/locks/${encodeName(name, 'lock name')}`, {
+          body: { owner, ttl_ms: ttlMs },
+          signal: options.signal,
+        });
+        return new Lease(this, name, grant, { ttlMs, sentAt });
+      } catch (e) {
+        if (!(e instanceof LockHeldError)) throw e;
+        const left = deadline - performance.now();
+        if (left <= 0) throw e;
+        await sleep(Math.max(10, Math.min(left, (e.remainingMs ?? 100) + 5, 1000)), options.signal);
+      }
+    }
+  }
+
+  // ---- legacy tables ----
+
+  /** GET /v1/tables/{resource}/{key}: `{resource, key, row, fence_token, scope}`, or null when the row is absent. */
+  tableGet(resource, key, options = {}) {
+    return this.#orNull(this.request('GET', tablePath(resource, key), { signal: options.signal }));
+  }
+
+  /** PUT /v1/tables/{resource}/{key}: replace the row. */
+  tablePut(resource, key, row, options = {}) {
+    return this.request('PUT', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+  }
+
+  /** PATCH /v1/tables/{resource}/{key}: update some columns of an existing row. */
+  tablePatch(resource, key, row, options = {}) {
+    return this.request('PATCH', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+  }
+
+  /** DELETE /v1/tables/{resource}/{key}. */
+  tableDelete(resource, key, options = {}) {
+    return this.request('DELETE', tablePath(resource, key), { headers: fencingHeaders(options), signal: options.signal });
+  }
+
+  // ---- admin (the admin right) ----
+
+  /** Admin calls: resets, retires, rebinds, the audit log. */
+  get admin() {
+    return new Admin(this);
+  }
+
+  // ---- probes ----
+
+  /** GET /healthz. */
+  health(options = {}) {
+    return this.request('GET', '/healthz', { signal: options.signal });
+  }
+
+  /** GET /readyz (UnavailableError when not ready). */
+  ready(options = {}) {
+    return this.request('GET', '/readyz', { signal: options.signal });
+  }
+}
+
+function tablePath(resource, key) {
+  return `/v1/tables/${encodeName(resource, 'resource')}/${encodeRowKey(key)}`;
+}
+
+function reason(r) {
+  if (typeof r !== 'string' || r.length === 0) throw new TypeError('reason is required (1..=1000 bytes, no control characters)');
+  return r;
+}
+
+function resetBody(options) {
+  const body = { reason: reason(options.reason) };
+  if (options.to !== undefined) body.to = toToken(options.to, 'to');
+  if (options.scope !== undefined) body.scope = options.scope;
+  return body;
+}
+
+/** Admin endpoints, `client.admin`. Every call is audited by the server. */
+export class Admin {
+  #c;
+  constructor(client) {
+    this.#c = client;
+  }
+
+  /** POST /v1/admin/fences/{scope}/reset `{to, reason}`. */
+  resetFence(scope, options) {
+    const { scope: _s, ...rest } = options ?? {};
+    return this.#c.request('POST', `/v1/admin/fences/${encodeName(scope, 'scope')}/reset`, { body: resetBody(rest) });
+  }
+
+  /** POST /v1/admin/kv/{key}/reset `{to?, scope?, reason}` (`scope: null` unbinds). */
+  resetKey(key, options) {
+    return this.#c.request('POST', `/v1/admin/kv/${encodeName(key, 'key')}/reset`, { body: resetBody(options ?? {}) });
+  }
+
+  /** POST /v1/admin/tables/{resource}/{key}/reset `{to?, scope?, reason}`. */
+  resetRow(resource, key, options) {
+    return this.#c.request('POST', `${tablePath(resource, key).replace('/v1/tables/', '/v1/admin/tables/')}/reset`, {
+      body: resetBody(options ?? {}),
+    });
+  }
+
+  /** POST /v1/admin/locks/{name}/retire `{reason}`. */
+  retireLock(name, options) {
+    return this.#c.request('POST', `/v1/admin/locks/${encodeName(name, 'lock name')}/retire`, {
+      body: { reason: reason(options?.reason) },
+    });
+  }
+
+  /** POST /v1/admin/kv/rebind `{prefix, scope, reason}`. */
+  rebindKeys(options) {
+    const { prefix, scope, reason: r } = options ?? {};
+    if (typeof prefix !== 'string') throw new TypeError('prefix must be a string ("" for every key)');
+    if (scope !== null && typeof scope !== 'string') throw new TypeError('scope must be a string or null');
+    return this.#c.request('POST', '/v1/admin/kv/rebind', { body: { prefix, scope, reason: reason(r) } });
+  }
+
+  /** POST /v1/admin/tables/{resource}/rebind `{scope, reason}`. */
+  rebindTable(resource, options) {
+    const { scope, reason: r } = options ?? {};
+    if (scope !== null && typeof scope !== 'string') throw new TypeError('scope must be a string or null');
+    return this.#c.request('POST', `/v1/admin/tables/${encodeName(resource, 'resource')}/rebind`, {
+      body: { scope, reason: reason(r) },
+    });
+  }
+
+  /** GET /v1/admin/audit?limit=N: `{entries: [...]}`, newest first. */
+  audit(options = {}) {
+    const q = options.limit !== undefined ? `?limit=${Number(options.limit)}` : '';
+    return this.#c.request('GET', `/v1/admin/audit${q}`);
+  }
+}
+
+export function defaultOwner() {
+  return `${hostname()}:${process.pid}`;
+}
+
+export { sleep as _sleep };

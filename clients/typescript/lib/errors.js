@@ -1,0 +1,215 @@
+// Problem types (RFC 9457) as error classes. One class per `type` slug the library maps; any other
+// problem becomes a FencegateError carrying its status, type and body.
+
+export const PROBLEM_BASE = 'https://fencegate.dev/problems/';
+
+/** Any problem answered by fencegate (an HTTP status >= 400 with a problem body, or without one). */
+export class FencegateError extends Error {
+  constructor(problem, options = {}) {
+    const p = problem ?? {};
+    const status = typeof p.status === 'number' ? p.status : (options.status ?? 0);
+    const title = typeof p.title === 'string' ? p.title : '';
+    const detail = typeof p.detail === 'string' ? p.detail : '';
+    super(detail || title || `fencegate answered ${status}`, options.cause ? { cause: options.cause } : undefined);
+    this.name = new.target.name;
+    /** HTTP status of the answer. */
+    this.status = status;
+    /** The problem type URI, e.g. https://fencegate.dev/problems/stale-token ('about:blank' when the body had none). */
+    this.type = typeof p.type === 'string' ? p.type : 'about:blank';
+    /** The last path segment of `type`, e.g. 'stale-token'. */
+    this.slug = slugOf(this.type);
+    this.title = title;
+    this.detail = detail;
+    /** The whole problem body as parsed (null when the answer had no JSON body). */
+    this.body = problem ?? null;
+    /** The X-Request-Id of the answer, for the server's logs. */
+    this.requestId = options.requestId ?? null;
+  }
+}
+
+function slugOf(type) {
+  if (typeof type !== 'string') return '';
+  if (type.startsWith(PROBLEM_BASE)) return type.slice(PROBLEM_BASE.length);
+  const i = type.lastIndexOf('/');
+  return i >= 0 ? type.slice(i + 1) : type;
+}
+
+const str = (v) => (v === undefined || v === null ? null : String(v));
+
+/** 412 stale-token: the token is below the fence. */
+export class StaleTokenError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    /** The token the request carried (a decimal string). */
+    this.presented = str(p.presented_token);
+    /** The fence that refused it (a decimal string). */
+    this.current = str(p.current_token);
+    this.key = str(p.key);
+    this.scope = str(p.scope);
+    this.resource = str(p.resource);
+    /** For a batch: every stale key with its fence. */
+    this.staleKeys = Array.isArray(p.stale_keys) ? p.stale_keys : [];
+  }
+}
+
+/** 409 scope-mismatch: the key (or row) is bound to another scope than the write's. */
+export class ScopeMismatchError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.key = str(p.key);
+    this.resource = str(p.resource);
+    /** The scope the key is bound to (null: unscoped). */
+    this.scope = str(p.scope);
+    /** The write's scope (null: none). */
+    this.presentedScope = str(p.presented_scope);
+  }
+}
+
+/** 422 token-not-issued: a token above the latest the scope's built-in lock granted. */
+export class TokenNotIssuedError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.scope = str(p.scope);
+    this.presented = str(p.presented_token);
+    this.latestIssued = str(p.latest_issued);
+  }
+}
+
+/** 422 token-jump: the token would raise the fence by more than kv.max_token_jump. */
+export class TokenJumpError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.presented = str(p.presented_token);
+    this.current = str(p.current_token);
+    this.maxJump = str(p.max_jump);
+    this.key = str(p.key);
+    this.scope = str(p.scope);
+    this.resource = str(p.resource);
+  }
+}
+
+/** 422 missing-token-proof: the scope is an issuer's and no X-Fencing-Proof was sent. */
+export class MissingTokenProofError extends FencegateError {}
+
+/** 422 invalid-token-proof: the X-Fencing-Proof does not verify. */
+export class InvalidTokenProofError extends FencegateError {}
+
+/** 409 lock-held: someone else holds the lock. */
+export class LockHeldError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.holder = str(p.holder);
+    this.remainingMs = typeof p.remaining_ms === 'number' ? p.remaining_ms : null;
+  }
+}
+
+/** 409 lock-lost: renew or release of a lease the caller no longer holds. */
+export class LockLostError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.holder = str(p.holder);
+    this.remainingMs = typeof p.remaining_ms === 'number' ? p.remaining_ms : null;
+  }
+}
+
+/** 409 lock-exhausted: no token above 9223372036854775807 exists for this lock. */
+export class LockExhaustedError extends FencegateError {}
+
+/** 409 scope-has-issuer: no built-in lock on a scope an issuer covers. */
+export class ScopeHasIssuerError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.scope = str(p.scope);
+    this.issuer = str(p.issuer);
+  }
+}
+
+/** 428 missing-token: a write without X-Fencing-Token (only reachable through client.request()). */
+export class MissingTokenError extends FencegateError {}
+
+/** 401 unauthenticated: no valid credential. */
+export class UnauthorizedError extends FencegateError {}
+
+/** 403 forbidden: the credential lacks the right on the name. */
+export class ForbiddenError extends FencegateError {
+  constructor(problem, options) {
+    super(problem, options);
+    const p = problem ?? {};
+    this.right = str(p.right);
+    this.key = str(p.key);
+    this.scope = str(p.scope);
+    this.lock = str(p.lock);
+    this.resource = str(p.resource);
+  }
+}
+
+/** 404 not-found. */
+export class NotFoundError extends FencegateError {}
+
+/** 503 unavailable: retry (with the same token) after `retryAfter` seconds. */
+export class UnavailableError extends FencegateError {
+  constructor(problem, options = {}) {
+    super(problem, options);
+    /** Seconds from the Retry-After header (null when absent). */
+    this.retryAfter = options.retryAfter ?? null;
+  }
+}
+
+/**
+ * The lease is no longer held (a renew was refused, its expiry passed without a renew, or a write
+ * under it was refused as stale), or it was released. Thrown by a Lease's writes without sending
+ * anything; also `lease.signal.reason` when the lease is lost.
+ */
+export class LeaseLostError extends Error {
+  constructor(message, options = {}) {
+    super(message, options.cause ? { cause: options.cause } : undefined);
+    this.name = 'LeaseLostError';
+    this.lock = options.lock ?? null;
+    this.token = options.token ?? null;
+  }
+}
+
+const BY_SLUG = {
+  'stale-token': StaleTokenError,
+  'scope-mismatch': ScopeMismatchError,
+  'token-not-issued': TokenNotIssuedError,
+  'token-jump': TokenJumpError,
+  'missing-token-proof': MissingTokenProofError,
+  'invalid-token-proof': InvalidTokenProofError,
+  'lock-held': LockHeldError,
+  'lock-lost': LockLostError,
+  'lock-exhausted': LockExhaustedError,
+  'scope-has-issuer': ScopeHasIssuerError,
+  'missing-token': MissingTokenError,
+  unauthenticated: UnauthorizedError,
+  forbidden: ForbiddenError,
+  'not-found': NotFoundError,
+  unavailable: UnavailableError,
+};
+
+const BY_STATUS = {
+  401: UnauthorizedError,
+  403: ForbiddenError,
+  404: NotFoundError,
+  412: StaleTokenError,
+  503: UnavailableError,
+};
+
+/** Builds the error for a problem answer: by its type slug, else by status for the unambiguous ones. */
+export function problemError(status, problem, options = {}) {
+  const body = problem && typeof problem === 'object' && !Array.isArray(problem) ? problem : null;
+  const type = body && typeof body.type === 'string' ? body.type : null;
+  let Cls = null;
+  if (type && type.startsWith(PROBLEM_BASE)) Cls = BY_SLUG[type.slice(PROBLEM_BASE.length)] ?? null;
+  if (!Cls && !type) Cls = BY_STATUS[status] ?? null;
+  Cls ??= FencegateError;
+  const merged = body ? { ...body, status: typeof body.status === 'number' ? body.status : status } : { status };
+  return new Cls(merged, { ...options, status });
+}
