@@ -43,6 +43,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt_install "${missing[@]}"
 fi
 
+# The client libraries' own test runners (tests/clients): Node.js 20.3+ with npm, and Python 3
+# with venv (each library's test.sh installs its packages from npm and PyPI).
+missing=()
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+
 # The OpenAPI document is checked by a real validator (tests/api/openapi.rs).
 if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
   command -v python3 >/dev/null 2>&1 || apt_install python3
