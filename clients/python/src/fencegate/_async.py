@@ -300,11 +300,13 @@ class AsyncLease:
         retry = max(self.ttl_ms / 10000.0, 0.01)
         next_at = time.monotonic() + every
         while True:
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            await asyncio.sleep(max(0.0, min(next_at, self._expiry) - time.monotonic()))
             if time.monotonic() >= self._expiry:
                 self._mark_lost(LeaseLost(f"lease {self.name!r} expired without a successful renew",
                                           name=self.name, token=self.token))
                 return
+            if time.monotonic() < next_at:
+                continue
             sent = time.monotonic()
             try:
                 grant = await self.client.renew(self.name, token=self.token, ttl_ms=self.ttl_ms)
@@ -354,6 +356,8 @@ class AsyncLease:
             self._mark_lost(e)
 
     async def __aenter__(self) -> "AsyncLease":
+        if self.grant is not None and not self._released:
+            return self
         return await self.acquire()
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],

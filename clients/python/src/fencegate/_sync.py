@@ -320,11 +320,15 @@ class Lease:
         every = self.renew_every_ms / 1000.0
         retry = max(self.ttl_ms / 10000.0, 0.01)
         next_at = time.monotonic() + every
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        # Wake for the next renew, or at the expiry if that comes first (a renew failing, or
+        # renew_every_ms above the ttl): the lease is lost the moment it lapses.
+        while not self._stop.wait(max(0.0, min(next_at, self._expiry) - time.monotonic())):
             if time.monotonic() >= self._expiry:
                 self._mark_lost(LeaseLost(f"lease {self.name!r} expired without a successful renew",
                                           name=self.name, token=self.token))
                 return
+            if time.monotonic() < next_at:
+                continue
             sent = time.monotonic()
             try:
                 grant = self.client.renew(self.name, token=self.token, ttl_ms=self.ttl_ms)
@@ -372,6 +376,8 @@ class Lease:
             self._mark_lost(e)
 
     def __enter__(self) -> "Lease":
+        if self.grant is not None and not self._released:
+            return self  # `with client.lease(...).acquire() as lease:`
         return self.acquire()
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
