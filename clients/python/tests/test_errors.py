@@ -109,6 +109,7 @@ prefixes = ["mine/"]
             yield srv.url, c
     finally:
         srv.stop()
+        _psql(f"DROP TABLE IF EXISTS public.{TABLE}")
 
 
 # -- on the fencegate under test ---------------------------------------------------------------
