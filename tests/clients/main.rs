@@ -56,3 +56,8 @@ async fn run_library_tests(dir: &str) {
 async fn the_typescript_client_passes_its_tests_against_this_build() {
     run_library_tests("typescript").await;
 }
+
+#[tokio::test]
+async fn the_python_client_passes_its_tests_against_this_build() {
+    run_library_tests("python").await;
+}
