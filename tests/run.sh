@@ -46,6 +46,9 @@ fi
 # The client libraries' own test runners (tests/clients): Node.js 20.3+ with npm, and Python 3
 # with venv (each library's test.sh installs its packages from npm and PyPI).
 missing=()
+# The deployment files (tests/deploy): promtool checks the alert rules, systemd-analyze the unit.
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
