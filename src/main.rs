@@ -18,14 +18,20 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[derive(Parser)]
 #[command(name = "fencegate", version, about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource")]
 struct Cli {
-    /// Config file (TOML; see config/default.toml).
-    #[arg(long, global = true, env = "FENCEGATE_CONFIG")]
-    config: Option<PathBuf>,
-    /// PostgreSQL URL (overrides DATABASE_URL and the config file).
-    #[arg(long, global = true)]
-    database_url: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The settings of the commands that run a server or open the database (the client commands
+/// talk HTTP and take `--url` instead).
+#[derive(clap::Args, Clone, Default)]
+struct ServerArgs {
+    /// Config file (TOML; see config/default.toml).
+    #[arg(long, env = "FENCEGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Database URL: postgres://... or sqlite:FILE (overrides DATABASE_URL and the config file).
+    #[arg(long)]
+    database_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -35,9 +41,11 @@ enum Command {
         /// Address to listen on, e.g. 127.0.0.1:8080 (overrides FENCEGATE_LISTEN).
         #[arg(long)]
         listen: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
     },
-    /// Apply pending database migrations and exit.
-    Migrate,
+    /// Apply pending database migrations and exit (needs a configured database).
+    Migrate(ServerArgs),
     /// Credentials: `fencegate auth new-key --name billing-worker`.
     Auth {
         #[command(subcommand)]
@@ -70,6 +78,8 @@ enum Command {
         /// Lease of the demo lock, in milliseconds (worker A is frozen 500 ms longer).
         #[arg(long, default_value_t = 1000)]
         lease_ms: u64,
+        #[command(flatten)]
+        server: ServerArgs,
     },
     /// Sign a fencing token for a scope as an [[issuers]] lock service does: prints the value of
     /// X-Fencing-Proof (base64url of the signature over "fencegate-token-v1\n{scope}\n{token}").
@@ -168,6 +178,8 @@ enum AdminCommand {
         /// Why (1..=1000 bytes): recorded in the audit log.
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        server: ServerArgs,
     },
     /// Rebind every key under a prefix, or every fenced row of a legacy table, to a sticky
     /// scope (or none): audited (actor "cli:$USER"), in one transaction. The fences stay.
@@ -187,6 +199,8 @@ enum AdminCommand {
         /// Why (1..=1000 bytes): recorded in the audit log.
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        server: ServerArgs,
     },
 }
 
@@ -202,16 +216,30 @@ enum AuthCommand {
 
 fn main() -> std::process::ExitCode {
     use fencegate::client::{block_on, lock, requests};
-    let Cli { config, database_url, command } = Cli::parse();
+    let Cli { command } = Cli::parse();
     // The client commands need no settings, no database, and have exit statuses of their own.
     let command = match command {
         Command::Lock(args) => return block_on(lock::run(args)).into(),
         Command::Kv { command } => return block_on(requests::kv(command)).into(),
         Command::Fence { command } => return block_on(requests::fence(command)).into(),
         Command::LockInfo(args) => return block_on(requests::lock_info(args)).into(),
+        // A proof needs no settings: what is wrong is the usage (a malformed token, a missing
+        // key or secret), exit 2 as for the other client commands.
+        Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {
+            return match sign(&scope, &token, hmac_secret_env.as_deref(), ed25519_key_file.as_deref()) {
+                Ok(proof) => {
+                    println!("{proof}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("fencegate sign: {err:#}");
+                    std::process::ExitCode::from(2)
+                }
+            };
+        }
         command => command,
     };
-    match start(Cli { config, database_url, command }) {
+    match start(Cli { command }) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("fencegate: {err:#}");
@@ -226,12 +254,20 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     if let Command::Auth { command: AuthCommand::NewKey { name } } = &cli.command {
         return new_key(name);
     }
-    let listen = match &cli.command {
-        Command::Serve { listen } => listen.clone(),
-        _ => None,
+    let (listen, server) = match &cli.command {
+        Command::Serve { listen, server } => (listen.clone(), server.clone()),
+        Command::Migrate(server)
+        | Command::Demo { server, .. }
+        | Command::Admin { command: AdminCommand::Reset { server, .. } | AdminCommand::Rebind { server, .. } } => {
+            (None, server.clone())
+        }
+        _ => (None, ServerArgs::default()),
     };
-    let overrides = Overrides { listen, database_url: cli.database_url.clone() };
-    let settings = Settings::load(cli.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    let overrides = Overrides { listen, database_url: server.database_url.clone() };
+    let settings = Settings::load(server.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    if matches!(cli.command, Command::Migrate(_) | Command::Admin { .. }) {
+        require_database(&settings)?;
+    }
     // One thread: tokio's current-thread scheduler, which does with one thread what the
     // multi-threaded one does with one worker, without the machinery for handing work between
     // workers (its injection queue, idle bookkeeping, a separate main thread).
@@ -241,6 +277,24 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     }
     .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
     runtime.block_on(run(cli, settings))
+}
+
+/// A command that works on an existing database (`migrate`, `admin`) needs one named: with none
+/// configured it would create an empty SQLite file wherever it runs, and report on that.
+fn require_database(settings: &Settings) -> anyhow::Result<()> {
+    let Some(url) = &settings.database.url else {
+        anyhow::bail!(
+            "no database configured: pass --database-url (postgres://... or sqlite:FILE), set DATABASE_URL, or give \
+             --config with database.url; nothing was done"
+        );
+    };
+    if let Some(file) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+        let file = file.split('?').next().unwrap_or_default();
+        if !std::path::Path::new(file).exists() {
+            anyhow::bail!("no SQLite database at {file:?} (from {}): nothing was done", fencegate::config::redact_url(url));
+        }
+    }
+    Ok(())
 }
 
 /// The key on stdout's first line (for scripts), then the config block; the key is shown once
@@ -277,7 +331,7 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
             });
             started.await
         }
-        Command::Demo { url, lease_ms } => {
+        Command::Demo { url, lease_ms, .. } => {
             // Started by the demo, fencegate uses the configured PostgreSQL (in a scratch schema)
             // or a scratch SQLite file; against --url, only an explicitly configured database is
             // known (for the unfenced side, in a scratch schema too).
@@ -294,11 +348,8 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
             fencegate::demo::worker(options)
                 .await
         }
-        Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {
-            println!("{}", sign(&scope, &token, hmac_secret_env.as_deref(), ed25519_key_file.as_deref())?);
-            Ok(())
-        }
-        Command::Admin { command: AdminCommand::Reset { scope, key, table, row, to, bind, unbind, reason } } => {
+        Command::Sign { .. } => unreachable!("handled before the settings are loaded"),
+        Command::Admin { command: AdminCommand::Reset { scope, key, table, row, to, bind, unbind, reason, .. } } => {
             let store = fencegate::server::open_store(&settings).await?;
             let max = settings.kv.max_key_bytes;
             let target = match (scope, key, table) {
@@ -333,7 +384,7 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
                 Err(refused) => anyhow::bail!("{refused}"),
             }
         }
-        Command::Admin { command: AdminCommand::Rebind { prefix, table, bind, unbind, reason } } => {
+        Command::Admin { command: AdminCommand::Rebind { prefix, table, bind, unbind, reason, .. } } => {
             use fencegate::{fence::Scope, store::admin::{Rebind, RebindTarget}};
             let max = settings.kv.max_key_bytes;
             let scope = match (bind, unbind) {
@@ -374,7 +425,7 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
         Command::Auth { .. } | Command::Lock(_) | Command::Kv { .. } | Command::Fence { .. } | Command::LockInfo(_) => {
             unreachable!("handled before the runtime starts")
         }
-        Command::Migrate => {
+        Command::Migrate(_) => {
             let mut settings = settings;
             settings.database.migrate_on_start = true;
             let store = fencegate::server::open_store(&settings).await?;

@@ -241,3 +241,38 @@ async fn the_command_line_rebinds_a_prefix() {
     let out = run(&["--prefix", "job-", "--reason", "where to?"]).await.unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--unbind"));
 }
+
+/// Commands that work on a database refuse to run with none configured (they would create an
+/// empty SQLite file wherever they run and report on it); client commands show only their own
+/// flags; a malformed token is bad usage (exit 2).
+#[tokio::test]
+async fn database_commands_need_a_database_and_client_commands_show_only_their_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let fencegate = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("FENCEGATE_CONFIG")
+            .output()
+            .unwrap()
+    };
+    for args in [&["admin", "reset", "--key", "k", "--to", "1", "--reason", "x"][..], &["admin", "rebind", "--prefix", "", "--unbind", "--reason", "x"], &["migrate"]] {
+        let out = fencegate(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("no database configured"), "{args:?}: {stderr}");
+    }
+    let out = fencegate(&["admin", "reset", "--key", "k", "--to", "1", "--reason", "x", "--database-url", "sqlite:missing.sqlite"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no SQLite database"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a database file was created");
+
+    for args in [&["kv", "get", "--help"][..], &["fence", "claim", "--help"], &["lock-info", "--help"], &["sign", "--help"], &["lock", "--help"]] {
+        let help = String::from_utf8_lossy(&fencegate(args).stdout).into_owned();
+        assert!(!help.contains("--database-url") && !help.contains("--config"), "{args:?} shows server flags:\n{help}");
+    }
+    for args in [&["serve", "--help"][..], &["migrate", "--help"], &["admin", "reset", "--help"]] {
+        assert!(String::from_utf8_lossy(&fencegate(args).stdout).contains("--database-url"), "{args:?}");
+    }
+    let out = fencegate(&["sign", "--scope", "s", "--token", "01", "--hmac-secret-env", "X"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
