@@ -20,7 +20,7 @@ pub async fn sync_guards(pool: &PgPool, checks: &Checks, issuer_scopes: &[String
     if standby {
         return Ok(());
     }
-    sqlx::query(
+    let written = sqlx::query(
         "UPDATE fencegate_sql_guards SET max_token_jump = $1, reserved = $2, issuer_scopes = $3, own_role = current_user,
                 max_scope_bytes = $4",
     )
@@ -29,9 +29,17 @@ pub async fn sync_guards(pool: &PgPool, checks: &Checks, issuer_scopes: &[String
     .bind(issuer_scopes)
     .bind(max_scope_bytes as i32)
     .execute(pool)
-    .await
-    .map_err(|e| anyhow::anyhow!("cannot record the guards of fencegate.fence(): {e}"))?;
-    Ok(())
+    .await;
+    match written {
+        Ok(_) => Ok(()),
+        // Not migrated (database.migrate_on_start = false): the server starts not ready, and
+        // the guards are written at its next start after `fencegate migrate`.
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P01") => {
+            tracing::warn!("the database is not migrated: fencegate.fence() gets its guards at the next start after `fencegate migrate`");
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!("cannot record the guards of fencegate.fence(): {e}")),
+    }
 }
 
 /// Installs the guard trigger on each guarded table and removes it from the others. Refuses to
