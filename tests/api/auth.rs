@@ -14,13 +14,13 @@ use serde_json::{json, Value};
 use crate::helpers::{enc, spawn_app_with, unique, Resp, TestApp, SCOPE, TOKEN};
 use crate::pg;
 
-const RIGHTS: [&str; 5] = ["read", "write", "lock", "fence", "admin"];
+pub(crate) const RIGHTS: [&str; 5] = ["read", "write", "lock", "fence", "admin"];
 
 /// A key to configure: name, rights, prefixes, tables.
-type KeySpec<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+pub(crate) type KeySpec<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
 
 /// An API key (the secret a client sends) and its `[[auth.keys]]` entry.
-fn api_key(name: &str, rights: &[&str], prefixes: &[&str], tables: &[&str]) -> (String, ApiKeySettings) {
+pub(crate) fn api_key(name: &str, rights: &[&str], prefixes: &[&str], tables: &[&str]) -> (String, ApiKeySettings) {
     let secret = fencegate::auth::new_key().unwrap();
     let settings = ApiKeySettings {
         name: name.into(),
@@ -69,7 +69,7 @@ async fn spawn_one_key_per_right() -> (TestApp, Keys) {
     spawn_with_keys(&keys, |_| {}).await
 }
 
-fn bearer(rb: RequestBuilder, secret: &str) -> RequestBuilder {
+pub(crate) fn bearer(rb: RequestBuilder, secret: &str) -> RequestBuilder {
     rb.header(AUTHORIZATION, format!("Bearer {secret}"))
 }
 
@@ -112,7 +112,7 @@ async fn release(app: &TestApp, secret: &str, name: &str, token: &str) -> Resp {
 
 /// A 403 `forbidden` naming `right` and the refused `field` = `name`.
 #[track_caller]
-fn forbidden(resp: &Resp, right: &str, field: &str, name: &str) {
+pub(crate) fn forbidden(resp: &Resp, right: &str, field: &str, name: &str) {
     let body = resp.problem(403, "forbidden");
     assert_eq!(body["right"], json!(right), "{body}");
     assert_eq!(body[field], json!(name), "{body}");
@@ -243,82 +243,6 @@ async fn every_cell_of_the_rights_table() {
                 route.unchanged(&app, &keys, &name).await;
             }
         }
-    }
-}
-
-/// Legacy tables (PostgreSQL only): `read`/`write` and the resource in `tables`.
-#[tokio::test]
-async fn tables_need_the_right_and_the_resource() {
-    if crate::BACKEND != pg::Backend::Postgres {
-        return; // legacy tables are a PostgreSQL feature (the SQLite binary has no tables tests)
-    }
-    let url = pg::fresh_database().await;
-    {
-        use sqlx::Connection;
-        let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
-        sqlx::raw_sql("CREATE TABLE orders (id bigint PRIMARY KEY, note text); CREATE TABLE other (id bigint PRIMARY KEY)")
-            .execute(&mut db)
-            .await
-            .unwrap();
-    }
-    let resource = |name: &str| fencegate::tables::ResourceSettings {
-        name: name.into(),
-        table: name.into(),
-        key: vec!["id".into()],
-        fence: fencegate::tables::FenceMode::Ledger,
-        fence_column: None,
-        strict: false,
-        scope: None,
-        guard: None,
-    };
-    let all: &[&str] = &[""];
-    let orders: &[&str] = &["orders"];
-    let keys: Vec<KeySpec<'_>> =
-        RIGHTS.iter().map(|r| (*r, std::slice::from_ref(r), all, orders)).collect();
-    let made: Vec<(String, ApiKeySettings)> = keys.iter().map(|(n, r, p, t)| api_key(n, r, p, t)).collect();
-    let secret = |name: &str| made.iter().find(|(_, s)| s.name == name).unwrap().0.clone();
-    let settings: Vec<ApiKeySettings> = made.iter().map(|(_, s)| s.clone()).collect();
-    let app = crate::helpers::spawn_app_on(url, |s| {
-        s.auth.keys = settings;
-        s.resources = vec![resource("orders"), resource("other")];
-        s.database.max_connections = 4;
-    })
-    .await;
-    let row = json!({"note": "x"});
-    let mut id = 0;
-    for who in RIGHTS {
-        let key = secret(who);
-        id += 1;
-        let path = format!("/v1/tables/orders/{id}");
-        let write = |method: Method| bearer(app.req(method, &path), &key).header(TOKEN, "1");
-        let allowed_write = who == "write" || who == "admin";
-        let allowed_read = who == "read" || who == "admin";
-        let resp = app.send(write(Method::PUT).json(&row)).await;
-        if allowed_write {
-            resp.expect(201);
-        } else {
-            forbidden(&resp, "write", "resource", "orders");
-            app.send(bearer(app.req(Method::PUT, &path), &secret("admin")).header(TOKEN, "1").json(&row)).await.expect(201);
-        }
-        let resp = app.send(write(Method::PATCH).json(&row)).await;
-        if allowed_write { resp.expect(200); } else { forbidden(&resp, "write", "resource", "orders"); }
-        let resp = app.send(bearer(app.req(Method::GET, &path), &key)).await;
-        if allowed_read { resp.expect(200); } else { forbidden(&resp, "read", "resource", "orders"); }
-        let resp = app.send(write(Method::DELETE)).await;
-        if allowed_write {
-            resp.expect(200);
-        } else {
-            forbidden(&resp, "write", "resource", "orders");
-            // Refused: the row is still there.
-            app.send(bearer(app.req(Method::GET, &path), &secret("admin"))).await.expect(200);
-        }
-        // A resource not in `tables`: refused for everyone but admin.
-        let resp = app.send(bearer(app.req(Method::PUT, &format!("/v1/tables/other/{id}")), &key).header(TOKEN, "1").json(&json!({}))).await;
-        if who == "admin" { resp.expect(201); } else if who == "write" { forbidden(&resp, "write", "resource", "other"); } else { resp.problem(403, "forbidden"); }
-        // A batch with a table op needs the resource too.
-        let body = json!({"ops": [{"op": "put", "resource": "other", "key": format!("{}", id + 100), "row": {}}]});
-        let resp = app.send(bearer(app.req(Method::POST, "/v1/batch"), &key).header(TOKEN, "1").json(&body)).await;
-        if who == "admin" { resp.expect(200); } else { resp.problem(403, "forbidden"); }
     }
 }
 

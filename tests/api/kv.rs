@@ -378,43 +378,6 @@ async fn a_number_too_long_to_store_is_400_on_every_backend_and_does_not_fail_it
     app.assert_value("k0", &json!(2), "2").await;
 }
 
-/// With the digit cap raised past what PostgreSQL's numeric type takes, `1e999999` reaches the
-/// coalescer, and the database refuses the statement (SQLSTATE 22: a data exception). A lone
-/// write gets its 400 at once (it is not retried: it is already alone), and amid 20 concurrent
-/// good writes only it is refused: the combined statement is retried one write at a time, once.
-/// SQLite stores such a number as text, so this is PostgreSQL's.
-#[tokio::test]
-async fn a_value_the_database_refuses_is_400_alone_and_amid_coalesced_neighbours() {
-    if crate::BACKEND != crate::pg::Backend::Postgres {
-        return;
-    }
-    let app = std::sync::Arc::new(spawn_app_with(|s| s.kv.max_number_digits = 10_000_000).await);
-    let put_raw = |app: std::sync::Arc<crate::helpers::TestApp>, key: String, raw: &'static str| async move {
-        let request = app.req(Method::PUT, &kv(&key)).header(TOKEN, "1").header("content-type", "application/json").body(raw);
-        tokio::time::timeout(std::time::Duration::from_secs(20), app.send(request))
-            .await
-            .unwrap_or_else(|_| panic!("PUT {key} got no answer within 20 s"))
-    };
-    put_raw(app.clone(), "huge".into(), "1e999999").await.problem(400, "invalid-json");
-    app.assert_absent("huge").await;
-    for round in 0..3 {
-        let mut writes = Vec::new();
-        for i in 0..21 {
-            let raw = if i == 10 { r#"{"n": 1e999999}"# } else { r#"{"n": 1}"# };
-            writes.push(tokio::spawn(put_raw(app.clone(), format!("r{round}-k{i}"), raw)));
-        }
-        for (i, write) in writes.into_iter().enumerate() {
-            let resp = write.await.expect("write task");
-            if i == 10 {
-                resp.problem(400, "invalid-json");
-                app.assert_absent(&format!("r{round}-k10")).await;
-            } else {
-                resp.expect(201);
-            }
-        }
-    }
-}
-
 /// Numbers each within `kv.max_number_digits` that all together read back far larger than they
 /// were sent (the third attacker's pass: 1 MiB of `1e999` read back as 174 MB, and eight such
 /// reads at once aborted the process): 400 at write time, on every backend, nothing stored.

@@ -18,6 +18,7 @@ pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 mod admin;
 mod availability;
 mod auth;
+mod auth_tables;
 mod batch;
 mod byol;
 mod client;
