@@ -1,7 +1,7 @@
 //! The contract tests again, on the embedded SQLite backend: every request these modules send
 //! must get the answer it gets on PostgreSQL. The modules are the very files of `tests/api`;
 //! only the database differs (`BACKEND`). Not included: what SQLite does not have or does
-//! differently (docs/operations.md, Backends): legacy tables (`tables`), coalescing and the
+//! differently (docs/operations.md, Backends): legacy tables (`tables`, `auth_tables`), coalescing and the
 //! connection pool (`limits`), the database behind a TCP proxy (`outage`), fencegate's own
 //! schema beside an application's (`dropin`: a SQLite file is fencegate's alone and has no
 //! schemas; `database.schema` does not apply); and what does not depend on the backend
