@@ -432,3 +432,67 @@ async fn a_guard_needs_a_role_of_fencegates_own_and_says_so() {
     settings.database.url = Some(db);
     assert!(settings.validate().unwrap_err().to_string().contains("guard needs scope"));
 }
+
+/// SQL writers (`fencegate.fence()` in their transaction) and HTTP writers racing on one scope,
+/// with tokens drawn at random: the history must be that of one fence. Checked like the
+/// concurrency suite: no write accepted with a token below one whose acceptance was
+/// acknowledged before it started, and the fence ends at the highest token accepted.
+#[tokio::test]
+async fn sql_and_http_writers_racing_on_one_scope_share_one_fence() {
+    use rand::Rng;
+    let db = pg::fresh_database().await;
+    let mut setup = PgConnection::connect(&db).await.unwrap();
+    sql(&mut setup, "CREATE TABLE ledger (n int PRIMARY KEY, token bigint)").await;
+    let app = std::sync::Arc::new(spawn_app_on(db.clone(), |_| {}).await);
+    app.get("/readyz").await.expect(200); // migrated: fencegate.fence() exists
+    let epoch = Instant::now();
+    // Concurrent on one task (join_all): the writers interleave at every await.
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let (app, db) = (app.clone(), db.clone());
+        tasks.push(async move {
+            let mut conn = PgConnection::connect(&db).await.unwrap();
+            let mut ops = Vec::new();
+            for i in 0..25 {
+                let token: i64 = rand::thread_rng().gen_range(1..=60);
+                let start = epoch.elapsed();
+                let accepted = if worker % 2 == 0 {
+                    let n = worker * 100 + i;
+                    let then = format!("INSERT INTO ledger VALUES ({n}, {token})");
+                    match fenced_tx(&mut conn, "race", token, &then).await {
+                        Ok(()) => true,
+                        Err((code, message)) => {
+                            assert!(code == "FG412" || code == "40P01" || code == "55P03", "{code}: {message}");
+                            false
+                        }
+                    }
+                } else {
+                    let r = app.kv_put_scoped(&format!("w{worker}-{i}"), &token.to_string(), "race", &json!(token)).await;
+                    assert!(matches!(r.status, 201 | 412), "{}", r.text);
+                    r.status == 201
+                };
+                ops.push((start, epoch.elapsed(), token, accepted));
+            }
+            ops
+        });
+    }
+    let history: Vec<_> = futures::future::join_all(tasks).await.into_iter().flatten().collect();
+    let accepted: Vec<_> = history.iter().filter(|op| op.3).collect();
+    assert!(accepted.len() > 8, "too few writes were accepted to say anything: {}", accepted.len());
+    for b in &accepted {
+        for a in &accepted {
+            assert!(
+                !(a.1 < b.0 && a.2 > b.2),
+                "token {} was accepted after token {} had been acknowledged ({:?} < {:?})",
+                b.2,
+                a.2,
+                a.1,
+                b.0
+            );
+        }
+    }
+    let highest = accepted.iter().map(|op| op.2).max().unwrap();
+    assert_eq!(app.fence("race").await.expect(200)["fence_token"], json!(highest.to_string()));
+    let sql_tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM ledger").fetch_all(&mut setup).await.unwrap();
+    assert!(sql_tokens.iter().all(|t| *t <= highest));
+}
