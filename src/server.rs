@@ -229,6 +229,7 @@ async fn tick(store: Store) {
     loop {
         every_second.tick().await;
         telemetry::record_pool(&store);
+        store.shrink_idle_connections();
         store.record_unfenced().await;
     }
 }

@@ -621,6 +621,13 @@ impl Store {
         }
     }
 
+    /// Gives idle database connections' buffers back (PostgreSQL; once a second, by the tick).
+    pub fn shrink_idle_connections(&self) {
+        if let Backend::Postgres(pg) = &self.backend {
+            pg.conns.shrink_idle();
+        }
+    }
+
     pub fn pool_stats(&self) -> (u32, usize) {
         match &self.backend {
             Backend::Postgres(b) => b.pool_stats(),

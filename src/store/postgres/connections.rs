@@ -120,7 +120,25 @@ impl Connections {
             // connections a past burst opened do not stay held for good.
             if idle.first().is_some_and(Held::is_old) { Some(idle.remove(0)) } else { None }
         };
-        drop(aged); // outside the lock: dropping spawns the pool's return task
+        // Outside the lock: dropping spawns the pool's return task. Its buffers go back to
+        // their default size first, or the pool would keep them as large as its biggest message.
+        drop(aged.map(|mut held| {
+            sqlx::Connection::shrink_buffers(&mut *held.conn);
+            held
+        }));
+    }
+
+    /// Gives the idle connections' buffers back (the tick calls this once a second). A
+    /// connection's read and write buffers grow to the largest message it carried and never
+    /// shrink by themselves: after a burst of 1 MiB values, every pooled connection kept
+    /// megabytes (RSS stayed at 420-440 MB for half an hour). Shrinking on every statement
+    /// would reallocate them on the hot path (a coalesced statement outgrows the default
+    /// 8 KiB); once a second, on the connections not in use, costs nothing measurable.
+    pub(in crate::store) fn shrink_idle(&self) {
+        let mut idle = self.idle.lock().expect("idle connections lock");
+        for held in idle.iter_mut() {
+            sqlx::Connection::shrink_buffers(&mut *held.conn);
+        }
     }
 }
 
