@@ -29,7 +29,14 @@ use std::{
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
-use crate::fence::{Fenced, FencingToken, Jump, NotIssued, ScopeMismatch, Stale};
+mod rate;
+mod refusal;
+
+use crate::fence::FencingToken;
+pub use rate::Second;
+use rate::{Column, Rate};
+pub use refusal::{Origin, Refusal, Refused};
+use refusal::log_refusal;
 
 /// Events buffered for subscribers; one that lags further is dropped.
 pub const CHANNEL_CAPACITY: usize = 1024;
@@ -39,21 +46,6 @@ pub const MAX_SUBSCRIBERS: usize = 64;
 pub const REFUSALS_KEPT: usize = 50;
 /// Seconds of writes/s kept (10 minutes).
 pub const RATE_SECONDS: usize = 600;
-
-/// A fenced write refused, as the problem answered it (moved out of the `ApiError`, no copy).
-#[derive(Debug, Clone)]
-pub enum Refused {
-    Stale(Vec<Stale>),
-    NotIssued(NotIssued),
-    Jump(Jump),
-    Mismatch(ScopeMismatch),
-    /// `[[issuers]]`: a missing or invalid `X-Fencing-Proof`.
-    BadProof {
-        scope: Option<String>,
-        issuer: String,
-        why: String,
-    },
-}
 
 /// One event, as the stream's `data:` JSON and an overview's `refusals` entry.
 #[derive(Debug, Clone, Serialize)]
@@ -112,135 +104,6 @@ impl LeaseEvent {
             ttl_ms,
         }
     }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Refusal {
-    pub kind: &'static str,
-    pub op: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub resource: Option<String>,
-    /// The scope the write came under (a stale or unissued scoped write), or, for a scope
-    /// mismatch, the scope the key is bound to (`null`: none).
-    pub scope: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub presented_scope: Option<Option<String>>,
-    pub presented_token: Option<FencingToken>,
-    /// The fence the write ran into (stale, jump), or the latest token the lock issued
-    /// (not_issued).
-    pub current_token: Option<FencingToken>,
-    /// Keys of a batch refused together (1 otherwise).
-    pub keys: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// `<process>-<event id>`: the same refusal in the stream and in the database.
-    pub uid: String,
-    /// The route template (`/v1/kv/{key}`), the namespaced actor (`None`: auth off), and the
-    /// request id: what an operator needs to find the writer.
-    pub route: &'static str,
-    pub actor: Option<String>,
-    pub request_id: String,
-}
-
-/// Where a refused write came from: for its log line and its record.
-pub struct Origin {
-    pub route: &'static str,
-    pub actor: Option<String>,
-    pub request_id: String,
-}
-
-impl Refused {
-    /// The metric outcome label of this refusal.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Refused::Stale(_) => "stale",
-            Refused::NotIssued(_) => "not_issued",
-            Refused::Jump(_) => "jump",
-            Refused::Mismatch(_) => "scope_mismatch",
-            Refused::BadProof { .. } => "bad_proof",
-        }
-    }
-
-    fn into_refusal(self, op: &'static str, origin: Origin, uid: String) -> Refusal {
-        let kind = self.kind();
-        let mut r = Refusal {
-            kind,
-            op,
-            key: None,
-            resource: None,
-            scope: None,
-            presented_scope: None,
-            presented_token: None,
-            current_token: None,
-            keys: 1,
-            detail: None,
-            uid,
-            route: origin.route,
-            actor: origin.actor,
-            request_id: origin.request_id,
-        };
-        let name = |r: &mut Refusal, fenced: Fenced| match fenced {
-            Fenced::Key(key) => r.key = Some(key.as_str().to_owned()),
-            Fenced::Scope(scope) => r.scope = Some(scope.as_str().to_owned()),
-            Fenced::Row { resource, key } => {
-                r.resource = Some(resource);
-                r.key = Some(key);
-            }
-        };
-        match self {
-            Refused::Stale(stale) => {
-                r.keys = stale.len().max(1);
-                if let Some(first) = stale.into_iter().next() {
-                    r.presented_token = Some(first.presented);
-                    r.current_token = Some(first.current);
-                    name(&mut r, first.fenced);
-                }
-            }
-            Refused::NotIssued(n) => {
-                r.scope = Some(n.scope.as_str().to_owned());
-                r.presented_token = Some(n.presented);
-                r.current_token = Some(n.latest);
-            }
-            Refused::Jump(j) => {
-                r.presented_token = Some(j.presented);
-                r.current_token = Some(j.current);
-                r.detail = Some(format!("max jump {}", j.max_jump));
-                name(&mut r, j.fenced);
-            }
-            Refused::Mismatch(m) => {
-                name(&mut r, m.fenced);
-                r.scope = m.scope;
-                r.presented_scope = Some(m.presented.map(|s| s.as_str().to_owned()));
-            }
-            Refused::BadProof { scope, issuer, why } => {
-                r.scope = scope;
-                r.detail = Some(format!("issuer {issuer:?}: {why}"));
-            }
-        }
-        r
-    }
-}
-
-/// The log line of a refused write (INFO, target `fencegate::refusal`); its fields are the
-/// JSON keys with `log.format = "json"`.
-fn log_refusal(r: &Refusal) {
-    let token = |t: Option<FencingToken>| t.map(|t| t.get()).unwrap_or(-1);
-    tracing::info!(
-        target: "fencegate::refusal",
-        kind = r.kind,
-        op = r.op,
-        route = r.route,
-        key = r.key.as_deref().unwrap_or(""),
-        resource = r.resource.as_deref().unwrap_or(""),
-        scope = r.scope.as_deref().unwrap_or(""),
-        presented_token = token(r.presented_token),
-        current_token = token(r.current_token),
-        actor = r.actor.as_deref().unwrap_or(""),
-        request_id = r.request_id.as_str(),
-        "write refused"
-    );
 }
 
 /// The bus of one process (one router). Cheap to clone.
@@ -508,55 +371,6 @@ impl Drop for Subscription {
     }
 }
 
-/// Writes of one second.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct Second {
-    /// Seconds since the Unix epoch.
-    pub second: u64,
-    pub accepted: u64,
-    pub refused: u64,
-}
-
-#[derive(Clone, Copy)]
-enum Column {
-    Accepted,
-    Refused,
-}
-
-/// Per-second counts of the last [`RATE_SECONDS`], lock-free: each slot packs the second it
-/// counts (high 32 bits, Unix seconds) with the count (low 32 bits), so a slot that still
-/// holds an older second is reset by the same compare-and-swap that counts.
-struct Rate {
-    slots: Box<[[AtomicU64; 2]]>,
-}
-
-impl Rate {
-    fn new() -> Self {
-        Rate { slots: (0..RATE_SECONDS).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect() }
-    }
-
-    fn add(&self, second: u64, column: Column) {
-        let slot = &self.slots[second as usize % RATE_SECONDS][column as usize];
-        let tag = second << 32;
-        let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
-            Some(if packed >> 32 == second { packed + 1 } else { tag | 1 })
-        });
-    }
-
-    fn second(&self, second: u64) -> Second {
-        let [accepted, refused] = &self.slots[second as usize % RATE_SECONDS];
-        let count = |slot: &AtomicU64| {
-            let packed = slot.load(Ordering::Relaxed);
-            if packed >> 32 == second {
-                packed & 0xFFFF_FFFF
-            } else {
-                0
-            }
-        };
-        Second { second, accepted: count(accepted), refused: count(refused) }
-    }
-}
-
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -568,7 +382,7 @@ pub fn now_secs() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fence::Key;
+    use crate::fence::{Fenced, Key, Stale};
 
     fn t(v: i64) -> FencingToken {
         FencingToken::from_db(v).unwrap()
