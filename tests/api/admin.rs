@@ -123,7 +123,17 @@ async fn a_reset_holds_in_every_process_at_once() {
     let b = b_process.view();
     b.kv_put("k", "100", &json!("poisoned")).await.expect(201);
     b.kv_put("k", "50", &json!("x")).await.stale_key("k", "50", "100"); // B's cache: k >= 100
-    reset(&a, "kv/k", &json!({"to": "10", "reason": "two processes"})).await.expect(200);
+    // On one SQLite file, B's own writes (the refusal just recorded) may make A's transaction
+    // meet SQLITE_BUSY: a 503 that says to retry, which is what a client does.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = reset(&a, "kv/k", &json!({"to": "10", "reason": "two processes"})).await;
+        if r.status != 503 || Instant::now() > deadline {
+            r.expect(200);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let started = Instant::now();
     loop {
         let r = b.kv_put("k", "50", &json!("after the reset")).await;
