@@ -114,6 +114,7 @@
     state.locks = fresh;
     renderLocks();
     renderFences(body.fences);
+    renderUnfenced(body.unfenced || []);
     // Refusals: every process's (the database's), merged with what the stream already
     // brought; one refusal has one uid in both.
     const known = new Set(state.refusals.map((r) => r.uid));
@@ -320,6 +321,22 @@
       ),
     );
     $("fences-empty").hidden = fences.length > 0;
+  }
+
+  // Writes to guarded tables that came without fencegate.fence() (audit mode): shown only when
+  // there are some, so a team sees who still writes around the fence.
+  function renderUnfenced(rows) {
+    $("unfenced-panel").hidden = rows.length === 0;
+    $("unfenced").tBodies[0].replaceChildren(
+      ...rows.map((u) =>
+        el("tr", { "data-resource": u.resource }, [
+          el("td", { class: "name", text: shown(u.resource) }),
+          el("td", { class: "num", text: String(u.writes) }),
+          el("td", { class: "name", text: shown(u.last_role) }),
+          el("td", { class: "when", text: new Date(u.last_at).toLocaleTimeString() }),
+        ]),
+      ),
+    );
   }
 
   const KINDS = {

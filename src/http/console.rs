@@ -54,6 +54,7 @@ pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Res
         "locks": db.locks,
         "fences": db.fences,
         "refusals": refusals,
+        "unfenced": db.unfenced,
         "counters": state.events.counters(),
         "rate": state.events.rate(RATE_HISTORY_SECONDS),
         "limits": {

@@ -55,6 +55,19 @@ pub struct Overview {
     pub fences: Vec<FenceView>,
     /// The newest refused writes of every process (`store::refusals`), newest first.
     pub refusals: Vec<serde_json::Value>,
+    /// Writes to guarded tables without `fencegate.fence()` (audit mode), by resource
+    /// (PostgreSQL; empty on SQLite, which has no legacy tables).
+    pub unfenced: Vec<UnfencedView>,
+}
+
+/// A guarded table's unfenced writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnfencedView {
+    pub resource: String,
+    pub writes: i64,
+    /// RFC 3339, UTC.
+    pub last_at: String,
+    pub last_role: String,
 }
 
 /// Refused writes listed at most.
@@ -110,10 +123,12 @@ where
             Ok(FenceView { scope: row.try_get(0)?, fence_token: token_from_db(row.try_get(1)?)?, updated_at: row.try_get(2)? })
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok(Overview { locks, fences, refusals })
+    Ok(Overview { locks, fences, refusals, unfenced: Vec::new() })
 }
 
 mod pg {
+    use sqlx::Row;
+
     use super::*;
     use crate::store::postgres::PgStore;
 
@@ -129,14 +144,27 @@ mod pg {
         SELECT scope, fence_token, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
         FROM fencegate_fences ORDER BY updated_at DESC, scope LIMIT $1";
 
+    /// One row per guarded resource that saw an unfenced write (a handful at most).
+    const UNFENCED: &str = "
+        SELECT resource, writes, to_char(last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), last_role
+        FROM fencegate_unfenced ORDER BY resource";
+
     impl PgStore {
         pub(crate) async fn overview(&self) -> Result<Overview, StoreError> {
             let mut conn = self.conns.take().await?;
             let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&mut *conn).await?;
             let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&mut *conn).await?;
             let refusals = sqlx::query(&crate::store::refusals::select_pg()).bind(MAX_REFUSALS).fetch_all(&mut *conn).await?;
+            let unfenced = sqlx::query(UNFENCED).fetch_all(&mut *conn).await?;
             conn.done();
-            overview_from(locks, fences, refusals)
+            let mut overview = overview_from(locks, fences, refusals)?;
+            overview.unfenced = unfenced
+                .iter()
+                .map(|row| {
+                    Ok(UnfencedView { resource: row.try_get(0)?, writes: row.try_get(1)?, last_at: row.try_get(2)?, last_role: row.try_get(3)? })
+                })
+                .collect::<Result<_, StoreError>>()?;
+            Ok(overview)
         }
     }
 }

@@ -407,6 +407,10 @@ async fn an_audited_table_lets_unfenced_writes_through_and_counts_them() {
         assert!(Instant::now() < deadline, "no unfenced count of 2 after 5 s:\n{text}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The console shows them too (its overview), with the role that wrote last.
+    let overview = app.get("/v1/admin/overview").await.expect(200);
+    let unfenced = &overview["unfenced"][0];
+    assert_eq!((&unfenced["resource"], &unfenced["writes"], &unfenced["last_role"]), (&json!("accounts"), &json!(2), &json!(roles[1])), "{overview}");
     drop(app);
     drop(writer);
     drop_roles(&mut admin, &roles).await;
