@@ -2,6 +2,7 @@
 //! database and asserts what a client sees over HTTP, against docs/wire.md.
 
 mod helpers;
+mod pki;
 mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
@@ -42,3 +43,4 @@ mod sources;
 mod sticky;
 mod tables;
 mod tokens;
+mod tls;
