@@ -37,6 +37,7 @@ mod operating;
 mod ops;
 mod poison;
 mod outage;
+mod reload;
 mod restart;
 mod scopes;
 mod sources;
