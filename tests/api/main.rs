@@ -28,6 +28,7 @@ mod demo;
 mod dropin;
 mod edge;
 mod errors;
+mod http2;
 mod kv;
 mod limits;
 mod locks;
