@@ -46,10 +46,10 @@ fn main() {
         let (s, good) = settings(keys);
         let auth = Authenticator::new(&s, |_| None).unwrap().unwrap();
         let header = format!("Bearer {good}");
-        let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes()))).is_ok()));
+        let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes())), None).is_ok()));
         println!("API key, {keys:>2} configured, valid:   {ns:>8.0} ns");
         let bad = format!("Bearer {}", new_key().unwrap());
-        let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(bad.as_bytes()))).is_err()));
+        let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(bad.as_bytes())), None).is_err()));
         println!("API key, {keys:>2} configured, unknown: {ns:>8.0} ns");
     }
     let var = "FENCEGATE_BENCH_JWT_SECRET";
@@ -61,7 +61,7 @@ fn main() {
     let claims = serde_json::json!({"sub": "svc", "exp": exp, "fencegate": {"rights": ["write"], "prefixes": [""]}});
     let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes())).unwrap();
     let header = format!("Bearer {token}");
-    let ns = time(50_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes()))).is_ok()));
+    let ns = time(50_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes())), None).is_ok()));
     println!("JWT HS256, again (remembered):   {ns:>8.0} ns");
     let pem = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jwt");
     let jwt = JwtSettings { public_key_pem_file: Some(pem.join("rsa_public.pem")), ..Default::default() };
@@ -78,11 +78,11 @@ fn main() {
         .collect();
     let started = Instant::now();
     for header in &fresh {
-        assert!(auth.authenticate(Some(header.as_bytes())).is_ok());
+        assert!(auth.authenticate(Some(header.as_bytes()), None).is_ok());
     }
     let ns = started.elapsed().as_nanos() as f64 / fresh.len() as f64;
     println!("JWT RS256 (2048), first use:     {ns:>8.0} ns");
     let header = &fresh[0];
-    let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes()))).is_ok()));
+    let ns = time(200_000, || assert!(auth.authenticate(Some(std::hint::black_box(header.as_bytes())), None).is_ok()));
     println!("JWT RS256 (2048), again:         {ns:>8.0} ns");
 }

@@ -10,8 +10,14 @@
 //!   as its secret) is refused before any signature check. `exp` is required; `nbf` is checked
 //!   when present; `iss`/`aud` when configured.
 //! - Actors live in namespaces: `key:NAME` for an API key, `jwt:SUB` for a JWT (`jwt:ISS#SUB`
-//!   when `[auth.jwt] issuer` is set), so a JWT whose subject equals a key's name is another
-//!   actor, and owns none of that key's leases.
+//!   when `[auth.jwt] issuer` is set), `cert:NAME` for a client certificate (`[[auth.certs]]`),
+//!   so a JWT whose subject equals a key's name is another actor, and owns none of that key's
+//!   leases.
+//! - A client certificate, verified by the TLS handshake (`crate::tls`), is the identity of a
+//!   request that sends no `Authorization` header; one that names no `[[auth.certs]]` entry is
+//!   refused. A request that sends a bearer credential is authenticated by it alone.
+//! - The credentials are replaced whole on SIGHUP ([`Live`]): a request uses the set current
+//!   when it is authenticated.
 //! - A JWT header with `crit` is refused (RFC 7515 4.1.11: a recipient must reject extensions
 //!   it does not understand, and fencegate understands none); `iss` must be a string.
 //! - Prefixes match the decoded name (a key, a scope, a lock name); `""` matches every name.
@@ -175,6 +181,9 @@ pub enum Unauthenticated {
     WrongAudience,
     /// Not a JWT, or its claims are missing (`exp`, `sub`) or malformed.
     InvalidToken,
+    /// A verified client certificate that no `[[auth.certs]]` entry names, and no bearer
+    /// credential.
+    UnknownCert,
 }
 
 impl Unauthenticated {
@@ -189,6 +198,7 @@ impl Unauthenticated {
             Unauthenticated::WrongIssuer => "wrong_issuer",
             Unauthenticated::WrongAudience => "wrong_audience",
             Unauthenticated::InvalidToken => "invalid_token",
+            Unauthenticated::UnknownCert => "unknown_cert",
         }
     }
 
@@ -204,6 +214,10 @@ impl Unauthenticated {
             Unauthenticated::WrongIssuer => "the JWT's issuer (iss) is not the configured one",
             Unauthenticated::WrongAudience => "the JWT's audience (aud) is not the configured one",
             Unauthenticated::InvalidToken => "the JWT is malformed or lacks a required claim (sub, exp)",
+            Unauthenticated::UnknownCert => {
+                "the client certificate names no configured identity ([[auth.certs]] subject_cn or uri_san): use a \
+                 certificate issued for this service, or send Authorization: Bearer <API key or JWT>"
+            }
         }
     }
 }
@@ -212,6 +226,7 @@ impl Unauthenticated {
 /// means auth is off.
 pub struct Authenticator {
     keys: Vec<([u8; 32], Arc<Grant>)>,
+    certs: Vec<(CertName, Arc<Grant>)>,
     jwt: Option<JwtVerifier>,
     pub protect_metrics: bool,
 }
@@ -235,13 +250,32 @@ impl Authenticator {
                 Ok((digest, Arc::new(grant)))
             })
             .collect::<anyhow::Result<_>>()?;
+        let certs = settings
+            .certs
+            .iter()
+            .map(|cert| {
+                let name = match (&cert.subject_cn, &cert.uri_san) {
+                    (Some(cn), None) => CertName::CommonName(cn.clone()),
+                    (None, Some(uri)) => CertName::Uri(uri.clone()),
+                    _ => bail!("auth.certs ({:?}): give exactly one of subject_cn and uri_san", cert.name),
+                };
+                let grant = Grant::new(format!("cert:{}", cert.name), &cert.rights, cert.prefixes.clone(), cert.tables.clone())
+                    .map_err(|e| anyhow::anyhow!("auth.certs ({:?}): {e}", cert.name))?;
+                Ok((name, Arc::new(grant)))
+            })
+            .collect::<anyhow::Result<_>>()?;
         let jwt = settings.jwt.as_ref().map(|jwt| JwtVerifier::new(jwt, env)).transpose()?;
-        Ok(Some(Authenticator { keys, jwt, protect_metrics: settings.protect_metrics }))
+        Ok(Some(Authenticator { keys, certs, jwt, protect_metrics: settings.protect_metrics }))
     }
 
-    /// The actor of an `Authorization` header's value (`None`: no header).
-    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Actor, Unauthenticated> {
-        let header = header.ok_or(Unauthenticated::Missing)?;
+    /// The actor of an `Authorization` header's value (`None`: no header), else of the
+    /// connection's verified client certificate.
+    pub fn authenticate(&self, header: Option<&[u8]>, cert: Option<&ClientCert>) -> Result<Actor, Unauthenticated> {
+        let header = match (header, cert) {
+            (Some(header), _) => header,
+            (None, Some(cert)) => return self.cert(cert).map(Actor::authenticated).ok_or(Unauthenticated::UnknownCert),
+            (None, None) => return Err(Unauthenticated::Missing),
+        };
         let credential = bearer(header).ok_or(Unauthenticated::Malformed)?;
         if let Some(jwt) = &self.jwt {
             if credential.bytes().filter(|b| *b == b'.').count() == 2 {
@@ -249,6 +283,11 @@ impl Authenticator {
             }
         }
         self.key(credential).map(Actor::authenticated).ok_or(Unauthenticated::UnknownKey)
+    }
+
+    /// The first `[[auth.certs]]` entry the certificate names.
+    fn cert(&self, cert: &ClientCert) -> Option<Arc<Grant>> {
+        self.certs.iter().find(|(name, _)| cert.names(name)).map(|(_, grant)| grant.clone())
     }
 
     fn key(&self, credential: &str) -> Option<Arc<Grant>> {
@@ -261,6 +300,47 @@ impl Authenticator {
             }
         }
         found
+    }
+}
+
+/// What an `[[auth.certs]]` entry matches.
+#[derive(Debug, Clone)]
+enum CertName {
+    CommonName(String),
+    Uri(String),
+}
+
+/// What a verified client certificate names (`crate::tls::client_cert`): its subject's common
+/// names and its URI subject alternative names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientCert {
+    pub common_names: Vec<String>,
+    pub uris: Vec<String>,
+}
+
+impl ClientCert {
+    fn names(&self, name: &CertName) -> bool {
+        match name {
+            CertName::CommonName(cn) => self.common_names.iter().any(|c| c == cn),
+            CertName::Uri(uri) => self.uris.iter().any(|u| u == uri),
+        }
+    }
+}
+
+/// The credentials in force, replaced whole when the configuration is reloaded (SIGHUP).
+pub struct Live(std::sync::RwLock<Arc<Authenticator>>);
+
+impl Live {
+    pub fn new(auth: Authenticator) -> Live {
+        Live(std::sync::RwLock::new(Arc::new(auth)))
+    }
+
+    pub fn current(&self) -> Arc<Authenticator> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, auth: Authenticator) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
     }
 }
 

@@ -46,13 +46,46 @@ pub struct AuthSettings {
     pub keys: Vec<ApiKeySettings>,
     /// `[auth.jwt]`: accept JWTs signed by this key.
     pub jwt: Option<JwtSettings>,
+    /// `[[auth.certs]]`: client certificates (verified against `server.tls.client_ca_file`) as
+    /// identities, by subject CN or URI SAN.
+    pub certs: Vec<CertSettings>,
+}
+
+/// One `[[auth.certs]]` entry: a verified client certificate naming `subject_cn` or `uri_san`
+/// is the actor `cert:NAME`, with these rights.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertSettings {
+    pub name: String,
+    /// A common name of the certificate's subject (exactly one of this and `uri_san`).
+    pub subject_cn: Option<String>,
+    /// A URI subject alternative name, e.g. a SPIFFE ID `spiffe://corp/ns/billing/sa/worker`.
+    pub uri_san: Option<String>,
+    /// Among `read`, `write`, `lock`, `fence`, `admin`.
+    pub rights: Vec<String>,
+    #[serde(default)]
+    pub prefixes: Vec<String>,
+    #[serde(default)]
+    pub tables: Vec<String>,
+}
+
+/// `[server.tls]`: HTTPS on the listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain, the server's own certificate first.
+    pub cert_file: std::path::PathBuf,
+    /// PEM private key of that certificate (unencrypted).
+    pub key_file: std::path::PathBuf,
+    /// PEM CA certificates: ask clients for a certificate and verify it against these.
+    pub client_ca_file: Option<std::path::PathBuf>,
 }
 
 impl AuthSettings {
     /// Any credential configured: every request but `/healthz`, `/readyz` (and `/metrics`
     /// unless protected) needs one.
     pub fn enabled(&self) -> bool {
-        !self.keys.is_empty() || self.jwt.is_some()
+        !self.keys.is_empty() || self.jwt.is_some() || !self.certs.is_empty()
     }
 }
 
@@ -180,6 +213,14 @@ pub struct ServerSettings {
     /// Origins (`https://app.example`) allowed to call fencegate from a browser (CORS). Empty:
     /// no CORS headers at all, so browsers refuse cross-origin reads and preflighted requests.
     pub cors_origins: Vec<String>,
+    /// HTTP/2: streams (requests) open at once on one connection; more are refused by the
+    /// protocol (the client waits or retries). Each still takes an in-flight slot.
+    pub http2_max_concurrent_streams: u32,
+    /// HTTP/2: largest header list of a request (decoded names and values, plus 32 bytes per
+    /// field); larger requests are refused.
+    pub http2_max_header_list_bytes: u32,
+    /// `[server.tls]`: HTTPS (absent: plain HTTP).
+    pub tls: Option<TlsSettings>,
 }
 
 impl ServerSettings {
@@ -215,6 +256,9 @@ impl Default for ServerSettings {
             max_connections_per_client: 0,
             max_buffered_bytes: 64 * 1024 * 1024,
             cors_origins: Vec::new(),
+            http2_max_concurrent_streams: 100,
+            http2_max_header_list_bytes: 16 * 1024,
+            tls: None,
         }
     }
 }
@@ -475,6 +519,12 @@ impl Settings {
         if self.server.max_connections == 0 {
             bail!("server.max_connections must be at least 1");
         }
+        if self.server.http2_max_concurrent_streams == 0 {
+            bail!("server.http2_max_concurrent_streams must be at least 1");
+        }
+        if self.server.http2_max_header_list_bytes < 1024 {
+            bail!("server.http2_max_header_list_bytes must be at least 1024");
+        }
         if self.server.max_buffered_bytes < self.server.body_limit_bytes {
             bail!("server.max_buffered_bytes ({}) must be at least server.body_limit_bytes ({}): one largest body must fit",
                 self.server.max_buffered_bytes, self.server.body_limit_bytes);
@@ -588,6 +638,27 @@ impl Settings {
             if !digests.insert(key.sha256.to_ascii_lowercase()) {
                 bail!("auth.keys: the key {:?} has the digest of another key", key.name);
             }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, cert) in self.auth.certs.iter().enumerate() {
+            let what = format!("auth.certs[{i}] ({:?})", cert.name);
+            if cert.name.is_empty() || cert.name.len() > 256 || cert.name.chars().any(char::is_control) {
+                bail!("{what}: name must be 1 to 256 printable bytes");
+            }
+            if !names.insert(cert.name.as_str()) {
+                bail!("{what}: two [[auth.certs]] entries have this name; each names one actor");
+            }
+            match (&cert.subject_cn, &cert.uri_san) {
+                (Some(value), None) | (None, Some(value)) if !value.is_empty() => {}
+                _ => bail!("{what}: give exactly one of subject_cn and uri_san, not empty"),
+            }
+            crate::auth::Grant::new(cert.name.clone(), &cert.rights, vec![], vec![]).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        }
+        if !self.auth.certs.is_empty() && self.server.tls.as_ref().is_none_or(|tls| tls.client_ca_file.is_none()) {
+            bail!(
+                "[[auth.certs]] needs client certificates: set server.tls.cert_file, key_file and client_ca_file (the CA \
+                 that issues the clients' certificates)"
+            );
         }
         if let Some(jwt) = &self.auth.jwt {
             if jwt.hs256_secret_env.is_some() == jwt.public_key_pem_file.is_some() {

@@ -1,7 +1,16 @@
-//! One client connection: HTTP/1 served by hyper, watched so that a slow or silent client cannot
-//! hold it (and the memory behind it) for ever.
+//! One client connection: HTTP/1.1 or HTTP/2 (over TLS when configured) served by hyper, watched
+//! so that a slow or silent client cannot hold it (and the memory behind it) for ever.
 //!
-//! The watchdog knows the connection's phase from its I/O and from the request it serves:
+//! **TLS.** With `[server.tls]`, the handshake comes first and must finish within
+//! `server.header_timeout_ms` of the connection's acceptance (a client that opens TCP and never
+//! completes it is closed then, and the connection cap may close it sooner to make room, as an
+//! idle connection). A plain HTTP request sent to the TLS port is answered with a plain 400
+//! saying to use `https://`. ALPN decides the protocol: `h2`, else HTTP/1.1. On a plain
+//! listener, HTTP/2 is spoken by a client that starts with its preface (h2c with prior
+//! knowledge), HTTP/1.1 otherwise.
+//!
+//! **HTTP/1.** The watchdog knows the connection's phase from its I/O and from the request it
+//! serves:
 //! - **idle** (no byte of a next request yet): closed after `server.idle_timeout_ms`;
 //! - **headers** (a request's first byte came, its headers are not complete): closed
 //!   `server.header_timeout_ms` after that first byte. hyper's own `header_read_timeout` starts
@@ -9,14 +18,32 @@
 //! - **body**: the edge reads it within `server.body_timeout_ms` (`http::edge`);
 //! - **handling**: bounded by `server.request_timeout_ms` in the router.
 //!
-//! In every phase, a response the client does not read (no byte written for
+//! **HTTP/2.** Phases per connection do not fit: many requests (streams) share it, and its
+//! bytes are frames, not requests. So per request, the gate's protections apply to each stream
+//! exactly as to an HTTP/1 request (the edge's Host check, 415/413, the body's timeout, minimum
+//! rate and budget, an in-flight slot, the request timeout); and per connection:
+//! - before its first request, the connection is in the **headers** phase from its first byte
+//!   (the preface): no request within `server.header_timeout_ms`, closed;
+//! - after it, it is **handling** while any stream is, and otherwise **idle** since its last
+//!   stream ended: frames that are not requests (PING, SETTINGS, WINDOW_UPDATE, a header block
+//!   never finished) are not progress, so a client that only sends those is closed after
+//!   `server.idle_timeout_ms`, and the cap may close it first;
+//! - HTTP/2's own limits are hyper's (`h2`): at most `server.http2_max_concurrent_streams`
+//!   streams at once, header lists up to `server.http2_max_header_list_bytes` (a header block
+//!   sent in endless CONTINUATION frames is cut there: the connection is closed), streams
+//!   reset by the client before they are answered (rapid reset, CVE-2023-44487) and streams
+//!   the server had to reset both capped per connection (then GOAWAY), one PONG owed at a time
+//!   (a PING flood that does not read its PONGs stops being read, then the write timeout
+//!   closes it), and SETTINGS acknowledged one at a time likewise.
+//!
+//! In every phase and protocol, a response the client does not read (no byte written for
 //! `server.write_timeout_ms`) closes the connection, freeing the response it held.
 //!
 //! On shutdown, a connection that is not handling a request is closed at once — a half-sent
-//! request has touched nothing — and one that is gets to finish it (hyper's graceful shutdown).
-//! The connection cap (`slots`) closes connections for the same reason: through a [`Handle`],
-//! it asks the one that made no progress the longest to close, which it does unless it is
-//! handling a request by then.
+//! request has touched nothing — and one that is gets to finish it (hyper's graceful shutdown;
+//! for HTTP/2, a GOAWAY and the streams open finish). The connection cap (`slots`) closes
+//! connections for the same reason: through a [`Handle`], it asks the one that made no
+//! progress the longest to close, which it does unless it is handling a request by then.
 
 use std::{
     convert::Infallible,
@@ -24,7 +51,7 @@ use std::{
     io,
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering},
         Arc,
     },
     task::{Context, Poll},
@@ -33,7 +60,10 @@ use std::{
 
 use axum::{body::Body, extract::Request, response::Response, Router};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
@@ -49,6 +79,23 @@ pub struct Timeouts {
     pub idle: Duration,
     pub write: Duration,
 }
+
+/// How every connection is served.
+pub struct Options {
+    pub timeouts: Timeouts,
+    /// HTTPS; `None`: plain HTTP.
+    pub tls: Option<Arc<crate::tls::Tls>>,
+    /// `server.http2_max_concurrent_streams`.
+    pub http2_max_concurrent_streams: u32,
+    /// `server.http2_max_header_list_bytes`.
+    pub http2_max_header_list_bytes: u32,
+}
+
+/// Streams a client reset before they were answered, at most, per connection (then GOAWAY):
+/// rapid reset (CVE-2023-44487) makes the server start work for requests it cancels at once.
+const HTTP2_MAX_PENDING_RESET_STREAMS: usize = 20;
+/// Streams the server had to reset (a protocol error of the client's) at most, per connection.
+const HTTP2_MAX_LOCAL_ERROR_RESETS: usize = 100;
 
 const IDLE: u8 = 0;
 const HEADERS: u8 = 1;
@@ -67,6 +114,10 @@ struct State {
     write_blocked_since: AtomicU64,
     /// The connection cap asks the connection to close (see [`Handle::close_if_idle`]).
     reap: Notify,
+    /// HTTP/2 (from its first request on): reads and writes are frames, not progress.
+    multiplexed: AtomicBool,
+    /// Requests being handled (HTTP/1: 0 or 1).
+    active: AtomicU32,
 }
 
 impl State {
@@ -80,7 +131,7 @@ impl State {
     }
 
     fn read(&self, n: usize) {
-        if n == 0 {
+        if n == 0 || self.multiplexed.load(Ordering::Relaxed) {
             return;
         }
         let now = self.now();
@@ -91,15 +142,28 @@ impl State {
     }
 
     fn wrote(&self) {
-        self.last_io.store(self.now(), Ordering::Relaxed);
+        if !self.multiplexed.load(Ordering::Relaxed) {
+            self.last_io.store(self.now(), Ordering::Relaxed);
+        }
         self.write_blocked_since.store(0, Ordering::Relaxed);
     }
 
-    /// The request is answered: idle from now, and the watchdog has a deadline again (it had
-    /// none while the request was handled).
+    /// A request is answered; the last one: idle from now, and the watchdog has a deadline
+    /// again (it had none while requests were handled).
     fn handled(&self) {
-        self.last_io.store(self.now(), Ordering::Relaxed);
-        self.phase.store(IDLE, Ordering::Release);
+        if self.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.last_io.store(self.now(), Ordering::Relaxed);
+            self.phase.store(IDLE, Ordering::Release);
+        }
+    }
+
+    /// Handling a request: HTTP/1 once its body is read, HTTP/2 while any stream is open.
+    fn handling(&self) -> bool {
+        if self.multiplexed.load(Ordering::Relaxed) {
+            self.active.load(Ordering::Acquire) > 0
+        } else {
+            self.phase.load(Ordering::Acquire) == HANDLING
+        }
     }
 
     fn write_blocked(&self) {
@@ -112,6 +176,7 @@ impl State {
         let blocked = self.write_blocked_since.load(Ordering::Relaxed);
         let write = (blocked != 0).then(|| (self.at(blocked) + t.write, "the client did not read its response"));
         let phase = match self.phase.load(Ordering::Acquire) {
+            _ if self.handling() => None,
             IDLE => Some((self.at(self.last_io.load(Ordering::Relaxed)) + t.idle, "idle")),
             HEADERS => Some((self.at(self.headers_since.load(Ordering::Relaxed)) + t.header, "headers too slow")),
             _ => None,
@@ -137,6 +202,8 @@ impl Handle {
             headers_since: AtomicU64::new(0),
             write_blocked_since: AtomicU64::new(0),
             reap: Notify::new(),
+            multiplexed: AtomicBool::new(false),
+            active: AtomicU32::new(0),
         }))
     }
 
@@ -147,8 +214,10 @@ impl Handle {
     /// loses nothing that was acted on. `None`: a request is being handled.
     pub fn idle_since(&self) -> Option<Instant> {
         let state = &self.0;
+        if state.handling() {
+            return None;
+        }
         match state.phase.load(Ordering::Acquire) {
-            HANDLING => None,
             HEADERS => Some(state.at(state.headers_since.load(Ordering::Relaxed))),
             _ => Some(state.at(state.last_io.load(Ordering::Relaxed))),
         }
@@ -187,13 +256,14 @@ impl Watch {
     }
 }
 
-/// The socket, reporting its progress to the watchdog.
-struct Watched {
-    io: TcpStream,
+/// The connection (a socket, or TLS over one: then what it reports is plaintext), reporting its
+/// progress to the watchdog.
+struct Watched<I> {
+    io: I,
     state: Arc<State>,
 }
 
-impl AsyncRead for Watched {
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
@@ -204,7 +274,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl Watched {
+impl<I> Watched<I> {
     /// Bytes written are progress; a write that finds the socket full starts the write clock.
     /// (Not a flush: hyper flushes whenever the connection is polled, so a flush would make
     /// an idle connection look busy.)
@@ -218,7 +288,7 @@ impl Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
         self.track(polled)
@@ -246,7 +316,7 @@ impl AsyncWrite for Watched {
 /// e.g. the client went away).
 struct Streaming {
     body: Body,
-    state: Arc<State>,
+    _request: InFlight,
 }
 
 impl axum::body::HttpBody for Streaming {
@@ -269,17 +339,24 @@ impl axum::body::HttpBody for Streaming {
     }
 }
 
-impl Drop for Streaming {
+/// A request being handled: counted from hyper calling the router until its response is ready
+/// (or, a stream, has ended), or until its future is dropped (the client went away, or reset
+/// the HTTP/2 stream).
+struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
     fn drop(&mut self) {
-        self.state.handled();
+        self.0.handled();
     }
 }
 
-/// The router for one connection: marks the phase of each request.
+/// The router for one connection: marks the phase of each request, and gives it the
+/// connection's verified client certificate.
 #[derive(Clone)]
 struct Serve {
     router: Router,
     state: Arc<State>,
+    cert: Option<Arc<crate::auth::ClientCert>>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Serve {
@@ -289,23 +366,40 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         use axum::body::HttpBody;
-        let phase = if req.body().is_end_stream() { HANDLING } else { BODY };
-        self.state.phase.store(phase, Ordering::Release);
+        let multiplexed = req.version() == hyper::Version::HTTP_2;
+        self.state.active.fetch_add(1, Ordering::AcqRel);
+        let request = InFlight(self.state.clone());
+        if multiplexed {
+            // Streams overlap: the connection is handling while any is (the edge's body
+            // timeout and rate bound each stream's body).
+            self.state.multiplexed.store(true, Ordering::Relaxed);
+            self.state.phase.store(HANDLING, Ordering::Release);
+        } else {
+            let phase = if req.body().is_end_stream() { HANDLING } else { BODY };
+            self.state.phase.store(phase, Ordering::Release);
+        }
         let mut req = req.map(Body::new);
         req.extensions_mut().insert(Watch(self.state.clone()));
-        let state = self.state.clone();
+        if let Some(cert) = &self.cert {
+            req.extensions_mut().insert(cert.clone());
+        }
         let router = self.router.clone();
         Box::pin(async move {
-            let Ok(response) = router.oneshot(req).await;
+            let Ok(mut response) = router.oneshot(req).await;
+            if multiplexed {
+                // `Connection: close` (after a 401, or a body left unread) means nothing in
+                // HTTP/2, where a refused stream leaves the others and the connection whole.
+                response.headers_mut().remove(axum::http::header::CONNECTION);
+            }
             if response.body().size_hint().exact().is_some() {
                 // The whole body is at hand (every response but a stream): it is written next,
                 // under the write timeout, and the request is done.
-                state.handled();
+                drop(request);
                 return Ok(response);
             }
             // A stream (the console's events): the request is handled until its body ends, so
             // that shutdown lets it finish rather than cutting it as an idle connection.
-            Ok(response.map(|body| Body::new(Streaming { body, state })))
+            Ok(response.map(|body| Body::new(Streaming { body, _request: request })))
         })
     }
 }
@@ -313,7 +407,7 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
 /// Why [`serve`] stopped polling the connection.
 enum Exit {
     /// hyper is done: the client closed, or an error.
-    Ended(hyper::Result<()>),
+    Ended(Result<(), Box<dyn std::error::Error + Send + Sync>>),
     /// The watchdog closes it.
     Closed(&'static str),
     /// Shutdown, with no request being handled.
@@ -330,19 +424,114 @@ enum Exit {
 /// request's first byte, a blocked write). A later deadline (every answered request) leaves it
 /// be: when it fires early, the deadline is recomputed and the timer set again. A busy
 /// connection thus touches its timer about once per timeout, not twice per request.
-pub async fn serve(stream: TcpStream, handle: Handle, router: Router, timeouts: Timeouts, mut shutdown: watch::Receiver<bool>) {
-    let now = Instant::now();
+pub async fn serve(stream: TcpStream, handle: Handle, router: Router, options: Arc<Options>, mut shutdown: watch::Receiver<bool>) {
     let state = handle.0;
-    let io = TokioIo::new(Watched { io: stream, state: state.clone() });
-    let service = Serve { router, state: state.clone() };
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    // The watchdog times headers (from their first byte) and idleness separately.
-    builder.timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
     if *shutdown.borrow() {
         return;
     }
+    let Some(tls) = &options.tls else {
+        return watch(stream, state, router, None, &options, Protocol::Detect, shutdown).await;
+    };
+    let accepted = Instant::now();
+    let handshake = async {
+        if !tls_record_first(&stream).await? {
+            refuse_plain_http(stream).await;
+            return Err(Closed("plain HTTP on the TLS port"));
+        }
+        let stream = tls.acceptor().accept(stream).await.map_err(|err| {
+            tracing::debug!(%err, "TLS handshake failed");
+            Closed("TLS handshake failed")
+        })?;
+        Ok(stream)
+    };
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout_at(accepted + options.timeouts.header, handshake) => {
+            outcome.unwrap_or(Err(Closed("TLS handshake too slow")))
+        }
+        () = state.reap.notified() => Err(Closed("reaped at the connection cap")),
+        _ = shutdown.changed() => return,
+    };
+    let stream = match outcome {
+        Ok(stream) => stream,
+        Err(Closed(why)) => {
+            tracing::debug!(why, "closing a connection");
+            metrics::counter!("fencegate_connections_closed_total", "reason" => why).increment(1);
+            return;
+        }
+    };
+    let session = stream.get_ref().1;
+    let protocol = if session.alpn_protocol() == Some(b"h2") { Protocol::Http2 } else { Protocol::Http1 };
+    let cert = session.peer_certificates().and_then(|chain| chain.first()).map(|der| Arc::new(crate::tls::client_cert(der)));
+    watch(stream, state, router, cert, &options, protocol, shutdown).await
+}
+
+/// Why a connection was closed before it was served (the metric's reason).
+struct Closed(&'static str);
+
+/// Whether the connection starts with a TLS record (a handshake: byte 0x16) rather than, say,
+/// a plain HTTP request. Waits for its first byte.
+async fn tls_record_first(stream: &TcpStream) -> Result<bool, Closed> {
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(0) | Err(_) => Err(Closed("closed before the TLS handshake")),
+        Ok(_) => Ok(!first[0].is_ascii_uppercase()),
+    }
+}
+
+/// A plain HTTP request on the TLS port: answered in plain HTTP, saying what to do, then closed.
+async fn refuse_plain_http(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    const BODY: &str = "this port serves HTTPS: use an https:// URL\n";
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// The protocol of a connection: decided by ALPN on TLS, by the first bytes on plain HTTP.
+#[derive(Clone, Copy)]
+enum Protocol {
+    /// HTTP/2 if it starts with the HTTP/2 preface (h2c with prior knowledge), else HTTP/1.
+    Detect,
+    Http1,
+    Http2,
+}
+
+/// Serves `io` under the watchdog (see [`serve`]).
+async fn watch<I>(
+    io: I,
+    state: Arc<State>,
+    router: Router,
+    cert: Option<Arc<crate::auth::ClientCert>>,
+    options: &Options,
+    protocol: Protocol,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let now = Instant::now();
+    let timeouts = options.timeouts;
+    let io = TokioIo::new(Watched { io, state: state.clone() });
+    let service = Serve { router, state: state.clone(), cert };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The watchdog times headers (from their first byte) and idleness separately.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(options.http2_max_concurrent_streams)
+        .max_header_list_size(options.http2_max_header_list_bytes)
+        .max_pending_accept_reset_streams(HTTP2_MAX_PENDING_RESET_STREAMS)
+        .max_local_error_reset_streams(HTTP2_MAX_LOCAL_ERROR_RESETS);
+    let builder = match protocol {
+        Protocol::Detect => builder,
+        Protocol::Http1 => builder.http1_only(),
+        Protocol::Http2 => builder.http2_only(),
+    };
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
     let timer = tokio::time::sleep_until(now + timeouts.idle);
     tokio::pin!(timer);
     // What the timer is set for; `None` once it fired (nothing set).
@@ -359,7 +548,7 @@ pub async fn serve(stream: TcpStream, handle: Handle, router: Router, timeouts: 
         // After hyper's poll: a request that arrived in full is being handled by now, and is
         // not cut; a response already answered has been written out (or is blocked).
         if reaped.as_mut().poll(cx).is_ready() {
-            if state.phase.load(Ordering::Acquire) != HANDLING {
+            if !state.handling() {
                 return Poll::Ready(Exit::Closed("reaped at the connection cap"));
             }
             // Too late: it took a request meanwhile. The cap picks another.
@@ -369,7 +558,7 @@ pub async fn serve(stream: TcpStream, handle: Handle, router: Router, timeouts: 
         if !draining {
             if let Poll::Ready(changed) = stop.as_mut().poll(cx) {
                 draining = true;
-                if changed.is_err() || state.phase.load(Ordering::Acquire) != HANDLING {
+                if changed.is_err() || !state.handling() {
                     // Nothing of a request has been acted on: close now.
                     return Poll::Ready(Exit::Shutdown);
                 }

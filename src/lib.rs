@@ -9,12 +9,13 @@
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
 //! - [`client`]: fencegate as its own client (`kv`, `fence`, `lock -- CMD`), over HTTP.
-//! - [`auth`]: credentials (API keys, JWTs) and rights. No HTTP, no SQL.
+//! - [`auth`]: credentials (API keys, JWTs, client certificates) and rights. No HTTP, no SQL.
+//! - [`tls`]: HTTPS on the listener (rustls), and what a client certificate names.
 //! - [`config`]: settings from file, environment and flags.
 //! - [`telemetry`]: logs and metrics.
 //! - [`events`]: grants, releases and refusals as they happen, for the console (`/ui`).
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
-//! - [`conn`]: one client connection and its timeouts.
+//! - [`conn`]: one client connection (TLS, HTTP/1.1 or HTTP/2) and its timeouts.
 //! - [`slots`]: the connection cap (and per-client cap); closes idle connections to make room.
 #![forbid(unsafe_code)]
 
@@ -34,5 +35,6 @@ pub mod slots;
 pub mod store;
 pub mod tables;
 pub mod telemetry;
+pub mod tls;
 
 pub use server::serve;

@@ -264,7 +264,11 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         _ => (None, ServerArgs::default()),
     };
     let overrides = Overrides { listen, database_url: server.database_url.clone() };
-    let settings = Settings::load(server.config.as_deref(), |k| std::env::var(k).ok(), overrides)?;
+    let settings = Settings::load(server.config.as_deref(), |k| std::env::var(k).ok(), overrides.clone())?;
+    // SIGHUP (`serve`): the same sources read again.
+    let config_file = server.config.clone();
+    let reload: fencegate::server::Reload =
+        Box::new(move || Settings::load(config_file.as_deref(), |k| std::env::var(k).ok(), overrides.clone()));
     if matches!(cli.command, Command::Migrate(_) | Command::Admin { .. }) {
         require_database(&settings)?;
     }
@@ -276,7 +280,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     }
     .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
-    runtime.block_on(run(cli, settings))
+    runtime.block_on(run(cli, settings, reload))
 }
 
 /// A command that works on an existing database (`migrate`, `admin`) needs one named: with none
@@ -312,7 +316,7 @@ fn new_key(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
+async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload) -> anyhow::Result<()> {
     if matches!(cli.command, Command::Demo { .. } | Command::DemoWorker { .. }) {
         // The demo's output is its timeline; logs would only interleave with it.
         settings.log.filter = "warn".into();
@@ -325,10 +329,14 @@ async fn run(cli: Cli, mut settings: Settings) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (choose another --listen address)"))?;
             let bound = listener.local_addr()?;
-            let started = fencegate::server::serve_announced(settings, listener, fencegate::server::shutdown_signal(), move || {
+            let scheme = if settings.server.tls.is_some() { "https" } else { "http" };
+            let announce = move || {
                 // A stable line on stdout, so scripts and tests can learn the port of --listen :0.
                 println!("listening on {bound}");
-            });
+                tracing::info!("serving {scheme}://{bound}");
+            };
+            let started =
+                fencegate::server::serve_reloadable(settings, listener, fencegate::server::shutdown_signal(), announce, Some(reload));
             started.await
         }
         Command::Demo { url, lease_ms, .. } => {

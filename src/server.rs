@@ -1,4 +1,5 @@
-//! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain.
+//! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain; and on
+//! SIGHUP, reload the credentials and the TLS certificate (see [`reload`]).
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -42,10 +43,27 @@ pub async fn serve_announced(
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
+    serve_reloadable(settings, listener, shutdown, ready, None).await
+}
+
+/// Reads the settings again (the config file, the environment, the flags) for SIGHUP.
+pub type Reload = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
+
+/// [`serve_announced`]; with `reload`, each SIGHUP reads the settings again and applies their
+/// `[[auth.keys]]`, `[[auth.certs]]`, `[auth.jwt]` and `[server.tls]` files, all or nothing.
+pub async fn serve_reloadable(
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    ready: impl FnOnce(),
+    reload: Option<Reload>,
+) -> anyhow::Result<()> {
     // The safe default, before anything else: no open server on a reachable address.
     let addr = listener.local_addr().context("listener has no local address")?;
     settings.check_exposure(addr)?;
-    let auth = crate::auth::Authenticator::new(&settings.auth, |var| std::env::var(var).ok())?.map(Arc::new);
+    let auth = crate::auth::Authenticator::new(&settings.auth, |var| std::env::var(var).ok())?
+        .map(|auth| Arc::new(crate::auth::Live::new(auth)));
+    let tls = settings.server.tls.as_ref().map(crate::tls::Tls::new).transpose()?.map(Arc::new);
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
@@ -60,7 +78,7 @@ pub async fn serve_announced(
                 .map_err(|e| anyhow::anyhow!("invalid [[issuers]]: {e}"))?,
         ),
         metrics: telemetry::metrics_handle(),
-        auth,
+        auth: auth.clone(),
         events: crate::events::Events::new(),
     });
     let events = state.events.clone();
@@ -78,20 +96,31 @@ pub async fn serve_announced(
     // The database's role (a standby it started against being promoted) and replication.
     let _replication = AbortOnDrop(tokio::spawn(state.store.clone().watch_replication()));
     let router = app(state, limits);
+    // Listening for SIGHUP before announcing: a reload sent once the address is known is
+    // never the signal's default action (exit).
+    let _reloads = match reload {
+        Some(reload) => Some(AbortOnDrop(tokio::spawn(reloads(reload, auth, tls.clone())?))),
+        None => None,
+    };
 
-    tracing::info!(%addr, "listening");
+    tracing::info!(%addr, tls = tls.is_some(), "listening");
     ready();
 
     let server = &settings.server;
-    let timeouts = conn::Timeouts {
-        header: Duration::from_millis(server.header_timeout_ms),
-        idle: Duration::from_millis(server.idle_timeout_ms),
-        write: Duration::from_millis(server.write_timeout_ms),
-    };
+    let options = Arc::new(conn::Options {
+        timeouts: conn::Timeouts {
+            header: Duration::from_millis(server.header_timeout_ms),
+            idle: Duration::from_millis(server.idle_timeout_ms),
+            write: Duration::from_millis(server.write_timeout_ms),
+        },
+        tls,
+        http2_max_concurrent_streams: server.http2_max_concurrent_streams,
+        http2_max_header_list_bytes: server.http2_max_header_list_bytes,
+    });
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();
     let slots = Slots::new(server.max_connections, server.max_connections_per_client);
-    accept(&listener, &router, timeouts, &slots, &stopped, &mut connections, shutdown).await;
+    accept(&listener, &router, &options, &slots, &stopped, &mut connections, shutdown).await;
     drop(listener);
     tracing::info!(connections = connections.len(), "shutting down: draining in-flight requests");
     let _ = stop.send(true);
@@ -119,7 +148,7 @@ pub async fn serve_announced(
 async fn accept(
     listener: &TcpListener,
     router: &axum::Router,
-    timeouts: conn::Timeouts,
+    options: &Arc<conn::Options>,
     slots: &Arc<Slots>,
     stopped: &watch::Receiver<bool>,
     connections: &mut JoinSet<()>,
@@ -149,9 +178,9 @@ async fn accept(
                 }
                 let handle = conn::Handle::new();
                 let slot = slots.take(peer.ip(), handle.clone());
-                let (router, stopped) = (router.clone(), stopped.clone());
+                let (router, options, stopped) = (router.clone(), options.clone(), stopped.clone());
                 connections.spawn(async move {
-                    conn::serve(stream, handle, router, timeouts, stopped).await;
+                    conn::serve(stream, handle, router, options, stopped).await;
                     drop(slot);
                 });
             }
@@ -171,6 +200,73 @@ async fn accept(
             }
         }
     }
+}
+
+/// The SIGHUP listener: on each signal, [`reload`] (a failure is logged, and what was in
+/// force stays). Registered at once, so that an error (no signal handling) stops start-up.
+fn reloads(
+    settings: Reload,
+    auth: Option<Arc<crate::auth::Live>>,
+    tls: Option<Arc<crate::tls::Tls>>,
+) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    #[cfg(unix)]
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot listen for SIGHUP (configuration reloads)")?;
+    Ok(async move {
+        #[cfg(unix)]
+        while hangups.recv().await.is_some() {
+            match settings().and_then(|new| reload(&new, auth.as_deref(), tls.as_deref())) {
+                Ok(what) => {
+                    tracing::info!(reloaded = %what, "SIGHUP: configuration reloaded; connections already open are kept");
+                    metrics::counter!("fencegate_config_reloads_total", "result" => "ok").increment(1);
+                }
+                Err(err) => {
+                    tracing::error!(
+                        error = %format!("{err:#}"),
+                        "SIGHUP: the configuration was NOT reloaded; the one in force is kept. Fix the error and send SIGHUP again"
+                    );
+                    metrics::counter!("fencegate_config_reloads_total", "result" => "error").increment(1);
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (settings, auth, tls);
+    })
+}
+
+/// Applies what a reload may change — `[[auth.keys]]`, `[[auth.certs]]`, `[auth.jwt]` (its key
+/// file or secret) and `[server.tls]` (certificate, key, client CAs) — all or nothing: every
+/// file is read and checked before anything is replaced. Turning authentication or TLS on or
+/// off needs a restart (the edge and the listener were set up for one or the other). Returns
+/// what is now in force, for the log.
+pub fn reload(new: &Settings, auth: Option<&crate::auth::Live>, tls: Option<&crate::tls::Tls>) -> anyhow::Result<String> {
+    if new.auth.enabled() != auth.is_some() {
+        anyhow::bail!(
+            "the new configuration turns authentication {}; that needs a restart of fencegate",
+            if new.auth.enabled() { "on" } else { "off" }
+        );
+    }
+    if new.server.tls.is_some() != tls.is_some() {
+        anyhow::bail!(
+            "the new configuration turns TLS (server.tls) {}; that needs a restart of fencegate",
+            if new.server.tls.is_some() { "on" } else { "off" }
+        );
+    }
+    let authenticator = crate::auth::Authenticator::new(&new.auth, |var| std::env::var(var).ok())?;
+    let tls_config = new.server.tls.as_ref().map(crate::tls::server_config).transpose()?;
+    if let (Some(live), Some(authenticator)) = (auth, authenticator) {
+        live.replace(authenticator);
+    }
+    if let (Some(tls), Some(config)) = (tls, tls_config) {
+        tls.replace(config);
+    }
+    Ok(format!(
+        "{} API keys, {} client certificate identities, JWT {}, TLS certificate {}",
+        new.auth.keys.len(),
+        new.auth.certs.len(),
+        if new.auth.jwt.is_some() { "on" } else { "off" },
+        new.server.tls.as_ref().map_or("none".to_owned(), |t| t.cert_file.display().to_string())
+    ))
 }
 
 /// Errors of one connection that the client gave up on: accept the next at once.

@@ -1,7 +1,8 @@
 //! Authentication and authorization over HTTP.
 //!
 //! - [`authenticate`], called by the gate on every route (the fallback included), turns the
-//!   `Authorization` header into an [`Actor`] in the request's extensions, or answers 401. Only
+//!   `Authorization` header (or, without one, the connection's verified client certificate, a
+//!   request extension set by `conn`) into an [`Actor`] in the request's extensions, or answers 401. Only
 //!   `/healthz`, `/readyz`, `/openapi.json`, `/docs`, (unless `auth.protect_metrics`)
 //!   `/metrics`, and the console's static page and assets (`/ui`, `/ui/console.js`,
 //!   `/ui/console.css`, which hold no data) are let through without a credential. It is not
@@ -17,7 +18,7 @@ use axum::{
 };
 
 use super::{problem::ApiError, AppState};
-use crate::auth::{Actor, Authenticator, Right, Unauthenticated};
+use crate::auth::{Actor, Authenticator, ClientCert, Right, Unauthenticated};
 
 /// The kind of name a 403 refused: the problem's field holding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,11 +53,12 @@ pub fn authenticate(auth: &Authenticator, req: &mut Request) -> Result<Option<Ac
     if open {
         return Ok(None);
     }
+    let cert = req.extensions().get::<std::sync::Arc<ClientCert>>().map(|c| &**c);
     let mut values = req.headers().get_all(AUTHORIZATION).iter();
     let found = match (values.next(), values.next()) {
-        (None, _) => auth.authenticate(None),
+        (None, _) => auth.authenticate(None, cert),
         (Some(_), Some(_)) => Err(Unauthenticated::Malformed),
-        (Some(value), None) => auth.authenticate(Some(value.as_bytes())),
+        (Some(value), None) => auth.authenticate(Some(value.as_bytes()), cert),
     };
     let actor = found.map_err(|why| ApiError::Unauthenticated(why).into_response())?;
     if path == "/metrics" {

@@ -33,7 +33,7 @@ use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
 use super::{auth, edge::Edge, extract::BodyLimit, problem::ApiError};
-use crate::auth::Authenticator;
+use crate::auth::Live;
 
 /// What a gate enforces, shared by every route it is applied to.
 struct Rules {
@@ -42,7 +42,7 @@ struct Rules {
     in_flight: Option<Arc<Semaphore>>,
     timeout: Duration,
     /// `None`: auth is off, or the routes are open.
-    auth: Option<Arc<Authenticator>>,
+    auth: Option<Arc<Live>>,
 }
 
 #[derive(Clone)]
@@ -50,7 +50,7 @@ pub struct GateLayer(Arc<Rules>);
 
 impl GateLayer {
     /// The API's gate: every check.
-    pub fn api(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Authenticator>>) -> Self {
+    pub fn api(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Live>>) -> Self {
         GateLayer(Arc::new(Rules { edge, in_flight: Some(Arc::new(Semaphore::new(max_in_flight))), timeout, auth }))
     }
 
@@ -130,7 +130,7 @@ where
         // 4. A credential, unless the route is open (auth::authenticate says which).
         let actor = match &rules.auth {
             None => None,
-            Some(authenticator) => match auth::authenticate(authenticator, &mut req) {
+            Some(live) => match auth::authenticate(&live.current(), &mut req) {
                 Ok(actor) => actor,
                 Err(refused) => return refused,
             },

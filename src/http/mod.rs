@@ -71,7 +71,7 @@ pub struct Shared {
     pub issuers: Arc<crate::issuers::Issuers>,
     pub metrics: PrometheusHandle,
     /// The configured credentials; `None`: auth is off and every request has every right.
-    pub auth: Option<Arc<crate::auth::Authenticator>>,
+    pub auth: Option<Arc<crate::auth::Live>>,
     /// Grants, releases, refusals and writes/s of this process, for the console.
     pub events: crate::events::Events,
 }

@@ -459,6 +459,30 @@ impl BinApp {
         self.stderr.text()
     }
 
+    /// The config file of `spawn_binary_configured`.
+    pub fn config_path(&self) -> &std::path::Path {
+        self.config.as_deref().expect("started with spawn_binary_configured")
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = self.child.id().expect("child already reaped");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("send a signal");
+    }
+
+    /// Waits (up to 10 s) until stderr holds `needle` `count` times; returns stderr.
+    pub async fn wait_for_log(&self, needle: &str, count: usize) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.stderr();
+            if text.matches(needle).count() >= count {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "no {needle:?} (x{count}) in the log within 10 s:\n{text}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGKILL: the server vanishes mid-request, as in a crash or a lost machine.
     pub async fn kill(mut self) {
         self.child.start_kill().expect("SIGKILL fencegate");

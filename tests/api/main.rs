@@ -2,6 +2,7 @@
 //! database and asserts what a client sees over HTTP, against docs/wire.md.
 
 mod helpers;
+mod pki;
 mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
@@ -28,6 +29,7 @@ mod demo;
 mod dropin;
 mod edge;
 mod errors;
+mod http2;
 mod kv;
 mod limits;
 mod locks;
@@ -37,9 +39,11 @@ mod operating;
 mod ops;
 mod poison;
 mod outage;
+mod reload;
 mod restart;
 mod scopes;
 mod sources;
 mod sticky;
 mod tables;
 mod tokens;
+mod tls;

@@ -1,0 +1,111 @@
+//! Certificates for the TLS tests, made by the `openssl` command line in a temporary directory:
+//! CAs, a server certificate for 127.0.0.1 and localhost, and client certificates by CN or
+//! URI SAN (SPIFFE ID). P-256 keys, in PKCS#8 PEM.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+pub struct Pki {
+    dir: tempfile::TempDir,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("run openssl (is it installed?)");
+    assert!(out.status.success(), "openssl {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl Pki {
+    /// A CA named `ca`, and a server certificate `server` it signed.
+    pub fn new() -> Pki {
+        let pki = Pki { dir: tempfile::tempdir().expect("a temporary directory") };
+        pki.ca("ca");
+        pki.server("server", "ca");
+        pki
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    pub fn read(&self, file: &str) -> Vec<u8> {
+        std::fs::read(self.path(file)).unwrap()
+    }
+
+    /// `NAME.crt`, `NAME.key`: a self-signed CA.
+    pub fn ca(&self, name: &str) {
+        openssl(
+            self.dir.path(),
+            &[
+                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.crt"), "-days", "2",
+                "-subj", &format!("/CN=fencegate test {name}"),
+                "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+    }
+
+    /// `NAME.crt`, `NAME.key`: a certificate signed by the CA `ca`, with `extensions`.
+    fn leaf(&self, name: &str, ca: &str, subject: &str, extensions: &str) {
+        let dir = self.dir.path();
+        std::fs::write(dir.join(format!("{name}.ext")), extensions).unwrap();
+        openssl(
+            dir,
+            &[
+                "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"), "-subj", subject,
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}.crt"), "-CAkey", &format!("{ca}.key"),
+                "-CAcreateserial", "-out", &format!("{name}.crt"), "-days", "2", "-extfile", &format!("{name}.ext"),
+            ],
+        );
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost.
+    pub fn server(&self, name: &str, ca: &str) {
+        self.leaf(
+            name,
+            ca,
+            "/CN=fencegate",
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        );
+    }
+
+    /// A client certificate with subject CN `cn` and, optionally, a URI SAN.
+    pub fn client(&self, name: &str, ca: &str, cn: &str, uri: Option<&str>) {
+        let mut ext = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n".to_owned();
+        if let Some(uri) = uri {
+            ext.push_str(&format!("subjectAltName=URI:{uri}\n"));
+        }
+        self.leaf(name, ca, &format!("/CN={cn}"), &ext);
+    }
+
+    /// `[server.tls]` with this PKI's server certificate; `client_ca` to ask for client
+    /// certificates.
+    pub fn settings(&self, client_ca: Option<&str>) -> fencegate::config::TlsSettings {
+        fencegate::config::TlsSettings {
+            cert_file: self.path("server.crt"),
+            key_file: self.path("server.key"),
+            client_ca_file: client_ca.map(|ca| self.path(&format!("{ca}.crt"))),
+        }
+    }
+
+    /// An HTTPS client trusting the CA `ca`, presenting the client certificate `identity`.
+    pub fn client_for(&self, ca: &str, identity: Option<&str>) -> reqwest::Client {
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .timeout(std::time::Duration::from_secs(30))
+            .add_root_certificate(reqwest::Certificate::from_pem(&self.read(&format!("{ca}.crt"))).unwrap());
+        if let Some(name) = identity {
+            let mut pem = self.read(&format!("{name}.crt"));
+            pem.extend(self.read(&format!("{name}.key")));
+            builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        builder.build().unwrap()
+    }
+}
