@@ -41,4 +41,5 @@ mod scopes;
 mod sources;
 mod sticky;
 mod tables;
+mod tls_pg;
 mod tokens;
