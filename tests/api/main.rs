@@ -21,6 +21,7 @@ mod auth;
 mod batch;
 mod byol;
 mod client;
+mod client_tls;
 mod console;
 mod concurrency;
 mod demo;
