@@ -6,6 +6,8 @@ use std::time::Duration;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::{Method, RequestBuilder};
 
+use super::ClientTls;
+
 /// Everything but RFC 3986 unreserved characters is escaped, so any key or lock name (`/`,
 /// `%`, `é` included) reaches the server as the one spelling it decodes strictly.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
@@ -35,6 +37,8 @@ pub struct Api {
     base: reqwest::Url,
     http: reqwest::Client,
     bearer: Option<String>,
+    /// What fencegate's certificate is checked against, for messages.
+    roots: String,
 }
 
 /// What came back.
@@ -52,18 +56,60 @@ pub enum Answer {
 
 impl Api {
     /// `timeout`: the longest any one request may take, connecting included.
-    pub fn new(url: &str, timeout: Duration) -> Result<Api, String> {
+    /// `tls`: the CA to trust and the client certificate to present, for an https:// URL.
+    pub fn new(url: &str, timeout: Duration, tls: &ClientTls) -> Result<Api, String> {
         let base = reqwest::Url::parse(url).map_err(|e| format!("--url {url:?} is not a URL: {e}"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
             return Err(format!("--url {url:?} must be an http:// or https:// URL"));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .connect_timeout(timeout.min(Duration::from_secs(5)));
+        let mut roots = "the bundled public root CAs (give fencegate's CA with --cacert FILE)".to_owned();
+        if let Some(cacert) = &tls.cacert {
+            let pem = read_pem(cacert, "--cacert")?;
+            let cas = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|cas| !cas.is_empty() && has_block(&pem, "CERTIFICATE"))
+                .ok_or_else(|| format!("--cacert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", cacert.display()))?;
+            // As curl's --cacert: these CAs instead of the public ones.
+            builder = builder.tls_built_in_root_certs(false);
+            for ca in cas {
+                builder = builder.add_root_certificate(ca);
+            }
+            roots = format!("--cacert {}", cacert.display());
+        }
+        match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                let mut pem = read_pem(cert, "--cert")?;
+                if !has_block(&pem, "CERTIFICATE") {
+                    return Err(format!("--cert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", cert.display()));
+                }
+                let key_pem = read_pem(key, "--key")?;
+                if !has_block(&key_pem, "PRIVATE KEY") || has_block(&key_pem, "ENCRYPTED PRIVATE KEY") {
+                    return Err(format!(
+                        "--key {} holds no unencrypted PEM private key (PKCS#8, PKCS#1 or SEC1)",
+                        key.display()
+                    ));
+                }
+                pem.push(b'\n');
+                pem.extend_from_slice(&key_pem);
+                let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                    format!("--cert {} with --key {} cannot be used: {}", cert.display(), key.display(), describe(&e))
+                })?;
+                builder = builder.identity(identity);
+            }
+            (Some(cert), None) => {
+                return Err(format!("--cert {} needs its private key: give --key FILE (or FENCEGATE_KEY)", cert.display()))
+            }
+            (None, Some(key)) => {
+                return Err(format!("--key {} needs its certificate: give --cert FILE (or FENCEGATE_CERT)", key.display()))
+            }
+            (None, None) => {}
+        }
+        let http = builder.build().map_err(|e| format!("cannot build the HTTP client: {}", describe(&e)))?;
         let bearer = std::env::var("FENCEGATE_API_KEY").ok().filter(|key| !key.is_empty());
-        Ok(Api { base, http, bearer })
+        Ok(Api { base, http, bearer, roots })
     }
 
     /// The base URL, as handed to a wrapped command in `FENCEGATE_URL`.
@@ -92,9 +138,35 @@ impl Api {
                 }
             }
             Err(e) if e.is_builder() => Answer::Unsendable(describe(&e)),
-            Err(e) => Answer::None(describe(&e)),
+            Err(e) => Answer::None(self.explain(describe(&e))),
         }
     }
+}
+
+impl Api {
+    /// A TLS failure with what to check.
+    fn explain(&self, text: String) -> String {
+        if text.contains("invalid peer certificate") {
+            if text.contains("NotValidForName") || text.contains("not valid for name") {
+                format!("{text} (fencegate's certificate does not name the host of --url: use a name it lists)")
+            } else {
+                format!("{text} (fencegate's certificate does not verify against {})", self.roots)
+            }
+        } else if text.contains("CertificateRequired") || text.contains("BadCertificate") || text.contains("UnknownCA") {
+            format!("{text} (fencegate did not accept the client certificate: give one signed by a CA it trusts with --cert and --key)")
+        } else {
+            text
+        }
+    }
+}
+
+fn read_pem(path: &std::path::Path, flag: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {flag} {}: {e}", path.display()))
+}
+
+/// Whether `pem` has a `-----BEGIN ...LABEL-----` block.
+fn has_block(pem: &[u8], label: &str) -> bool {
+    String::from_utf8_lossy(pem).lines().any(|line| line.starts_with("-----BEGIN ") && line.trim_end().ends_with(&format!("{label}-----")))
 }
 
 /// reqwest's error with its causes: "error sending request" alone says nothing useful.
@@ -170,9 +242,9 @@ mod tests {
 
     #[test]
     fn only_http_urls_are_taken() {
-        assert!(Api::new("http://127.0.0.1:8080", Duration::from_secs(1)).is_ok());
-        assert!(Api::new("https://fencegate.example/", Duration::from_secs(1)).is_ok());
-        assert!(Api::new("ftp://x", Duration::from_secs(1)).is_err());
-        assert!(Api::new("127.0.0.1:8080", Duration::from_secs(1)).is_err());
+        assert!(Api::new("http://127.0.0.1:8080", Duration::from_secs(1), &ClientTls::default()).is_ok());
+        assert!(Api::new("https://fencegate.example/", Duration::from_secs(1), &ClientTls::default()).is_ok());
+        assert!(Api::new("ftp://x", Duration::from_secs(1), &ClientTls::default()).is_err());
+        assert!(Api::new("127.0.0.1:8080", Duration::from_secs(1), &ClientTls::default()).is_err());
     }
 }

@@ -134,7 +134,7 @@ pub async fn run(args: LockArgs) -> u8 {
         eprintln!("fencegate lock: --ttl-ms must be at least {MIN_TTL_MS}");
         return exit::USAGE;
     }
-    let api = match Api::new(&args.endpoint.url, Duration::from_millis(args.endpoint.timeout_ms.max(1))) {
+    let api = match Api::new(&args.endpoint.url, Duration::from_millis(args.endpoint.timeout_ms.max(1)), &args.endpoint.tls) {
         Ok(api) => api,
         Err(e) => {
             eprintln!("fencegate lock: {e}");
@@ -159,7 +159,18 @@ pub async fn run(args: LockArgs) -> u8 {
         lock.release(&lease).await;
         return exit::UNAVAILABLE;
     }
-    let child = Command::new(&args.command[0])
+    let mut child = Command::new(&args.command[0]);
+    // The wrapped command reaches fencegate as this one does (a `fencegate kv put` in it included).
+    for (name, file) in [
+        ("FENCEGATE_CACERT", &args.endpoint.tls.cacert),
+        ("FENCEGATE_CERT", &args.endpoint.tls.cert),
+        ("FENCEGATE_KEY", &args.endpoint.tls.key),
+    ] {
+        if let Some(file) = file {
+            child.env(name, std::path::absolute(file).unwrap_or_else(|_| file.clone()));
+        }
+    }
+    let child = child
         .args(&args.command[1..])
         .env("FENCEGATE_URL", lock.api.url())
         .env("FENCEGATE_TOKEN", &lease.token)

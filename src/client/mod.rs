@@ -1,6 +1,7 @@
 //! fencegate as its own client: `kv`, `fence` and `lock -- CMD` (docs/api.md, *The command line
-//! as a client*). Every command takes `--url` (env `FENCEGATE_URL`) and sends
-//! `FENCEGATE_API_KEY`, when set, as the bearer credential; `--token` and `--scope` default to
+//! as a client*). Every command takes `--url` (env `FENCEGATE_URL`), for an https:// URL
+//! `--cacert`, `--cert` and `--key` (env `FENCEGATE_CACERT`, `FENCEGATE_CERT`, `FENCEGATE_KEY`),
+//! and sends `FENCEGATE_API_KEY`, when set, as the bearer credential; `--token` and `--scope` default to
 //! `FENCEGATE_TOKEN` and `FENCEGATE_SCOPE`, which `fencegate lock` hands to the command it runs.
 //!
 //! - [`http`]: the HTTP client and the exit status of an answer.
@@ -22,6 +23,23 @@ pub struct Endpoint {
     /// Give up on a request after this long (no answer: exit 1).
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub timeout_ms: u64,
+    #[command(flatten)]
+    pub tls: ClientTls,
+}
+
+/// TLS to an https:// fencegate.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClientTls {
+    /// Trust only the CA certificates in this PEM file for fencegate's certificate (instead of
+    /// the bundled public root CAs).
+    #[arg(long = "cacert", id = "tls_cacert", env = "FENCEGATE_CACERT", value_name = "FILE")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// Present this client certificate (PEM, with its chain) to fencegate; needs --key.
+    #[arg(long = "cert", id = "tls_cert", env = "FENCEGATE_CERT", value_name = "FILE")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The private key of --cert (unencrypted PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "FILE")]
+    pub key: Option<std::path::PathBuf>,
 }
 
 /// The fencing headers of a write.

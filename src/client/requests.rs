@@ -78,7 +78,7 @@ pub async fn lock_info(args: LockInfo) -> u8 {
 }
 
 fn api(endpoint: &Endpoint) -> Option<Api> {
-    Api::new(&endpoint.url, Duration::from_millis(endpoint.timeout_ms.max(1)))
+    Api::new(&endpoint.url, Duration::from_millis(endpoint.timeout_ms.max(1)), &endpoint.tls)
         .map_err(|e| eprintln!("fencegate: {e}"))
         .ok()
 }

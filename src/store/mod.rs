@@ -7,6 +7,7 @@
 pub mod admin;
 mod catalog;
 pub mod overview;
+mod pg_tls;
 mod sql;
 mod postgres;
 mod pressure;

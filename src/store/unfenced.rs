@@ -25,7 +25,13 @@ impl Unfenced {
                 .await?;
             Ok(Unfenced::Sqlite(conn))
         } else {
-            let mut conn = PgConnection::connect(url).await?;
+            // The same TLS settings and checks as fencegate's own connections.
+            let (options, mut tls) = super::pg_tls::options(url)?;
+            let options = tls.resolve_allow(options).await;
+            let mut conn = PgConnection::connect_with(&options).await.map_err(|e| {
+                let shown = crate::config::redact_url(url);
+                anyhow::anyhow!("cannot connect to PostgreSQL at {shown}: {}", tls.describe(&e, || e.to_string()))
+            })?;
             if let Some(schema) = schema {
                 sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path = {schema}")).execute(&mut conn).await?;
             }

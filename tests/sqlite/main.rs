@@ -5,7 +5,7 @@
 //! connection pool (`limits`), the database behind a TCP proxy (`outage`), fencegate's own
 //! schema beside an application's (`dropin`: a SQLite file is fencegate's alone and has no
 //! schemas; `database.schema` does not apply); and what does not depend on the backend
-//! (`edge`, `byol`).
+//! (`edge`, `byol`, `client_tls`). Nor `tls_pg`: PostgreSQL over TLS has no SQLite counterpart.
 #![allow(dead_code)]
 
 #[path = "../api/helpers.rs"]

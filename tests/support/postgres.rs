@@ -224,3 +224,99 @@ impl Cluster {
         cmd
     }
 }
+
+/// Certificates for TLS tests, made with the `openssl` command: a CA, a server certificate it
+/// signed for `localhost` and 127.0.0.1 (not 127.0.0.2), a client certificate it signed for
+/// the user `client_cn`, and a second, unrelated CA that signed nothing here. EC P-256 keys,
+/// unencrypted PEM, valid for two days.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub other_ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// Writes the files into `dir` (created). Panics, saying what to install, without `openssl`.
+    pub fn make(dir: &Path, client_cn: &str) -> TlsFiles {
+        std::fs::create_dir_all(dir).expect("create the certificates' directory");
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).output();
+            match out {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    panic!("the `openssl` command is needed to make test certificates: install it (Debian: apt-get install openssl)")
+                }
+                Err(e) => panic!("cannot run openssl {args:?}: {e}"),
+                Ok(out) if !out.status.success() => {
+                    panic!("openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))
+                }
+                Ok(_) => {}
+            }
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        for (name, cn) in [("ca", "fencegate test CA"), ("other-ca", "unrelated test CA")] {
+            let (key, crt, subj) = (format!("{name}.key"), format!("{name}.crt"), format!("/CN={cn}"));
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
+            args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            openssl(&args);
+        }
+        let leaf = |name: &str, cn: &str, ext: &str| {
+            let (key, csr, crt, subj, ext_file) =
+                (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("/CN={cn}"), format!("{name}.ext"));
+            std::fs::write(dir.join(&ext_file), ext).expect("write an extensions file");
+            let mut args = vec!["req", "-new"];
+            args.extend(ec);
+            args.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+            openssl(&args);
+            openssl(&[
+                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-set_serial", &format!("{}", 1000 + name.len()),
+                "-days", "2", "-out", &crt, "-extfile", &ext_file,
+            ]);
+        };
+        leaf(
+            "server",
+            "localhost",
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n\
+             subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        );
+        leaf("client", client_cn, "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n");
+        for key in ["ca.key", "other-ca.key", "server.key", "client.key"] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.join(key), std::fs::Permissions::from_mode(0o600)).expect("chmod 0600 a key");
+        }
+        TlsFiles {
+            ca: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+            other_ca: dir.join("other-ca.crt"),
+        }
+    }
+
+    /// Server options (for [`Cluster::new`]'s `settings`) turning TLS on with these files, client
+    /// certificates checked against the CA, and `hba` as the whole of pg_hba.conf (written to
+    /// `hba_file`). The files must be in the cluster's directory, so that it is handed to the
+    /// `postgres` user with them (the server refuses a key others can read).
+    pub fn server_settings(&self, hba_file: &Path, hba: &str) -> String {
+        std::fs::write(hba_file, hba).expect("write pg_hba.conf");
+        format!(
+            "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c ssl_ca_file={} -c hba_file={}",
+            shell_quote(&self.server_cert),
+            shell_quote(&self.server_key),
+            shell_quote(&self.ca),
+            shell_quote(hba_file)
+        )
+    }
+}
+
+impl Cluster {
+    /// A URL to this cluster through its Unix socket in `dir` (no TLS there: local connections).
+    pub fn socket_url(&self, dir: &Path, database: &str) -> String {
+        format!("postgres:///{database}?host={}&port={}&user=postgres", dir.display(), self.port)
+    }
+}

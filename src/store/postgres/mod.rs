@@ -74,9 +74,11 @@ impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
     pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let shown = crate::config::redact_url(url);
-        let options: PgConnectOptions = url
-            .parse::<PgConnectOptions>()
-            .map_err(|e| anyhow::anyhow!("invalid database URL {shown}: {e}"))?
+        // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
+        let (options, mut tls) = crate::store::pg_tls::options(url)?;
+        let options: PgConnectOptions = tls
+            .resolve_allow(options)
+            .await
             // Statements are logged by our own spans; sqlx's per-statement logs are noise.
             .log_statements(tracing::log::LevelFilter::Trace)
             .application_name("fencegate")
@@ -105,10 +107,14 @@ impl PgStore {
             .after_release(replication::keep_on_release)
             .connect_with(options)
             .await
-            .map_err(|e| anyhow::anyhow!(
-                "cannot connect to PostgreSQL at {shown}: {e}. Is the server running and the URL right? \
-                 (set DATABASE_URL or --database-url)"
-            ))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot connect to PostgreSQL at {shown}: {}",
+                    tls.describe(&e, || format!(
+                        "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
+                    ))
+                )
+            })?;
         let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
