@@ -46,8 +46,12 @@ impl Store {
     /// a guarantee). Prunes the old ones every minute.
     pub async fn record_refusals(self, mut queue: tokio::sync::mpsc::Receiver<Arc<Event>>) {
         let mut pruned = tokio::time::Instant::now();
+        // Written since the last prune: a flood of refusals is pruned as often as it fills the
+        // table, not only once a minute.
+        let mut since_prune = 0i64;
         let mut batch = Vec::with_capacity(BATCH);
         while queue.recv_many(&mut batch, BATCH).await > 0 {
+            since_prune += batch.len() as i64;
             let backend = self.backend.clone();
             let events = std::mem::take(&mut batch);
             let written = super::run_detached(async move {
@@ -60,8 +64,9 @@ impl Store {
             if let Err(err) = written {
                 tracing::warn!(error = %err, "refused writes could not be recorded in the database");
             }
-            if pruned.elapsed() >= PRUNE_EVERY {
+            if pruned.elapsed() >= PRUNE_EVERY || since_prune >= KEPT {
                 pruned = tokio::time::Instant::now();
+                since_prune = 0;
                 if let Err(err) = self.prune_refusals().await {
                     tracing::warn!(error = %err, "old refused writes could not be deleted");
                 }
