@@ -20,6 +20,49 @@ def _int(v: Any) -> Optional[int]:
     return None
 
 
+class _Named:
+    """What a problem is about: the ``key``, the ``scope`` and, for a table row, the ``resource``."""
+    body: Dict[str, Any]
+
+    @property
+    def key(self) -> Optional[str]:
+        return self.body.get("key")
+
+    @property
+    def scope(self) -> Optional[str]:
+        return self.body.get("scope")
+
+    @property
+    def resource(self) -> Optional[str]:
+        return self.body.get("resource")
+
+
+class _Tokens:
+    """The token a refused write ``presented`` and the fence (``current``) it ran into."""
+    body: Dict[str, Any]
+
+    @property
+    def presented(self) -> Optional[int]:
+        return _int(self.body.get("presented_token"))
+
+    @property
+    def current(self) -> Optional[int]:
+        return _int(self.body.get("current_token"))
+
+
+class _Holder:
+    """Who holds a lock (``holder``) and for how long (``remaining_ms``)."""
+    body: Dict[str, Any]
+
+    @property
+    def holder(self) -> Optional[str]:
+        return self.body.get("holder")
+
+    @property
+    def remaining_ms(self) -> Optional[int]:
+        return _int(self.body.get("remaining_ms"))
+
+
 class FencegateError(Exception):
     """Base of every error this library raises.
 
@@ -233,65 +276,33 @@ class InvalidRequest(BadRequest):
 
 # ---- 409 -----------------------------------------------------------------------------------
 
-class ScopeMismatch(Conflict, FencingError):
+class ScopeMismatch(_Named, Conflict, FencingError):
     """409 ``scope-mismatch``: the key (or row) is bound to ``scope`` (``None``: unscoped) and
     the write came under ``presented_scope``."""
     slug = "scope-mismatch"
-
-    @property
-    def key(self) -> Optional[str]:
-        return self.body.get("key")
-
-    @property
-    def resource(self) -> Optional[str]:
-        return self.body.get("resource")
-
-    @property
-    def scope(self) -> Optional[str]:
-        return self.body.get("scope")
 
     @property
     def presented_scope(self) -> Optional[str]:
         return self.body.get("presented_scope")
 
 
-class LockHeld(Conflict):
+class LockHeld(_Holder, Conflict):
     """409 ``lock-held``: ``holder`` holds the lock for ``remaining_ms`` more."""
     slug = "lock-held"
 
-    @property
-    def holder(self) -> Optional[str]:
-        return self.body.get("holder")
 
-    @property
-    def remaining_ms(self) -> Optional[int]:
-        return _int(self.body.get("remaining_ms"))
-
-
-class LockLost(Conflict, FencingError):
+class LockLost(_Holder, Conflict, FencingError):
     """409 ``lock-lost``: a renew or release by someone who no longer holds the lease
     (``holder``/``remaining_ms`` name the current holder, if any)."""
     slug = "lock-lost"
-
-    @property
-    def holder(self) -> Optional[str]:
-        return self.body.get("holder")
-
-    @property
-    def remaining_ms(self) -> Optional[int]:
-        return _int(self.body.get("remaining_ms"))
 
 
 class LockExhausted(Conflict):
     slug = "lock-exhausted"
 
 
-class ScopeHasIssuer(Conflict):
+class ScopeHasIssuer(_Named, Conflict):
     slug = "scope-has-issuer"
-
-    @property
-    def scope(self) -> Optional[str]:
-        return self.body.get("scope")
 
     @property
     def issuer(self) -> Optional[str]:
@@ -308,31 +319,11 @@ class BindingConflict(Conflict):
 
 # ---- 412 -----------------------------------------------------------------------------------
 
-class StaleToken(PreconditionFailed):
+class StaleToken(_Named, _Tokens, PreconditionFailed):
     """412 ``stale-token``: ``presented`` is below the fence ``current`` of ``key`` (or
     ``scope``; ``resource`` for a table row). A newer holder exists: stop working. For a batch,
     ``stale_keys`` lists every stale key."""
     slug = "stale-token"
-
-    @property
-    def presented(self) -> Optional[int]:
-        return _int(self.body.get("presented_token"))
-
-    @property
-    def current(self) -> Optional[int]:
-        return _int(self.body.get("current_token"))
-
-    @property
-    def key(self) -> Optional[str]:
-        return self.body.get("key")
-
-    @property
-    def scope(self) -> Optional[str]:
-        return self.body.get("scope")
-
-    @property
-    def resource(self) -> Optional[str]:
-        return self.body.get("resource")
 
     @property
     def stale_keys(self) -> List[Dict[str, Any]]:
@@ -347,46 +338,22 @@ class StaleToken(PreconditionFailed):
 
 # ---- 422 -----------------------------------------------------------------------------------
 
-class TokenNotIssued(Unprocessable, FencingError):
+class TokenNotIssued(_Named, _Tokens, Unprocessable, FencingError):
     """422 ``token-not-issued``: under a built-in lock's scope, a token above ``latest_issued``."""
     slug = "token-not-issued"
-
-    @property
-    def scope(self) -> Optional[str]:
-        return self.body.get("scope")
-
-    @property
-    def presented(self) -> Optional[int]:
-        return _int(self.body.get("presented_token"))
 
     @property
     def latest_issued(self) -> Optional[int]:
         return _int(self.body.get("latest_issued"))
 
 
-class TokenJump(Unprocessable, FencingError):
+class TokenJump(_Named, _Tokens, Unprocessable, FencingError):
     """422 ``token-jump``: ``presented`` raises the fence ``current`` by more than ``max_jump``."""
     slug = "token-jump"
 
     @property
-    def presented(self) -> Optional[int]:
-        return _int(self.body.get("presented_token"))
-
-    @property
-    def current(self) -> Optional[int]:
-        return _int(self.body.get("current_token"))
-
-    @property
     def max_jump(self) -> Optional[int]:
         return _int(self.body.get("max_jump"))
-
-    @property
-    def key(self) -> Optional[str]:
-        return self.body.get("key")
-
-    @property
-    def scope(self) -> Optional[str]:
-        return self.body.get("scope")
 
 
 class MissingTokenProof(Unprocessable, FencingError):
