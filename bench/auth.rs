@@ -5,8 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use fencegate::auth::{digest_hex, new_key, Authenticator};
-use fencegate::config::{ApiKeySettings, AuthSettings, JwtSettings};
+use fencegate::auth::{digest_hex, new_key, ApiKeySettings, AuthSettings, Authenticator, JwtSettings};
 
 fn settings(keys: usize) -> (AuthSettings, String) {
     let secrets: Vec<String> = (0..keys).map(|_| new_key().unwrap()).collect();

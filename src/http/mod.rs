@@ -298,7 +298,7 @@ mod tests {
         assert!(!on("192.168.1.5:8080"));
         // With credentials configured, no Host check (docs/security.md, *The edge*: with auth off).
         let mut with_auth = crate::config::Settings::default();
-        with_auth.auth.keys = vec![crate::config::ApiKeySettings {
+        with_auth.auth.keys = vec![crate::auth::ApiKeySettings {
             name: "k".into(),
             sha256: "0".repeat(64),
             rights: vec!["read".into()],

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use fencegate::config::{ApiKeySettings, JwtSettings, Settings};
+use fencegate::auth::{ApiKeySettings, JwtSettings};
+use fencegate::config::Settings;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use reqwest::{header::AUTHORIZATION, Method, RequestBuilder};
 use serde_json::{json, Value};

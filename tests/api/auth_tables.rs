@@ -4,7 +4,7 @@
 use reqwest::Method;
 use serde_json::json;
 
-use fencegate::config::ApiKeySettings;
+use fencegate::auth::ApiKeySettings;
 
 use crate::auth::{api_key, bearer, forbidden, KeySpec, RIGHTS};
 use crate::helpers::TOKEN;

@@ -339,9 +339,9 @@ async fn slowloris_at_twice_the_cap_leaves_probes_and_writes_answering() {
 
 // --- 401 and 403 close their connection ----------------------------------------------------------
 
-fn key(name: &str, rights: &[&str]) -> (String, fencegate::config::ApiKeySettings) {
+fn key(name: &str, rights: &[&str]) -> (String, fencegate::auth::ApiKeySettings) {
     let secret = fencegate::auth::new_key().unwrap();
-    let settings = fencegate::config::ApiKeySettings {
+    let settings = fencegate::auth::ApiKeySettings {
         name: name.into(),
         sha256: fencegate::auth::digest_hex(&secret),
         rights: rights.iter().map(|r| r.to_string()).collect(),

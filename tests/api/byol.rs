@@ -888,7 +888,7 @@ async fn redis_example_sends_its_api_key_to_an_authenticated_server() {
     let secret = fencegate::auth::new_key().unwrap();
     let digest = fencegate::auth::digest_hex(&secret);
     let app = crate::helpers::spawn_app_with(move |s| {
-        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+        s.auth.keys = vec![fencegate::auth::ApiKeySettings {
             name: "byol".into(),
             sha256: digest,
             rights: vec!["read".into(), "write".into()],

@@ -167,7 +167,7 @@ async fn the_api_key_in_the_environment_is_sent_as_the_bearer() {
     let secret = fencegate::auth::new_key().unwrap();
     let digest = fencegate::auth::digest_hex(&secret);
     let app = spawn_app_with(|s| {
-        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+        s.auth.keys = vec![fencegate::auth::ApiKeySettings {
             name: "cli".into(),
             sha256: digest,
             rights: vec!["admin".into()],

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use fencegate::config::ApiKeySettings;
+use fencegate::auth::ApiKeySettings;
 use reqwest::{header::AUTHORIZATION, Method};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

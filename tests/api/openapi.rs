@@ -95,7 +95,7 @@ async fn every_documented_operation_is_served_with_a_documented_status() {
 async fn the_document_and_the_page_are_open_like_healthz() {
     let secret = fencegate::auth::new_key().unwrap();
     let app = spawn_app_with(|s| {
-        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+        s.auth.keys = vec![fencegate::auth::ApiKeySettings {
             name: "reader".into(),
             sha256: fencegate::auth::digest_hex(&secret),
             rights: vec!["read".into()],

@@ -132,7 +132,7 @@ const KEY: &str = "a-bearer-key-for-the-client-certificate-tests";
 const LOCK_KEY: &str = "a-bearer-key-with-the-lock-right-on-every-name";
 
 fn cert_auth(s: &mut fencegate::config::Settings) {
-    let entry = |name: &str, cn: Option<&str>, uri: Option<&str>, rights: &[&str], prefixes: &[&str]| fencegate::config::CertSettings {
+    let entry = |name: &str, cn: Option<&str>, uri: Option<&str>, rights: &[&str], prefixes: &[&str]| fencegate::auth::CertSettings {
         name: name.into(),
         subject_cn: cn.map(Into::into),
         uri_san: uri.map(Into::into),
@@ -145,7 +145,7 @@ fn cert_auth(s: &mut fencegate::config::Settings) {
         entry("spiffe-worker", None, Some("spiffe://corp/ns/billing/sa/worker"), &["read", "write"], &["spiffe-"]),
         entry("ops", Some("ops-admin"), None, &["admin"], &[]),
     ];
-    s.auth.keys = vec![fencegate::config::ApiKeySettings {
+    s.auth.keys = vec![fencegate::auth::ApiKeySettings {
         name: "bearer".into(),
         sha256: fencegate::auth::digest_hex(KEY),
         rights: vec!["read".into(), "write".into()],
@@ -201,7 +201,7 @@ async fn the_lease_owner_and_the_audit_log_show_the_certificate_actor() {
     let mut app = spawn_tls(&pki, Some("ca"), Some("billing"), |s| {
         cert_auth(s);
         s.auth.certs[0].rights.push("lock".into());
-        s.auth.keys.push(fencegate::config::ApiKeySettings {
+        s.auth.keys.push(fencegate::auth::ApiKeySettings {
             name: "locker".into(),
             sha256: fencegate::auth::digest_hex(LOCK_KEY),
             rights: vec!["lock".into()],

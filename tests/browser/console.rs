@@ -207,7 +207,7 @@ async fn the_console_shows_fencing_live_and_plays_the_zombie_scenario() {
 async fn with_auth_on_the_page_asks_for_a_credential_and_keeps_it_for_the_tab() {
     let secret = fencegate::auth::new_key().unwrap();
     let app = spawn_app_with(|s| {
-        s.auth.keys = vec![fencegate::config::ApiKeySettings {
+        s.auth.keys = vec![fencegate::auth::ApiKeySettings {
             name: "ops".into(),
             sha256: fencegate::auth::digest_hex(&secret),
             rights: vec!["admin".into()],
