@@ -11,7 +11,10 @@ use serde::Deserialize;
 
 use crate::{
     auth::AuthSettings,
-    fence::{Bindings, Rule, Scope, ScopeRule},
+    fence::{Bindings, KvSettings, ScopeBinding},
+    locks::LockSettings,
+    server::ServerSettings,
+    telemetry::LogSettings,
 };
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -33,148 +36,6 @@ pub struct Settings {
     pub issuers: Vec<crate::issuers::IssuerSettings>,
     /// `[auth]`: API keys and JWTs (see [`AuthSettings`]); none configured = auth off.
     pub auth: AuthSettings,
-}
-
-/// `[server.tls]`: HTTPS on the listener.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSettings {
-    /// PEM certificate chain, the server's own certificate first.
-    pub cert_file: std::path::PathBuf,
-    /// PEM private key of that certificate (unencrypted).
-    pub key_file: std::path::PathBuf,
-    /// PEM CA certificates: ask clients for a certificate and verify it against these.
-    pub client_ca_file: Option<std::path::PathBuf>,
-}
-
-/// One `[[scopes]]` entry: every key starting with one of `keys` is written under the scope
-/// `name` (normally a lock's name), with or without an `X-Fencing-Scope` header; a different
-/// header is 409 `scope-mismatch`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScopeBinding {
-    pub name: String,
-    /// Key prefixes (`""` binds every key). Prefixes of two different scopes must not overlap.
-    pub keys: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LockSettings {
-    /// Longest lease a client may ask for (`ttl_ms`), in milliseconds.
-    pub max_ttl_ms: u64,
-    /// Scope prefixes reserved for the built-in lock service (`""`: every scope): under them a
-    /// write or claim needs a token a grant issued, from before the first grant on.
-    pub names: Vec<String>,
-}
-
-impl Default for LockSettings {
-    fn default() -> Self {
-        LockSettings { max_ttl_ms: 3_600_000, names: Vec::new() }
-    }
-}
-
-impl LockSettings {
-    /// `names`, validated (see [`crate::fence::Reserved`]).
-    pub fn reserved(&self) -> anyhow::Result<crate::fence::Reserved> {
-        crate::fence::Reserved::new(&self.names).map_err(|e| anyhow::anyhow!("locks.names: {e}"))
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerSettings {
-    /// Address to listen on (`FENCEGATE_LISTEN`, `--listen`).
-    pub listen: String,
-    /// Largest accepted request body; larger bodies get 413.
-    pub body_limit_bytes: usize,
-    /// A request that takes longer is answered 503 (its write may still commit: retry with the
-    /// same token, which is safe because fenced writes are idempotent under one token).
-    pub request_timeout_ms: u64,
-    /// On SIGTERM/SIGINT, in-flight requests get this long to finish before the process exits.
-    pub shutdown_grace_ms: u64,
-    /// Requests handled at once; more are shed with 503 + Retry-After (bounded memory and
-    /// latency under overload instead of an unbounded queue).
-    pub max_in_flight: usize,
-    /// Threads running the HTTP server and database I/O. 0 = automatic: half the CPUs, at
-    /// least one (see [`ServerSettings::threads`]).
-    pub worker_threads: usize,
-    /// A connection that has started a request but not finished sending its headers within
-    /// this long is closed.
-    pub header_timeout_ms: u64,
-    /// A request body not fully received within this long (from the end of its headers) is
-    /// answered 408 and its connection closed.
-    pub body_timeout_ms: u64,
-    /// After a body's first second, it must keep arriving at this many bytes a second on
-    /// average, else 408 and the connection closed: a stalled or trickled body is cut in
-    /// seconds, not at `body_timeout_ms`. 0: no minimum rate.
-    pub min_body_rate_bytes_per_s: u64,
-    /// A keep-alive connection with no request in progress is closed after this long.
-    pub idle_timeout_ms: u64,
-    /// A response the client does not read (no byte written for this long) closes the
-    /// connection, freeing what the response held.
-    pub write_timeout_ms: u64,
-    /// Open client connections at most. At the cap, a new connection closes the one that has
-    /// made no progress the longest among those not handling a request; if every connection is
-    /// handling one, it waits in the listen backlog.
-    pub max_connections: usize,
-    /// Open connections from one peer IP address at most; a connection beyond it is closed at
-    /// once. 0: no per-client cap.
-    pub max_connections_per_client: usize,
-    /// Request body bytes buffered at once across all requests; a body that would exceed it is
-    /// answered 503 + Retry-After.
-    pub max_buffered_bytes: usize,
-    /// Origins (`https://app.example`) allowed to call fencegate from a browser (CORS). Empty:
-    /// no CORS headers at all, so browsers refuse cross-origin reads and preflighted requests.
-    pub cors_origins: Vec<String>,
-    /// HTTP/2: streams (requests) open at once on one connection; more are refused by the
-    /// protocol (the client waits or retries). Each still takes an in-flight slot.
-    pub http2_max_concurrent_streams: u32,
-    /// HTTP/2: largest header list of a request (decoded names and values, plus 32 bytes per
-    /// field); larger requests are refused.
-    pub http2_max_header_list_bytes: u32,
-    /// `[server.tls]`: HTTPS (absent: plain HTTP).
-    pub tls: Option<TlsSettings>,
-}
-
-impl ServerSettings {
-    /// The runtime's worker threads. Automatic is half the CPUs because fencegate's work per
-    /// request is small next to the database's, which usually shares the host, and every extra
-    /// idle thread costs cross-thread wake-ups: on 2 CPUs, one thread instead of two cut CPU
-    /// per lone write from about 160 µs to 110 µs and raised 1-connection writes/s from about
-    /// 0.56x to 0.78x pgbench's, with 64-connection throughput unchanged (see bench/RESULTS.md).
-    /// One thread is run by tokio's current-thread scheduler (`main.rs`).
-    pub fn threads(&self) -> usize {
-        match self.worker_threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
-            n => n,
-        }
-    }
-}
-
-impl Default for ServerSettings {
-    fn default() -> Self {
-        ServerSettings {
-            listen: "127.0.0.1:8080".into(),
-            body_limit_bytes: 1024 * 1024,
-            request_timeout_ms: 10_000,
-            shutdown_grace_ms: 10_000,
-            max_in_flight: 1024,
-            worker_threads: 0,
-            header_timeout_ms: 10_000,
-            body_timeout_ms: 30_000,
-            min_body_rate_bytes_per_s: 1024,
-            idle_timeout_ms: 60_000,
-            write_timeout_ms: 10_000,
-            max_connections: 10_000,
-            max_connections_per_client: 0,
-            max_buffered_bytes: 64 * 1024 * 1024,
-            cors_origins: Vec::new(),
-            http2_max_concurrent_streams: 100,
-            http2_max_header_list_bytes: 16 * 1024,
-            tls: None,
-        }
-    }
 }
 
 #[derive(Clone, Deserialize)]
@@ -218,6 +79,37 @@ impl DatabaseSettings {
 
     pub fn is_sqlite(&self) -> bool {
         self.effective_url().starts_with("sqlite:")
+    }
+
+    /// Refuses settings that cannot work, naming the one to fix.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.url.is_none() && self.sqlite_path.trim().is_empty() {
+            bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
+        }
+        if self.coalesce_workers > self.max_connections as usize {
+            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
+                self.coalesce_workers, self.max_connections);
+        }
+        validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
+        if self.lock_timeout_ms == 0 {
+            bail!("database.lock_timeout_ms must be at least 1");
+        }
+        if self.coalesce_max_rows == 0 {
+            bail!("database.coalesce_max_rows must be at least 1");
+        }
+        if self.max_connections == 0 {
+            bail!("database.max_connections must be at least 1");
+        }
+        if self.min_connections > self.max_connections {
+            bail!("database.min_connections ({}) exceeds database.max_connections ({})",
+                self.min_connections, self.max_connections);
+        }
+        if let Some(url) = &self.url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sqlite:")) {
+                bail!("the database URL must start with postgres://, postgresql:// or sqlite: (got {})", redact_url(url));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -287,73 +179,10 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KvSettings {
-    /// `true`: a write needs a token strictly greater than the fence (one write per token).
-    pub strict: bool,
-    /// Longest key or scope name, in UTF-8 bytes (it is a btree index key: at most 2048).
-    pub max_key_bytes: usize,
-    /// Most operations in one `POST /v1/batch`.
-    pub max_batch_ops: usize,
-    /// Fences kept in each process's reject-only cache (0 disables it). The cache only ever
-    /// refuses tokens below a fence it has seen; it never accepts, so it is safe with any number
-    /// of fencegate processes.
-    pub fence_cache_capacity: usize,
-    /// `true` (the default): a key, and a legacy-table row, stays bound to the scope of its
-    /// last accepted write (none for unscoped); a write under another scope, or without the one
-    /// it is bound to, is 409 `scope-mismatch`. `false`: any scope may write any key (then a
-    /// zombie can step around a scope fence by leaving the scope out).
-    pub sticky_scope: bool,
-    /// The largest step one write or claim may raise a fence by (a fence not yet written
-    /// counts as 0); a bigger jump is 422 `token-jump`. 0 = no cap. Lock grants are exempt.
-    pub max_token_jump: u64,
-    /// Longest decimal expansion of a JSON number in a request body (digits PostgreSQL would
-    /// print): `1e131071` is 9 bytes sent but 131,072 digits on every read. Longer: 400.
-    pub max_number_digits: usize,
-}
-
-impl Default for KvSettings {
-    fn default() -> Self {
-        KvSettings {
-            strict: false,
-            max_key_bytes: 512,
-            max_batch_ops: 1000,
-            fence_cache_capacity: 100_000,
-            sticky_scope: true,
-            max_token_jump: 0,
-            max_number_digits: 1000,
-        }
-    }
-}
-
 impl KvSettings {
-    pub fn rule(&self) -> Rule {
-        Rule::from_strict(self.strict)
-    }
-
-    pub fn scope_rule(&self) -> ScopeRule {
-        ScopeRule::from_sticky(self.sticky_scope)
-    }
-
     /// The checks every fenced statement makes besides the accept rule.
     pub fn checks(&self) -> crate::store::Checks {
         crate::store::Checks { scopes: self.scope_rule(), jump: crate::fence::JumpCap(self.max_token_jump), reserved: Default::default() }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogSettings {
-    /// A `tracing` filter, e.g. `info` or `fencegate=debug,tower_http=info` (`RUST_LOG` wins).
-    pub filter: String,
-    /// `text` or `json`.
-    pub format: String,
-}
-
-impl Default for LogSettings {
-    fn default() -> Self {
-        LogSettings { filter: "info".into(), format: "text".into() }
     }
 }
 
@@ -405,68 +234,15 @@ impl Settings {
         toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
     }
 
-    /// Refuses settings that cannot work, naming the setting to fix.
+    /// Refuses settings that cannot work, naming the setting to fix: each part's own first,
+    /// then what one part asks of another.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.listen_addr()?;
-        if self.server.body_limit_bytes == 0 {
-            bail!("server.body_limit_bytes must be at least 1");
-        }
-        if self.server.worker_threads > 1024 {
-            bail!("server.worker_threads must be at most 1024 (0 = automatic), got {}", self.server.worker_threads);
-        }
-        if self.server.max_in_flight == 0 {
-            bail!("server.max_in_flight must be at least 1");
-        }
-        if self.server.request_timeout_ms == 0 {
-            bail!("server.request_timeout_ms must be at least 1");
-        }
-        for (name, ms) in [
-            ("header_timeout_ms", self.server.header_timeout_ms),
-            ("body_timeout_ms", self.server.body_timeout_ms),
-            ("idle_timeout_ms", self.server.idle_timeout_ms),
-            ("write_timeout_ms", self.server.write_timeout_ms),
-        ] {
-            if ms == 0 {
-                bail!("server.{name} must be at least 1");
-            }
-        }
-        if self.server.max_connections == 0 {
-            bail!("server.max_connections must be at least 1");
-        }
-        if self.server.http2_max_concurrent_streams == 0 {
-            bail!("server.http2_max_concurrent_streams must be at least 1");
-        }
-        if self.server.http2_max_header_list_bytes < 1024 {
-            bail!("server.http2_max_header_list_bytes must be at least 1024");
-        }
-        if self.server.max_buffered_bytes < self.server.body_limit_bytes {
-            bail!("server.max_buffered_bytes ({}) must be at least server.body_limit_bytes ({}): one largest body must fit",
-                self.server.max_buffered_bytes, self.server.body_limit_bytes);
-        }
-        for origin in &self.server.cors_origins {
-            if axum::http::HeaderValue::from_str(origin).is_err() || !origin.contains("://") || origin.ends_with('/') {
-                bail!("server.cors_origins: {origin:?} is not an origin (scheme://host[:port], no path)");
-            }
-        }
-        if self.kv.max_number_digits == 0 {
-            bail!("kv.max_number_digits must be at least 1");
-        }
-        if !(1..=2048).contains(&self.kv.max_key_bytes) {
-            bail!("kv.max_key_bytes must be between 1 and 2048 (it is a btree index key), got {}", self.kv.max_key_bytes);
-        }
-        if self.kv.max_token_jump > i64::MAX as u64 {
-            bail!("kv.max_token_jump must be at most {} (0 = no cap), got {}", i64::MAX, self.kv.max_token_jump);
-        }
-        if !(1..=100_000).contains(&self.kv.max_batch_ops) {
-            bail!("kv.max_batch_ops must be between 1 and 100000, got {}", self.kv.max_batch_ops);
-        }
-        if self.database.url.is_none() && self.database.sqlite_path.trim().is_empty() {
-            bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
-        }
-        if self.locks.max_ttl_ms == 0 {
-            bail!("locks.max_ttl_ms must be at least 1");
-        }
-        self.locks.reserved()?;
+        self.server.validate()?;
+        self.kv.validate().map_err(anyhow::Error::msg)?;
+        self.database.validate()?;
+        self.locks.validate()?;
+        self.log.validate()?;
+        self.auth.validate()?;
         // One source of tokens per scope: a scope an issuer signs for is never the built-in
         // lock service's too.
         for name in &self.locks.names {
@@ -480,35 +256,14 @@ impl Settings {
                 }
             }
         }
-        if self.database.coalesce_workers > self.database.max_connections as usize {
-            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
-                self.database.coalesce_workers, self.database.max_connections);
-        }
-        validate_schema(&self.database.schema).map_err(|e| anyhow::anyhow!(e))?;
-        if self.database.lock_timeout_ms == 0 {
-            bail!("database.lock_timeout_ms must be at least 1");
-        }
-        if self.database.coalesce_max_rows == 0 {
-            bail!("database.coalesce_max_rows must be at least 1");
-        }
-        if self.database.max_connections == 0 {
-            bail!("database.max_connections must be at least 1");
-        }
-        if self.database.min_connections > self.database.max_connections {
-            bail!("database.min_connections ({}) exceeds database.max_connections ({})",
-                self.database.min_connections, self.database.max_connections);
-        }
-        if let Some(url) = &self.database.url {
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sqlite:")) {
-                bail!("the database URL must start with postgres://, postgresql:// or sqlite: (got {})", redact_url(url));
-            }
-        }
-        if !matches!(self.log.format.as_str(), "text" | "json") {
-            bail!("log.format must be \"text\" or \"json\", got {:?}", self.log.format);
-        }
         crate::tables::validate(&self.resources, !self.database.is_sqlite(), self.kv.max_key_bytes)?;
         self.bindings()?;
-        self.validate_auth()?;
+        if !self.auth.certs.is_empty() && self.server.tls.as_ref().is_none_or(|tls| tls.client_ca_file.is_none()) {
+            bail!(
+                "[[auth.certs]] needs client certificates: set server.tls.cert_file, key_file and client_ca_file (the CA \
+                 that issues the clients' certificates)"
+            );
+        }
         Ok(())
     }
 
@@ -532,50 +287,14 @@ impl Settings {
         )
     }
 
-    /// What `[auth]` needs of the rest: client certificates to be asked for at all.
-    fn validate_auth(&self) -> anyhow::Result<()> {
-        self.auth.validate()?;
-        if !self.auth.certs.is_empty() && self.server.tls.as_ref().is_none_or(|tls| tls.client_ca_file.is_none()) {
-            bail!(
-                "[[auth.certs]] needs client certificates: set server.tls.cert_file, key_file and client_ca_file (the CA \
-                 that issues the clients' certificates)"
-            );
-        }
-        Ok(())
-    }
-
-    /// The `[[scopes]]` bindings, validated: each name is a valid scope, each prefix fits a key,
-    /// and no key is bound to two scopes.
+    /// The `[[scopes]]` bindings, validated against `kv.max_key_bytes`.
     pub fn bindings(&self) -> anyhow::Result<Bindings> {
-        let mut parsed = Vec::with_capacity(self.scopes.len());
-        for (i, binding) in self.scopes.iter().enumerate() {
-            let scope = Scope::parse(&binding.name, self.kv.max_key_bytes)
-                .map_err(|e| anyhow::anyhow!("scopes[{i}]: the name {:?} {e}", binding.name))?;
-            for prefix in &binding.keys {
-                if prefix.len() > self.kv.max_key_bytes || prefix.chars().any(char::is_control) {
-                    bail!(
-                        "scopes[{i}] ({:?}): key prefix {prefix:?} is longer than kv.max_key_bytes or holds a control character",
-                        binding.name
-                    );
-                }
-            }
-            parsed.push((scope, binding.keys.clone()));
-        }
-        Bindings::new(parsed).map_err(|e| anyhow::anyhow!("[[scopes]]: {e}"))
+        crate::fence::bindings(&self.scopes, self.kv.max_key_bytes).map_err(anyhow::Error::msg)
     }
 
-    pub fn listen_addr(&self) -> anyhow::Result<SocketAddr> {
-        self.server.listen.parse().with_context(|| {
-            format!("server.listen / FENCEGATE_LISTEN / --listen must be IP:PORT, e.g. 127.0.0.1:8080 (got {:?})", self.server.listen)
-        })
-    }
-
+    /// The router's deadline for one request (`server.request_timeout_ms`).
     pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.server.request_timeout_ms)
-    }
-
-    pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_millis(self.server.shutdown_grace_ms)
+        self.server.request_timeout()
     }
 }
 
@@ -603,6 +322,14 @@ mod tests {
         let file = Settings::from_file(&path).unwrap();
         let defaults = Settings::default();
         assert_eq!(format!("{file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn the_tables_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tables.example.toml");
+        let settings = Settings::from_file(&path).unwrap();
+        assert_eq!(settings.resources.len(), 3);
+        crate::tables::validate(&settings.resources, true, 512).unwrap();
     }
 
     #[test]

@@ -11,10 +11,44 @@
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use crate::fence::{FencingToken, Scope};
+use crate::fence::{FencingToken, Reserved, Scope};
 
 /// Longest owner label, in bytes.
 pub const MAX_OWNER_BYTES: usize = 256;
+
+/// `[locks]`: the built-in lease service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockSettings {
+    /// Longest lease a client may ask for (`ttl_ms`), in milliseconds.
+    pub max_ttl_ms: u64,
+    /// Scope prefixes reserved for the built-in lock service (`""`: every scope): under them a
+    /// write or claim needs a token a grant issued, from before the first grant on.
+    pub names: Vec<String>,
+}
+
+impl Default for LockSettings {
+    fn default() -> Self {
+        LockSettings { max_ttl_ms: 3_600_000, names: Vec::new() }
+    }
+}
+
+impl LockSettings {
+    /// `names`, validated (see [`Reserved`]).
+    pub fn reserved(&self) -> anyhow::Result<Reserved> {
+        Reserved::new(&self.names).map_err(|e| anyhow::anyhow!("locks.names: {e}"))
+    }
+
+    /// Refuses settings that cannot work, naming the one to fix. Whether `names` overlaps an
+    /// issuer's scopes is the config's check (it needs `[[issuers]]`).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.max_ttl_ms == 0 {
+            anyhow::bail!("locks.max_ttl_ms must be at least 1");
+        }
+        self.reserved()?;
+        Ok(())
+    }
+}
 
 /// A granted or renewed lease.
 #[derive(Debug, Clone)]

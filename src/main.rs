@@ -324,7 +324,7 @@ async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload
     fencegate::telemetry::init_logging(&settings.log);
     match cli.command {
         Command::Serve { .. } => {
-            let addr = settings.listen_addr()?;
+            let addr = settings.server.listen_addr()?;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (choose another --listen address)"))?;

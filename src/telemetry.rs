@@ -4,8 +4,35 @@
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
 
-use crate::{config::LogSettings, store::Store};
+use crate::store::Store;
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A `tracing` filter, e.g. `info` or `fencegate=debug,tower_http=info` (`RUST_LOG` wins).
+    pub filter: String,
+    /// `text` or `json`.
+    pub format: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings { filter: "info".into(), format: "text".into() }
+    }
+}
+
+impl LogSettings {
+    /// Refuses a format [`init_logging`] does not know (anything else would silently log text).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !matches!(self.format.as_str(), "text" | "json") {
+            anyhow::bail!("log.format must be \"text\" or \"json\", got {:?}", self.format);
+        }
+        Ok(())
+    }
+}
 
 /// Installs the global tracing subscriber (once; later calls are no-ops, so tests may call it).
 pub fn init_logging(settings: &LogSettings) {

@@ -23,8 +23,21 @@ use rustls::{
     sign::CertifiedKey,
     RootCertStore, ServerConfig,
 };
+use serde::Deserialize;
 
-use crate::{auth::ClientCert, config::TlsSettings};
+use crate::auth::ClientCert;
+
+/// `[server.tls]`: HTTPS on the listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM certificate chain, the server's own certificate first.
+    pub cert_file: std::path::PathBuf,
+    /// PEM private key of that certificate (unencrypted).
+    pub key_file: std::path::PathBuf,
+    /// PEM CA certificates: ask clients for a certificate and verify it against these.
+    pub client_ca_file: Option<std::path::PathBuf>,
+}
 
 /// The listener's TLS configuration, replaceable while serving.
 pub struct Tls {

@@ -30,8 +30,8 @@ pub fn bench_trust() -> Option<bool> {
 pub const TRUST_JUMP_CAP: u64 = 3_600_000_000;
 
 /// fencegate's `[kv]` settings for this run, as far as the fenced statement depends on them.
-pub fn kv_settings() -> fencegate::config::KvSettings {
-    let mut kv = fencegate::config::KvSettings::default();
+pub fn kv_settings() -> fencegate::fence::KvSettings {
+    let mut kv = fencegate::fence::KvSettings::default();
     match bench_trust() {
         Some(true) => kv.max_token_jump = TRUST_JUMP_CAP,
         Some(false) => kv.sticky_scope = false,

@@ -12,6 +12,7 @@ mod name;
 mod poison;
 mod rule;
 mod scoping;
+mod settings;
 mod token;
 
 pub use high_water::HighWater;
@@ -19,4 +20,5 @@ pub use name::{Key, NameError, Scope};
 pub use poison::{issued, Jump, JumpCap, NotIssued, Reserved};
 pub use rule::{Fenced, Guard, Outcome, Rule, Stale, Target};
 pub use scoping::{bound_scope, Bindings, ScopeMismatch, ScopeRule};
+pub use settings::{bindings, KvSettings, ScopeBinding};
 pub use token::{FencingToken, TokenError};

@@ -28,8 +28,8 @@ use tower::ServiceBuilder;
 use tower_http::cors::CorsLayer;
 
 use crate::{
-    config::{KvSettings, LockSettings},
-    fence::Bindings,
+    fence::{Bindings, KvSettings},
+    locks::LockSettings,
     store::Store,
     tables::Resources,
 };

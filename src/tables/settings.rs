@@ -196,14 +196,6 @@ mod tests {
     }
 
     #[test]
-    fn the_example_config_is_valid() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tables.example.toml");
-        let settings = crate::config::Settings::from_file(&path).unwrap();
-        assert_eq!(settings.resources.len(), 3);
-        validate(&settings.resources, true, 512).unwrap();
-    }
-
-    #[test]
     fn mistakes_name_the_resource() {
         let col = resource("name = \"orders\"\ntable = \"orders\"\nkey = [\"id\"]\nfence = \"column\"\n");
         assert!(err(&[col], true).contains("\"orders\"") );

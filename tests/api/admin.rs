@@ -195,7 +195,7 @@ async fn keys_written_before_a_binding_are_rebound_in_bulk() {
     }
     drop(before);
     let app = spawn_app_on(db, |s| {
-        s.scopes = vec![fencegate::config::ScopeBinding { name: "billing".into(), keys: vec!["invoice-".into()] }]
+        s.scopes = vec![fencegate::fence::ScopeBinding { name: "billing".into(), keys: vec!["invoice-".into()] }]
     })
     .await;
     let token = acquire(&app, "billing").await;

@@ -298,7 +298,7 @@ async fn a_scoped_write_needs_write_on_the_scope_too() {
     let rights: &[&str] = &["read", "write"];
     let (app, keys) = spawn_with_keys(
         &[("billing", rights, &["billing/"], &[]), ("admin", &["admin"], &[], &[])],
-        |s| s.scopes = vec![fencegate::config::ScopeBinding { name: "payroll".into(), keys: vec!["billing/bound-".into()] }],
+        |s| s.scopes = vec![fencegate::fence::ScopeBinding { name: "payroll".into(), keys: vec!["billing/bound-".into()] }],
     )
     .await;
     let (billing, admin) = (keys.of("billing"), keys.of("admin"));

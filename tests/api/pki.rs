@@ -87,8 +87,8 @@ impl Pki {
 
     /// `[server.tls]` with this PKI's server certificate; `client_ca` to ask for client
     /// certificates.
-    pub fn settings(&self, client_ca: Option<&str>) -> fencegate::config::TlsSettings {
-        fencegate::config::TlsSettings {
+    pub fn settings(&self, client_ca: Option<&str>) -> fencegate::tls::TlsSettings {
+        fencegate::tls::TlsSettings {
             cert_file: self.path("server.crt"),
             key_file: self.path("server.key"),
             client_ca_file: client_ca.map(|ca| self.path(&format!("{ca}.crt"))),

@@ -192,7 +192,7 @@ mod proofs {
                     hmac_sha256_secret_env: Some(var),
                 },
             ];
-            s.scopes = vec![fencegate::config::ScopeBinding { name: "jobs/bound".into(), keys: vec!["bound-".into()] }];
+            s.scopes = vec![fencegate::fence::ScopeBinding { name: "jobs/bound".into(), keys: vec!["bound-".into()] }];
         })
         .await
     }

@@ -177,7 +177,7 @@ async fn reserved_names_and_issuers_may_not_share_a_scope() {
 #[tokio::test]
 async fn an_admin_rebind_that_contradicts_the_configuration_is_refused() {
     let app = spawn_app_with(|s| {
-        s.scopes = vec![fencegate::config::ScopeBinding { name: "billing".into(), keys: vec!["invoice-".into()] }]
+        s.scopes = vec![fencegate::fence::ScopeBinding { name: "billing".into(), keys: vec!["invoice-".into()] }]
     })
     .await;
     app.kv_put("invoice-1", "5", &json!("v")).await.expect(201);

@@ -160,7 +160,7 @@ async fn a_stale_token_is_stale_whatever_its_scope() {
 async fn spawn_bound(scope: &str) -> TestApp {
     let scope = scope.to_owned();
     spawn_app_with(move |s| {
-        s.scopes = vec![fencegate::config::ScopeBinding { name: scope, keys: vec!["invoice-".into(), "billing/".into()] }];
+        s.scopes = vec![fencegate::fence::ScopeBinding { name: scope, keys: vec!["invoice-".into(), "billing/".into()] }];
     })
     .await
 }

@@ -92,12 +92,12 @@ async fn bad_tls_files_stop_start_up_naming_the_file() {
     pki.ca("other");
     pki.server("stranger", "other");
     std::fs::write(pki.path("garbage.pem"), "not a certificate\n").unwrap();
-    let cases: Vec<(fencegate::config::TlsSettings, &str, &str)> = vec![
-        (fencegate::config::TlsSettings { cert_file: pki.path("missing.crt"), ..pki.settings(None) }, "missing.crt", "cannot read"),
-        (fencegate::config::TlsSettings { cert_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no certificate"),
-        (fencegate::config::TlsSettings { key_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no usable private key"),
-        (fencegate::config::TlsSettings { key_file: pki.path("stranger.key"), ..pki.settings(None) }, "stranger.key", "private key of the chain's first certificate"),
-        (fencegate::config::TlsSettings { client_ca_file: Some(pki.path("garbage.pem")), ..pki.settings(None) }, "garbage.pem", "client_ca_file"),
+    let cases: Vec<(fencegate::tls::TlsSettings, &str, &str)> = vec![
+        (fencegate::tls::TlsSettings { cert_file: pki.path("missing.crt"), ..pki.settings(None) }, "missing.crt", "cannot read"),
+        (fencegate::tls::TlsSettings { cert_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no certificate"),
+        (fencegate::tls::TlsSettings { key_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no usable private key"),
+        (fencegate::tls::TlsSettings { key_file: pki.path("stranger.key"), ..pki.settings(None) }, "stranger.key", "private key of the chain's first certificate"),
+        (fencegate::tls::TlsSettings { client_ca_file: Some(pki.path("garbage.pem")), ..pki.settings(None) }, "garbage.pem", "client_ca_file"),
     ];
     for (tls, file, problem) in cases {
         let mut settings = fencegate::config::Settings::default();

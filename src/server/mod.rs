@@ -1,6 +1,10 @@
 //! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain; and on
 //! SIGHUP, reload the credentials and the TLS certificate (see [`reload`]).
 
+mod settings;
+
+pub use settings::ServerSettings;
+
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context;
@@ -128,7 +132,7 @@ pub async fn serve_reloadable(
     // response until its body ends) finish it within the grace, and their clients see the end
     // of the stream rather than a cut connection.
     events.close();
-    let grace = settings.shutdown_grace();
+    let grace = settings.server.shutdown_grace();
     let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
