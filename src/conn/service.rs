@@ -1,0 +1,108 @@
+//! The router as hyper calls it for one connection: each request's phase, and the end of a
+//! streamed response, reported to the watchdog.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::{atomic::Ordering, Arc},
+    task::{Context, Poll},
+};
+
+use axum::{body::Body, extract::Request, response::Response, Router};
+use hyper::body::Incoming;
+use tower::ServiceExt;
+
+use super::state::{State, Watch, BODY, HANDLING};
+
+/// A streaming response's body: the connection goes back to idle when it ends (or is dropped,
+/// e.g. the client went away).
+struct Streaming {
+    body: Body,
+    _request: InFlight,
+}
+
+impl axum::body::HttpBody for Streaming {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request being handled: counted from hyper calling the router until its response is ready
+/// (or, a stream, has ended), or until its future is dropped (the client went away, or reset
+/// the HTTP/2 stream).
+struct InFlight(Arc<State>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.handled();
+    }
+}
+
+/// The router for one connection: marks the phase of each request, and gives it the
+/// connection's verified client certificate.
+#[derive(Clone)]
+pub(super) struct Serve {
+    pub(super) router: Router,
+    pub(super) state: Arc<State>,
+    pub(super) cert: Option<Arc<crate::auth::ClientCert>>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Serve {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        use axum::body::HttpBody;
+        let multiplexed = req.version() == hyper::Version::HTTP_2;
+        self.state.active.fetch_add(1, Ordering::AcqRel);
+        let request = InFlight(self.state.clone());
+        if multiplexed {
+            // Streams overlap: the connection is handling while any is (the edge's body
+            // timeout and rate bound each stream's body).
+            self.state.multiplexed.store(true, Ordering::Relaxed);
+            self.state.phase.store(HANDLING, Ordering::Release);
+        } else {
+            let phase = if req.body().is_end_stream() { HANDLING } else { BODY };
+            self.state.phase.store(phase, Ordering::Release);
+        }
+        let mut req = req.map(Body::new);
+        req.extensions_mut().insert(Watch(self.state.clone()));
+        if let Some(cert) = &self.cert {
+            req.extensions_mut().insert(cert.clone());
+        }
+        let router = self.router.clone();
+        Box::pin(async move {
+            let Ok(mut response) = router.oneshot(req).await;
+            if multiplexed {
+                // `Connection: close` (after a 401, or a body left unread) means nothing in
+                // HTTP/2, where a refused stream leaves the others and the connection whole.
+                response.headers_mut().remove(axum::http::header::CONNECTION);
+            }
+            if response.body().size_hint().exact().is_some() {
+                // The whole body is at hand (every response but a stream): it is written next,
+                // under the write timeout, and the request is done.
+                drop(request);
+                return Ok(response);
+            }
+            // A stream (the console's events): the request is handled until its body ends, so
+            // that shutdown lets it finish rather than cutting it as an idle connection.
+            Ok(response.map(|body| Body::new(Streaming { body, _request: request })))
+        })
+    }
+}
