@@ -11,7 +11,9 @@
 //! - [`client`]: fencegate as its own client (`kv`, `fence`, `lock -- CMD`), over HTTP.
 //! - [`auth`]: credentials (API keys, JWTs, client certificates) and rights. No HTTP, no SQL.
 //! - [`tls`]: HTTPS on the listener (rustls), and what a client certificate names.
-//! - [`config`]: settings from file, environment and flags.
+//! - [`config`]: settings from file, environment and flags: loading, layering, and the checks
+//!   across parts. Each part's own settings struct lives with the part (`server::ServerSettings`,
+//!   `auth::AuthSettings`, `fence::KvSettings`...) and checks itself.
 //! - [`telemetry`]: logs and metrics.
 //! - [`events`]: grants, releases and refusals as they happen, for the console (`/ui`).
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
