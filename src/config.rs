@@ -179,13 +179,6 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-impl KvSettings {
-    /// The checks every fenced statement makes besides the accept rule.
-    pub fn checks(&self) -> crate::store::Checks {
-        crate::store::Checks { scopes: self.scope_rule(), jump: crate::fence::JumpCap(self.max_token_jump), reserved: Default::default() }
-    }
-}
-
 /// What the command line may override (each flag also has its env variable).
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {

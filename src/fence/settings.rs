@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::{Bindings, Rule, Scope, ScopeRule};
+use super::{Bindings, Checks, JumpCap, Rule, Scope, ScopeRule};
 
 /// `[kv]`: the fencing rules every write is decided by, and the bounds on what a request holds.
 #[derive(Debug, Clone, Deserialize)]
@@ -54,6 +54,12 @@ impl KvSettings {
 
     pub fn scope_rule(&self) -> ScopeRule {
         ScopeRule::from_sticky(self.sticky_scope)
+    }
+
+    /// The checks every fenced statement makes besides the accept rule (`reserved` comes from
+    /// `[locks]`, which the store adds).
+    pub fn checks(&self) -> Checks {
+        Checks { scopes: self.scope_rule(), jump: JumpCap(self.max_token_jump), reserved: Default::default() }
     }
 
     /// Refuses settings that cannot work, naming the one to fix.
