@@ -3,6 +3,12 @@
 //! Every setting is documented in `config/default.toml`. Unknown keys in a file are an error
 //! (a typo must not silently fall back to a default), and [`Settings::validate`] refuses values
 //! that would only fail later, with a message that says which setting to fix.
+//!
+//! This module loads and layers; it owns no part's settings but the database's. Each table of
+//! the file is a struct beside the part it configures, which checks it: `[server]` in
+//! `server::ServerSettings` (`[server.tls]`: `tls::TlsSettings`), `[kv]` and `[[scopes]]` in
+//! `fence`, `[locks]` in `locks`, `[log]` in `telemetry`, `[auth]` in `auth`, `[[issuers]]` in
+//! `issuers`, `[[resources]]` in `tables`. What one part asks of another is checked here.
 
 use std::{fmt, net::SocketAddr, path::Path, time::Duration};
 

@@ -106,7 +106,8 @@ impl State {
 }
 
 /// The connection as the connection cap sees it: how long it has made no progress, and a way
-/// to ask it to close. Made before the connection is served ([`Handle::new`], then [`serve`]).
+/// to ask it to close. Made before the connection is served ([`Handle::new`], then
+/// [`serve`](super::serve)).
 #[derive(Clone)]
 pub struct Handle(pub(super) Arc<State>);
 
