@@ -52,15 +52,13 @@ pub struct WriteOutcome(pub &'static str);
 #[derive(Clone)]
 pub struct ObserveLayer {
     ids: RequestIds,
-    routes: &'static [&'static str],
     events: Events,
     metrics: Metrics,
 }
 
 impl ObserveLayer {
-    /// `routes`: every route template of the router, so that metric labels are static strings.
-    pub fn new(routes: &'static [&'static str], events: Events) -> Self {
-        ObserveLayer { ids: RequestIds::new(), routes, events, metrics: Metrics::default() }
+    pub fn new(events: Events) -> Self {
+        ObserveLayer { ids: RequestIds::new(), events, metrics: Metrics::default() }
     }
 }
 
@@ -68,7 +66,7 @@ impl<S> Layer<S> for ObserveLayer {
     type Service = Observe<S>;
 
     fn layer(&self, inner: S) -> Observe<S> {
-        Observe { inner, ids: self.ids.clone(), routes: self.routes, events: self.events.clone(), metrics: self.metrics.clone() }
+        Observe { inner, ids: self.ids.clone(), events: self.events.clone(), metrics: self.metrics.clone() }
     }
 }
 
@@ -76,7 +74,6 @@ impl<S> Layer<S> for ObserveLayer {
 pub struct Observe<S> {
     inner: S,
     ids: RequestIds,
-    routes: &'static [&'static str],
     events: Events,
     metrics: Metrics,
 }
@@ -106,7 +103,7 @@ where
             }
         };
         let method = method_label(req.method());
-        let route = route_label(&req, self.routes);
+        let route = route_label(&req);
         let span = tracing::debug_span!(
             "request",
             method,
@@ -226,11 +223,11 @@ fn handles(method: &'static str, route: &'static str, status: StatusCode, outcom
     }
 }
 
-/// The route template a request matched, as the router's own static string.
-fn route_label(req: &Request, routes: &'static [&'static str]) -> &'static str {
+/// The route template a request matched, as the route table's static string (`routes::ALL`).
+fn route_label(req: &Request) -> &'static str {
     match req.extensions().get::<MatchedPath>() {
         None => "unmatched",
-        Some(matched) => routes.iter().copied().find(|r| *r == matched.as_str()).unwrap_or("other"),
+        Some(matched) => super::routes::find(matched.as_str()).map_or("other", |r| r.path),
     }
 }
 

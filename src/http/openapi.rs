@@ -188,6 +188,34 @@ impl IntoParams for RowParams {
 
 // ---- Problems: which types an operation can answer, grouped by status. ----
 
+/// Each operation's security and its credential's refusals (401, 403), from its route's
+/// access (`routes::ALL`): the one place a route is open or guarded, here as in the gate.
+/// Guarded operations inherit the document's `bearer` requirement.
+pub fn describe_access(doc: &mut utoipa::openapi::OpenApi) {
+    use super::routes::{self, Access};
+    use utoipa::openapi::security::SecurityRequirement;
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let access = routes::access(Some(path));
+        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        for operation in operations.into_iter().flatten() {
+            let open = SecurityRequirement::default();
+            match access {
+                Access::Probe | Access::Open => operation.security = Some(vec![open]),
+                Access::Metrics => {
+                    operation.security = Some(vec![open, SecurityRequirement::new("bearer", Vec::<String>::new())])
+                }
+                Access::Guarded => {}
+            }
+            if matches!(access, Access::Metrics | Access::Guarded) {
+                for (status, response) in problem_responses(&[kinds::UNAUTHENTICATED, kinds::FORBIDDEN]) {
+                    let listed = operation.responses.responses.insert(status, response);
+                    assert!(listed.is_none(), "{path}: the credential's refusals are the route's access, not its handler's");
+                }
+            }
+        }
+    }
+}
+
 /// The problem types of an operation as responses, one per status, each naming its types.
 pub fn problem_responses(kinds: &[ProblemType]) -> BTreeMap<String, RefOr<ApiResponse>> {
     let mut by_status: BTreeMap<u16, Vec<ProblemType>> = BTreeMap::new();
@@ -237,33 +265,32 @@ macro_rules! problems {
 }
 
 problems! {
-    /// Anything the edge refuses on any route (Host check, overload, failure).
+    /// Anything the edge refuses on any route (Host check, overload, failure). The credential's
+    /// refusals (401, 403) are added from the route's access by [`describe_access`].
     Edge: [MISDIRECTED_REQUEST, METHOD_NOT_ALLOWED, UNAVAILABLE, INTERNAL];
-    /// Every `/v1` route: the edge, and the credential.
-    Guarded: [UNAUTHENTICATED, FORBIDDEN] + Edge;
     /// A route with a JSON body.
     Body: [INVALID_JSON, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, UNSUPPORTED_TRANSFER_CODING, BODY_TIMEOUT];
     /// A fenced write's refusals (nothing is written).
     Fenced: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED,
              TOKEN_JUMP, MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF];
-    KvPut: [INVALID_KEY] + Guarded + Body + Fenced;
-    KvDelete: [INVALID_KEY] + Guarded + Fenced;
-    KvGet: [INVALID_KEY, NOT_FOUND] + Guarded;
-    Batch: [INVALID_BATCH, INVALID_KEY, INVALID_ROW, INVALID_VALUE, NOT_FOUND] + Guarded + Body + Fenced;
+    KvPut: [INVALID_KEY] + Edge + Body + Fenced;
+    KvDelete: [INVALID_KEY] + Edge + Fenced;
+    KvGet: [INVALID_KEY, NOT_FOUND] + Edge;
+    Batch: [INVALID_BATCH, INVALID_KEY, INVALID_ROW, INVALID_VALUE, NOT_FOUND] + Edge + Body + Fenced;
     FenceClaim: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, TOKEN_NOT_ISSUED, TOKEN_JUMP,
-                 MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF] + Guarded;
-    FenceGet: [INVALID_SCOPE, NOT_FOUND] + Guarded;
-    LockAcquire: [INVALID_SCOPE, INVALID_REQUEST, LOCK_HELD, LOCK_EXHAUSTED, SCOPE_HAS_ISSUER] + Guarded + Body;
-    LockRenew: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, INVALID_REQUEST, LOCK_LOST] + Guarded + Body;
-    LockRelease: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, LOCK_LOST] + Guarded;
-    LockGet: [INVALID_SCOPE, NOT_FOUND] + Guarded;
-    TableWrite: [NOT_FOUND, INVALID_KEY, INVALID_ROW, INVALID_VALUE] + Guarded + Body + Fenced;
-    TableDelete: [NOT_FOUND, INVALID_KEY] + Guarded + Fenced;
-    TableGet: [NOT_FOUND, INVALID_KEY] + Guarded;
-    Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW, BINDING_CONFLICT] + Guarded + Body;
-    Retire: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND] + Guarded + Body;
-    Rebind: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND, BINDING_CONFLICT] + Guarded + Body;
-    Audit: [INVALID_REQUEST] + Guarded;
+                 MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF] + Edge;
+    FenceGet: [INVALID_SCOPE, NOT_FOUND] + Edge;
+    LockAcquire: [INVALID_SCOPE, INVALID_REQUEST, LOCK_HELD, LOCK_EXHAUSTED, SCOPE_HAS_ISSUER] + Edge + Body;
+    LockRenew: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, INVALID_REQUEST, LOCK_LOST] + Edge + Body;
+    LockRelease: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, LOCK_LOST] + Edge;
+    LockGet: [INVALID_SCOPE, NOT_FOUND] + Edge;
+    TableWrite: [NOT_FOUND, INVALID_KEY, INVALID_ROW, INVALID_VALUE] + Edge + Body + Fenced;
+    TableDelete: [NOT_FOUND, INVALID_KEY] + Edge + Fenced;
+    TableGet: [NOT_FOUND, INVALID_KEY] + Edge;
+    Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW, BINDING_CONFLICT] + Edge + Body;
+    Retire: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND] + Edge + Body;
+    Rebind: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND, BINDING_CONFLICT] + Edge + Body;
+    Audit: [INVALID_REQUEST] + Edge;
     Readiness: [UNAVAILABLE] + Edge;
 }
 
@@ -543,7 +570,6 @@ pub struct Served(pub axum::body::Bytes);
     path = super::routes::OPENAPI,
     tag = "ops",
     summary = "This document (OpenAPI 3.1)",
-    security(()),
     responses((status = 200, description = "The OpenAPI 3.1 document of every route", content_type = "application/json"), Edge)
 )]
 pub async fn openapi_json(Extension(doc): Extension<Served>) -> Response {
@@ -578,7 +604,6 @@ fn docs_page() -> &'static (String, String) {
     path = super::routes::DOCS,
     tag = "ops",
     summary = "This document as a page (every asset in the binary)",
-    security(()),
     responses((status = 200, description = "An HTML page rendering /openapi.json", content_type = "text/html"), Edge)
 )]
 pub async fn docs() -> Response {
