@@ -8,7 +8,7 @@ use std::{convert::Infallible, time::Duration};
 
 use axum::{
     extract::State,
-    http::{header, HeaderName, HeaderValue},
+    http::{HeaderName, HeaderValue},
     response::{
         sse::{Event as SseEvent, Sse},
         IntoResponse, Response,
@@ -175,25 +175,7 @@ const SCRIPT: &str = include_str!("../../ui/console.js");
 const STYLE: &str = include_str!("../../ui/console.css");
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
-    embedded(body, content_type, HeaderValue::from_static(CSP))
-}
-
-/// A page or asset built into the binary (the console's, `/docs`), with the headers every one
-/// of them needs: its policy, no sniffing, no referrer, no framing, and revalidation.
-pub(super) fn embedded(body: &'static str, content_type: &'static str, csp: HeaderValue) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-            (header::CONTENT_SECURITY_POLICY, csp),
-            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
-            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-            // Embedded in the binary: a new binary may serve a new page at the same URL.
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        ],
-        body,
-    )
-        .into_response()
+    super::embedded::page(body, content_type, HeaderValue::from_static(CSP))
 }
 
 #[utoipa::path(

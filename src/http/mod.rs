@@ -5,6 +5,7 @@ pub mod auth;
 mod batch;
 mod console;
 mod edge;
+mod embedded;
 mod extract;
 mod fences;
 mod gate;
@@ -13,9 +14,10 @@ mod locks;
 mod observe;
 mod openapi;
 mod ops;
+pub mod problem;
+mod report;
 mod routes;
 mod tables;
-pub mod problem;
 
 use std::{sync::Arc, time::Duration};
 
@@ -36,7 +38,7 @@ use crate::{
 };
 pub use edge::check_numbers;
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
-pub use observe::{ServerFailure, WriteOutcome};
+pub use observe::ServerFailure;
 use problem::ApiError;
 
 /// What every handler can reach: one `Arc`, because axum clones the state for every extractor

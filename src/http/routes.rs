@@ -1,6 +1,9 @@
-//! Every route template, and who may call it: the one table the gate (shedding and
-//! authentication), the OpenAPI document (security and the 401/403 responses) and the metric
-//! labels read. A route is open or guarded here and nowhere else.
+//! Every route template, who may call it, and the fenced writes it serves: the one table the
+//! gate (shedding and authentication), the OpenAPI document (security and the 401/403
+//! responses) and `observe` (the `route` and `op` labels) read. A route is open or guarded here
+//! and nowhere else.
+
+use super::report::Op;
 
 pub const KV: &str = "/v1/kv/{key}";
 pub const TABLES: &str = "/v1/tables/{resource}/{key}";
@@ -69,14 +72,28 @@ impl Access {
     }
 }
 
-/// A route template and who may call it.
+/// A route template, who may call it, and which of its methods are fenced writes.
 pub struct Route {
     pub path: &'static str,
     pub access: Access,
+    /// (method, write): the `op` of `fencegate_writes_total`, for every answer to that method,
+    /// the handler's or a refusal before it.
+    pub writes: &'static [(&'static str, Op)],
+}
+
+impl Route {
+    /// The fenced write `method` on this route is, if any.
+    pub fn write(&self, method: &str) -> Option<Op> {
+        self.writes.iter().find(|(m, _)| *m == method).map(|(_, op)| *op)
+    }
 }
 
 const fn route(path: &'static str, access: Access) -> Route {
-    Route { path, access }
+    Route { path, access, writes: &[] }
+}
+
+const fn writes(path: &'static str, writes: &'static [(&'static str, Op)]) -> Route {
+    Route { path, access: Access::Guarded, writes }
 }
 
 /// Every route the router serves (a unit test holds this to the OpenAPI document).
@@ -89,12 +106,12 @@ pub const ALL: &[Route] = &[
     route(UI_SCRIPT, Access::Open),
     route(UI_STYLE, Access::Open),
     route(METRICS, Access::Metrics),
-    route(KV, Access::Guarded),
-    route(TABLES, Access::Guarded),
-    route(BATCH, Access::Guarded),
-    route(FENCES, Access::Guarded),
-    route(LOCKS, Access::Guarded),
-    route(LOCK_RENEW, Access::Guarded),
+    writes(KV, &[("PUT", Op::Put), ("DELETE", Op::Delete)]),
+    writes(TABLES, &[("PUT", Op::TablePut), ("PATCH", Op::TablePatch), ("DELETE", Op::TableDelete)]),
+    writes(BATCH, &[("POST", Op::Batch)]),
+    writes(FENCES, &[("POST", Op::Claim)]),
+    writes(LOCKS, &[("POST", Op::LockAcquire), ("DELETE", Op::LockRelease)]),
+    writes(LOCK_RENEW, &[("POST", Op::LockRenew)]),
     route(ADMIN_FENCE_RESET, Access::Guarded),
     route(ADMIN_KV_RESET, Access::Guarded),
     route(ADMIN_TABLE_RESET, Access::Guarded),

@@ -69,14 +69,17 @@ pub struct Reset {
 }
 
 /// A reset that was done: the response body of the reset endpoints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResetDone {
+    /// scope, key, table, or lock (a retired lock: `from` and `to` are its latest grant).
     pub target: &'static str,
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     pub from: FencingToken,
     pub to: FencingToken,
+    /// Present when the binding was changed: the new sticky scope (null: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope: Option<Option<String>>,
     pub audit_id: String,
@@ -111,13 +114,17 @@ pub enum RebindTarget {
 }
 
 /// A rebind that was done: the response body of the rebind endpoints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RebindDone {
     /// `kv` or `table`.
     pub target: &'static str,
+    /// kv: the prefix rebound.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub prefix: Option<String>,
+    /// table: the resource rebound.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     /// The new binding (null: none).
     pub scope: Option<String>,
@@ -127,15 +134,17 @@ pub struct RebindDone {
 }
 
 /// An audit log row, as `GET /v1/admin/audit` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub id: String,
+    /// RFC 3339, the database's clock.
     pub at: String,
     pub actor: String,
     pub action: String,
     pub target: String,
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     pub from: FencingToken,
     pub to: FencingToken,
