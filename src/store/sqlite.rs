@@ -263,7 +263,7 @@ impl SqliteStore {
     }
 
     /// A scope's fence and the latest token granted by the built-in lock of that name.
-    async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
+    pub(in crate::store) async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
         scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&self.pool).await?)
     }
 

@@ -193,6 +193,14 @@ impl PgStore {
         explain_refusal(keys, &seen, guard, &self.checks)
     }
 
+    /// A scope's fence and the latest token granted by the built-in lock of that name.
+    pub(in crate::store) async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
+        let mut conn = self.conns.take().await?;
+        let state = scope_state(&mut conn, scope).await?;
+        conn.done();
+        Ok(state)
+    }
+
     /// Whether reads go through the coalescing reader (`database.coalesce_workers > 0`). Such a
     /// read is safe to run on the request's own task: a worker owns the statement.
     pub(in crate::store) fn coalesces_reads(&self) -> bool {
