@@ -16,6 +16,7 @@ use crate::{
     http::{app, AppState, Limits},
     slots::Slots,
     store::Store,
+    task::AbortOnDrop,
     telemetry,
 };
 
@@ -298,15 +299,6 @@ impl Backoff {
         }
         self.last_log = Some(now);
         (self.wait, Some(std::mem::take(&mut self.unlogged)))
-    }
-}
-
-/// Aborts its task when dropped.
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -29,7 +29,7 @@ impl Unfenced {
             let (options, mut tls) = super::pg_tls::options(url)?;
             let options = tls.resolve_allow(options).await;
             let mut conn = PgConnection::connect_with(&options).await.map_err(|e| {
-                let shown = crate::config::redact_url(url);
+                let shown = crate::redact::redact_url(url);
                 anyhow::anyhow!("cannot connect to PostgreSQL at {shown}: {}", tls.describe(&e, || e.to_string()))
             })?;
             if let Some(schema) = schema {

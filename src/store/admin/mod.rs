@@ -253,7 +253,7 @@ impl Store {
             super::Backend::Postgres(pg) => Some(pg.listen_resets(self.high_water.clone())),
             super::Backend::Sqlite(_) => None,
         };
-        let _listener = listener.map(crate::server::AbortOnDrop);
+        let _listener = listener.map(crate::task::AbortOnDrop);
         let mut seen: Option<i64> = None;
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

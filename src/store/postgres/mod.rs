@@ -73,7 +73,7 @@ pub(in crate::store) struct PgStore {
 impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
     pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
-        let shown = crate::config::redact_url(url);
+        let shown = crate::redact::redact_url(url);
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
         let (options, mut tls) = crate::store::pg_tls::options(url)?;
         let options: PgConnectOptions = tls
