@@ -13,6 +13,7 @@ mod postgres;
 mod pressure;
 mod refusals;
 mod replication;
+mod settings;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -28,6 +29,7 @@ use crate::{
 
 use postgres::PgStore;
 pub use postgres::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+pub use settings::Settings;
 pub use sql::Checks;
 pub(crate) use sql::SCOPE_STATE;
 use sqlite::SqliteStore;
@@ -439,21 +441,20 @@ pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
 impl Store {
     /// Opens the configured database (running migrations if configured): PostgreSQL when a
     /// URL is set, else the embedded SQLite file.
-    pub async fn open(settings: &crate::config::Settings) -> anyhow::Result<Self> {
-        let url = settings.database.effective_url();
-        let checks = Checks { reserved: settings.locks.reserved()?, ..settings.kv.checks() };
-        let backend = if settings.database.is_sqlite() {
+    pub async fn open(settings: &Settings) -> anyhow::Result<Self> {
+        let url = &settings.url;
+        let checks = settings.checks.clone();
+        let backend = if settings.is_sqlite() {
             tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-            Backend::Sqlite(SqliteStore::connect(&settings.database, &url, checks).await?)
+            Backend::Sqlite(SqliteStore::connect(settings, url, checks).await?)
         } else {
-            let pg = PgStore::connect(&settings.database, &url, checks.clone()).await?;
-            let issuer_scopes: Vec<String> = settings.issuers.iter().flat_map(|i| i.scopes.iter().cloned()).collect();
-            postgres::sql_fence::sync_guards(&pg.pool, &checks, &issuer_scopes, settings.kv.max_key_bytes).await?;
+            let pg = PgStore::connect(settings, url, checks.clone()).await?;
+            postgres::sql_fence::sync_guards(&pg.pool, &checks, &settings.issuer_scopes, settings.max_scope_bytes).await?;
             Backend::Postgres(pg)
         };
         Ok(Store {
             backend,
-            high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)),
+            high_water: Arc::new(HighWater::new(settings.fence_cache_capacity)),
             pressure: Arc::default(),
             overview: Arc::default(),
             guarded: Arc::default(),

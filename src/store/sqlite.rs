@@ -26,7 +26,6 @@ use super::{
     token_from_db, Checks, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
 };
 use crate::{
-    config::DatabaseSettings,
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     locks::{Acquired, Holder, Lease, Ttl},
 };
@@ -119,7 +118,7 @@ pub(in crate::store) struct SqliteStore {
 }
 
 impl SqliteStore {
-    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &crate::store::Settings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| anyhow::anyhow!("invalid SQLite URL {url}: {e}"))?
             .create_if_missing(true)

@@ -32,7 +32,7 @@ use super::{
     sql::ByRule,
     Checks, StoreError,
 };
-use crate::{config::DatabaseSettings, fence::Rule};
+use crate::fence::Rule;
 
 /// The statement fencegate runs for an unscoped `PUT /v1/kv/{key}` (`$1` key, `$2` value, `$3`
 /// deleted, `$4` token) and for a lone scoped one (`$5` scope): the load bench runs exactly
@@ -72,7 +72,7 @@ pub(in crate::store) struct PgStore {
 
 impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
-    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
+    pub async fn connect(settings: &crate::store::Settings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let shown = crate::redact::redact_url(url);
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
         let (options, mut tls) = crate::store::pg_tls::options(url)?;
