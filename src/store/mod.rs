@@ -1,21 +1,32 @@
-//! Storage backends. All SQL lives below this module, with every value bound as a parameter.
+//! Storage: the [`Store`] facade every handler uses, in front of one of two backends. All SQL
+//! lives below this module, with every value bound as a parameter.
 //!
 //! The store does not decide anything about HTTP. It applies a write only if the fence admits it
 //! ([`crate::fence::Rule`], evaluated by the database inside the same statement or transaction
 //! as the write) and reports an [`Outcome`].
+//!
+//! - [`Store`] (here): the reject-only fence cache, database work detached from requests, and
+//!   readiness under pressure, in front of whichever backend is in use;
+//! - `backend`: the `Backend` trait, one part per feature, and the one place the backend in
+//!   use is picked;
+//! - `pg/` (PostgreSQL, production) and `sqlite/` (embedded, the zero-setup default): one
+//!   implementation each, in the same file layout, each owning all of its SQL;
+//! - backend-neutral: the fence rules' SQL spelling (`sql`), the refusal's explanation (here),
+//!   row decoding (`decode`), errors (`errors`), the kv values (`kv`), and the types and pure
+//!   decisions of each feature (`admin`, `overview`, `refusals`, `tables`, `pressure`).
 
+#[macro_use]
+mod backend;
 pub mod admin;
-mod catalog;
 mod decode;
 mod errors;
+mod kv;
 pub mod overview;
-mod pg_tls;
-mod sql;
-mod postgres;
+mod pg;
 mod pressure;
 mod refusals;
-mod replication;
 mod settings;
+mod sql;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -29,31 +40,20 @@ use crate::{
     locks::{Acquired, Held, Ttl},
 };
 
+use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _, TableStore as _};
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, StoreError};
-use postgres::PgStore;
-pub use postgres::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+pub use kv::{check_storable, Claimed, Entry, Write, Written};
+pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use settings::Settings;
 pub use sql::Checks;
 pub(crate) use sql::SCOPE_STATE;
-use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
-
-/// The backend in use. An enum rather than a trait object: the set is closed and small, and
-/// async methods stay plain `async fn`. Private to the store: every caller goes through
-/// [`Store`], so nothing can bypass the reject-only cache or the detaching of database work.
-#[derive(Clone)]
-enum Backend {
-    Postgres(PgStore),
-    /// The embedded default (no server needed): the same fence rules for kv, batch, fences and
-    /// locks; no coalescing, no legacy tables (see `sqlite`).
-    Sqlite(SqliteStore),
-}
 
 /// The store every handler uses: a backend, plus the reject-only fence cache in front of it.
 #[derive(Clone)]
 pub struct Store {
-    backend: Backend,
+    backend: AnyBackend,
     high_water: Arc<HighWater>,
     /// Writes refused for lack of resources lately (a full disk): readiness says so.
     pressure: Arc<pressure::Pressure>,
@@ -61,21 +61,6 @@ pub struct Store {
     overview: Arc<overview::Latest>,
     /// Some `[[resources]]` table is guarded: its unfenced writes are exported as a metric.
     guarded: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
-/// Arguments used by `$call` must be owned (cloned) by the caller before the macro.
-macro_rules! detached {
-    ($self:ident, $b:ident => $call:expr) => {{
-        let backend = $self.backend.clone();
-        run_detached(async move {
-            match &backend {
-                Backend::Postgres($b) => $call,
-                Backend::Sqlite($b) => $call,
-            }
-        })
-        .await
-    }};
 }
 
 /// Runs database work to completion on its own task, whatever happens to the request that
@@ -95,71 +80,6 @@ where
         Err(err) => Err(StoreError::Task(err.to_string()).into()),
     }
 }
-
-/// A kv operation inside a batch (or a single write).
-#[derive(Debug, Clone)]
-pub enum Write {
-    Put { key: Key, value: serde_json::Value },
-    Delete { key: Key },
-}
-
-impl Write {
-    pub fn key(&self) -> &Key {
-        match self {
-            Write::Put { key, .. } | Write::Delete { key } => key,
-        }
-    }
-}
-
-/// Refuses JSON values no backend can store: PostgreSQL `jsonb` rejects the NUL character
-/// (`\u0000`) in strings and object keys. Checked before any write, so such a value is a 400
-/// for the client (and identical on every backend), never a database error.
-pub fn check_storable(value: &serde_json::Value) -> Result<(), String> {
-    use serde_json::Value;
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if s.contains('\0') => {
-                return Err("JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into())
-            }
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return Err("JSON object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into());
-                }
-                stack.extend(map.values());
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// The stored state a write produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
-    pub key: Key,
-    /// `false` if the key held a live value before this write.
-    pub was_live: bool,
-    pub version: i64,
-}
-
-/// A live value, as read back.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    pub value: serde_json::Value,
-    pub fence_token: FencingToken,
-    pub scope: Option<String>,
-    pub version: i64,
-    pub updated_at: String,
-}
-
-/// Result of a claim: the scope's fence now equals the presented token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed {
-    pub created: bool,
-}
-
 
 /// What a refused key looked like when the refusal was explained: the scope of its last
 /// accepted write and its own fence.
@@ -295,20 +215,16 @@ pub(crate) fn count_takeover() {
     metrics::counter!("fencegate_lease_expiries_total").increment(1);
 }
 
-
 impl Store {
     /// Opens the configured database (running migrations if configured): PostgreSQL when a
     /// URL is set, else the embedded SQLite file.
     pub async fn open(settings: &Settings) -> anyhow::Result<Self> {
-        let url = &settings.url;
-        let checks = settings.checks.clone();
         let backend = if settings.is_sqlite() {
+            let url = &settings.url;
             tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-            Backend::Sqlite(SqliteStore::connect(settings, url, checks).await?)
+            AnyBackend::Sqlite(sqlite::SqliteStore::open(settings).await?)
         } else {
-            let pg = PgStore::connect(settings, url, checks.clone()).await?;
-            postgres::sql_fence::sync_guards(&pg.pool, &checks, &settings.issuer_scopes, settings.max_scope_bytes).await?;
-            Backend::Postgres(pg)
+            AnyBackend::Postgres(pg::PgStore::open(settings).await?)
         };
         Ok(Store {
             backend,
@@ -328,6 +244,18 @@ impl Store {
         detached!(self, b => b.ready().await)
     }
 
+    /// For as long as `serve` runs: migrations owed since a start against a standby, and
+    /// warnings about replication (`pg/replication.rs`; SQLite has nothing to watch).
+    pub async fn watch_replication(self) {
+        on_backend!(self.backend, b => b.watch_replication().await)
+    }
+
+    /// `serve` started against a standby and has not migrated since (`fencegate migrate`
+    /// refuses to report success then).
+    pub fn awaits_primary(&self) -> bool {
+        on_backend!(&self.backend, b => b.awaits_primary())
+    }
+
     /// A fenced single-key write. The cache may refuse it outright; otherwise the database
     /// decides, and what it reports raises the cache.
     /// Takes the write by value: it moves onto the database task (and into the coalescer)
@@ -339,15 +267,15 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let outcome = match &self.backend {
-            // A coalesced write needs no task of its own: the coalescer's worker owns the
-            // statement (and any transaction) and finishes it whether or not this request is
-            // still waiting. Skipping the extra task saves a cross-thread hop per write.
-            Backend::Postgres(pg) if pg.coalesces() => pg.write(write, guard).await,
-            _ => {
-                let owned_guard = guard.clone();
-                detached!(self, b => b.write(write, &owned_guard).await)
-            }
+        // A write run by a backend's worker (PostgreSQL's coalescer) needs no task of its own:
+        // the worker owns the statement (and any transaction) and finishes it whether or not
+        // this request is still waiting. Skipping the extra task saves a cross-thread hop per
+        // write.
+        let outcome = if on_backend!(&self.backend, b => b.writes_on_workers()) {
+            on_backend!(&self.backend, b => b.write(write, guard).await)
+        } else {
+            let owned_guard = guard.clone();
+            detached!(self, b => b.write(write, &owned_guard).await)
         };
         self.pressure.observe(&outcome);
         let outcome = outcome?;
@@ -392,14 +320,12 @@ impl Store {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match &self.backend {
-            // Like coalesced writes: a read worker owns the statement, no task of our own.
-            Backend::Postgres(pg) if pg.coalesces_reads() => pg.get(key).await,
-            _ => {
-                let key = key.clone();
-                detached!(self, b => b.get(&key).await)
-            }
+        // Like writes: a read worker owns the statement, no task of our own.
+        if on_backend!(&self.backend, b => b.reads_on_workers()) {
+            return on_backend!(&self.backend, b => b.get(key).await);
         }
+        let key = key.clone();
+        detached!(self, b => b.get(&key).await)
     }
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
@@ -463,15 +389,14 @@ impl Store {
         detached!(self, b => b.holder(&name).await)
     }
 
-    /// (open, idle) connections, for the pool gauges.
     /// `fencegate_unfenced_writes_total{resource}`: what guarded tables' triggers counted in
     /// audit mode (across every process: the counts are in the database). Nothing to do, and
     /// no query, without a guarded table.
     pub async fn record_unfenced(&self) {
-        let (true, Backend::Postgres(pg)) = (self.guarded.load(std::sync::atomic::Ordering::Relaxed), &self.backend) else {
+        if !self.guarded.load(std::sync::atomic::Ordering::Relaxed) {
             return;
-        };
-        match postgres::sql_fence::unfenced_writes(&pg.pool).await {
+        }
+        match on_backend!(&self.backend, b => b.unfenced_writes().await) {
             Ok(counts) => {
                 for (resource, writes) in counts {
                     metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource).absolute(writes as u64);
@@ -481,64 +406,13 @@ impl Store {
         }
     }
 
-    /// Gives idle database connections' buffers back (PostgreSQL; once a second, by the tick).
+    /// Gives idle database connections' buffers back (once a second, by the tick).
     pub fn shrink_idle_connections(&self) {
-        if let Backend::Postgres(pg) = &self.backend {
-            pg.conns.shrink_idle();
-        }
+        on_backend!(&self.backend, b => b.shrink_idle_connections())
     }
 
+    /// (open, idle) connections, for the pool gauges.
     pub fn pool_stats(&self) -> (u32, usize) {
-        match &self.backend {
-            Backend::Postgres(b) => b.pool_stats(),
-            Backend::Sqlite(b) => b.pool_stats(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_storable;
-    use proptest::prelude::*;
-    use serde_json::{json, Value};
-
-    fn json_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            ".{0,8}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::btree_map(".{0,4}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    fn has_nul(v: &Value) -> bool {
-        match v {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(a) => a.iter().any(has_nul),
-            Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-
-    proptest! {
-        /// Fuzz: any JSON value is refused exactly when a string or key holds a NUL.
-        #[test]
-        fn storable_iff_no_nul(v in json_value()) {
-            prop_assert_eq!(check_storable(&v).is_ok(), !has_nul(&v));
-        }
-    }
-
-    #[test]
-    fn nul_deep_inside_is_found() {
-        assert!(check_storable(&json!({"a": [1, {"b": "x\u{0}"}]})).is_err());
-        assert!(check_storable(&json!({"a\u{0}": 1})).is_err());
-        assert!(check_storable(&json!({"a": ["fine", 1, null]})).is_ok());
+        on_backend!(&self.backend, b => b.pool_stats())
     }
 }

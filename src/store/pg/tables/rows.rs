@@ -15,7 +15,7 @@ use super::{
 use crate::{
     fence::{Fenced, FencingToken, Guard, Jump, Scope, ScopeMismatch, Stale, Target},
     store::{
-        postgres::PgStore,
+        pg::PgStore,
         sql::{fence_admits, sql_jump_check},
         token_from_db, Checks, Refusal, StoreError,
     },
