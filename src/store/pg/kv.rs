@@ -1,5 +1,11 @@
 //! Fenced kv writes (single, coalesced, batched), scope claims and reads, and why a refused
 //! write was refused.
+//!
+//! Differences from SQLite (`sqlite/kv.rs`), and why: a scoped write is one statement (the
+//! scope's claim is a data-modifying CTE, which SQLite lacks: there it is a transaction of two);
+//! concurrent writes and reads are combined into shared statements (`coalesce`, `reads`), which
+//! SQLite's single connection and single writer would gain nothing from; and a refusal is
+//! explained by reads that other writers may overtake (see `refusal`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -214,7 +220,10 @@ impl PgStore {
     }
 
     /// Explains a refusal: reads the refused keys (their scope and own fence) and, for a scoped
-    /// write, the scope's fence, and lets [`explain_refusal`] decide.
+    /// write, the scope's fence, and lets [`explain_refusal`] decide. The reads come after the
+    /// refused statement, on any connection, so a concurrent change may land in between:
+    /// `explain_refusal` then answers that the write raced it (503, retry). On SQLite nothing
+    /// can land in between (one connection).
     pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
         let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
         let mut conn = self.conns.take().await?;

@@ -1,5 +1,12 @@
 //! The built-in lease service on PostgreSQL: grants that claim their scope in the same
 //! transaction, renewals and releases by the current token.
+//!
+//! Differences from SQLite (`sqlite/locks.rs`), and why: an acquire locks the scope's fence
+//! row before it decides, and may try the grant twice, because other connections and processes
+//! acquire, release and claim concurrently; SQLite's one connection and one writer leave
+//! nothing to lock against. Leases are `timestamptz` on the database's clock (SQLite keeps
+//! milliseconds from this machine's), and a release is one statement (a CTE reads the owner
+//! before the update clears it; SQLite's is a transaction of two).
 
 use sqlx::{Connection, Row};
 

@@ -147,8 +147,9 @@ impl SqliteStore {
         Ok(version.is_some())
     }
 
-    /// Explains a refusal (see `PgStore::refusal`). The single connection serializes every
-    /// transaction, so nothing changed since the refused one rolled back.
+    /// Explains a refusal (as `pg/kv.rs` does, from what the database holds now). The single
+    /// connection serializes every transaction, so nothing changed since the refused one rolled
+    /// back (PostgreSQL's explanation can be overtaken by another writer; this one cannot).
     async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
         let mut rows = Vec::with_capacity(keys.len());
         for key in keys {
