@@ -148,7 +148,7 @@ impl PgStore {
 
 
     /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
-    /// tables, see `store::tables`). `Err` lists the refused keys: nothing may then be committed.
+    /// tables, see `tables`). `Err` lists the refused keys: nothing may then be committed.
     pub(super) async fn batch_in(
         &self,
         tx: &mut sqlx::PgConnection,

@@ -78,7 +78,7 @@ pub(super) struct PgStore {
     checks: Checks,
     /// How to connect, for connections outside the pool (the reset listener).
     options: Arc<PgConnectOptions>,
-    /// The database's role and replication, as seen (`store::replication`).
+    /// The database's role and replication, as seen (`replication`).
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
     schema: Arc<str>,
@@ -186,7 +186,7 @@ impl PgStore {
     }
 
     /// Options for a connection of its own, outside the pool and `max_connections` (the reset
-    /// listener of `store::admin`), named `fencegate-listener` in `pg_stat_activity`.
+    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`.
     fn listener_options(&self) -> PgConnectOptions {
         (*self.options).clone()
     }
