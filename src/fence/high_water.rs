@@ -77,7 +77,7 @@ impl HighWater {
         }
         let (hash, shard) = self.shard(fence);
         let cached = shard.lock().unwrap_or_else(|p| p.into_inner()).find(hash, |(f, _)| f == fence)?.1;
-        (!rule.accepts(token, cached)).then(|| Stale { presented: token, current: cached, fenced: fence.clone() })
+        super::stale(rule, token, cached, fence)
     }
 
     /// Forgets every cached fence: after a reset lowered one (`store::admin`), a cached value

@@ -1,11 +1,12 @@
-//! The core of fencegate: what a fencing token is, what it guards, and the rule that decides.
+//! The core of fencegate: what a fencing token is, what it guards, and the rules that decide.
 //!
-//! Nothing here knows about HTTP or SQL. The store enforces [`Rule`] inside the database (where
-//! the check must happen, atomically with the write) and reports back an [`Outcome`]; the HTTP
-//! layer turns that into a response. Keeping the rules here means every write path (kv, batch,
-//! claims, legacy tables, lock grants) is decided by the same few lines: [`Rule`] compares a
-//! token with a fence, [`ScopeRule`] says whether a write's scope may write a key at all, and
-//! [`issued`] and [`JumpCap`] refuse tokens that would poison a fence.
+//! Nothing here knows about HTTP or SQL. The store enforces the rules inside the database
+//! (where the check must happen, atomically with the write); when the database refuses, the
+//! store asks [`verdict`] why, from what the database held, and the HTTP layer turns the
+//! [`Refusal`] into a response. Every write path (kv, batch, claims, legacy tables) and the
+//! reject-only cache answer through the same function, in one precedence: [`Rule`] compares a
+//! token with a fence, [`issued`] and [`JumpCap`] refuse tokens that would poison a fence,
+//! [`binding`] and [`ScopeRule`] say whether a write's scope may write a key at all.
 
 mod high_water;
 mod name;
@@ -13,10 +14,12 @@ mod poison;
 mod rule;
 mod scoping;
 mod token;
+mod verdict;
 
 pub use high_water::HighWater;
 pub use name::{Key, NameError, Scope};
 pub use poison::{issued, Jump, JumpCap, NotIssued, Reserved};
 pub use rule::{Fenced, Guard, Outcome, Rule, Stale, Target};
-pub use scoping::{bound_scope, Bindings, ScopeMismatch, ScopeRule};
+pub use scoping::{Bindings, ScopeMismatch, ScopeRule};
 pub use token::{FencingToken, TokenError};
+pub use verdict::{binding, stale, verdict, Checks, Held, Refusal, ScopeHeld, Seen};

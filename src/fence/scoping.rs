@@ -4,12 +4,13 @@
 //! are never compared. Left at that, a zombie holding an old token for lock `billing` could
 //! write a key the new holder wrote under `billing` by leaving the scope out (the key's own
 //! fence was never raised), or by naming another scope (whose fence starts at 0). Two rules
-//! close that, both decided here and nowhere else:
+//! close that; in which order they and the fence are reported is [`super::verdict`]'s:
 //!
 //! - **Sticky scope** ([`ScopeRule`]): a key (or a legacy-table row) remembers the scope of its
 //!   last accepted write, `None` for an unscoped one, tombstones included. A write under any
 //!   other scope — also none where one is remembered, and one where none is — is refused with
-//!   a [`ScopeMismatch`], before its token is compared with any fence. A key never written has
+//!   a [`ScopeMismatch`] (reported only once the fence and the poisoning guards admit its
+//!   token: a stale token is stale whatever its scope). A key never written has
 //!   nothing to remember: its first write binds it. The store evaluates this inside the same
 //!   statement or transaction as the fence check ([`ScopeRule::admits`] is the Rust form of the
 //!   SQL the store builds with `store::sql_scope_check`).
@@ -106,24 +107,7 @@ impl Bindings {
     /// The scope a write of `key` is under: the binding's if the key is bound (a different
     /// presented scope is a mismatch), else the presented one.
     pub fn resolve(&self, key: &Key, presented: Option<Scope>) -> Result<Option<Scope>, ScopeMismatch> {
-        bound_scope(self.of(key.as_str()), presented, || Fenced::Key(key.clone()))
-    }
-}
-
-/// The scope of a write to something bound to `bound` (a key's binding, or a table's `scope`)
-/// when the client presented `presented`.
-pub fn bound_scope(
-    bound: Option<&Scope>,
-    presented: Option<Scope>,
-    fenced: impl FnOnce() -> Fenced,
-) -> Result<Option<Scope>, ScopeMismatch> {
-    match (bound, presented) {
-        (None, presented) => Ok(presented),
-        (Some(bound), None) => Ok(Some(bound.clone())),
-        (Some(bound), Some(presented)) if &presented == bound => Ok(Some(presented)),
-        (Some(bound), Some(presented)) => {
-            Err(ScopeMismatch { fenced: fenced(), scope: Some(bound.as_str().to_owned()), presented: Some(presented) })
-        }
+        super::binding(self.of(key.as_str()), presented, || Fenced::Key(key.clone()))
     }
 }
 

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::{
     auth::{Actor, Right},
-    fence::{Guard, Key, Scope, Target},
+    fence::{Guard, Key, Rule, Scope, ScopeMismatch, Target},
     store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
@@ -79,10 +79,18 @@ pub async fn batch(
             Op::Row(op) => check_table(&actor, Right::Write, &op.resource.name)?,
         }
     }
-    let scope = batch_scope(&state, &ops, scope.0)?;
+    let (scope, mismatch) = batch_scope(&state, &ops, scope.0);
     if let Some(scope) = &scope {
         check(&actor, Right::Write, Named::Scope, scope.as_str())?;
         state.issuers.check(scope, token.0, proof.bytes())?;
+    }
+    if let Some(mismatch) = mismatch {
+        // Refused in the verdict's order: the batch's scope's fence first, under the rule the
+        // batch would claim it with (the strictest of its ops').
+        let strict = state.kv.rule() == Rule::Strict || ops.iter().any(|op| matches!(op, Op::Row(r) if r.resource.rule == Rule::Strict));
+        let rule = if strict { Rule::Strict } else { Rule::Inclusive };
+        let guard = Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule };
+        return Err(super::binding::refused(&state, &guard, mismatch).await);
     }
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {
         return batch_tables(&state, token, scope, ops).await;
@@ -98,26 +106,24 @@ pub async fn batch(
 }
 
 /// The one scope a batch is under: the header's if sent, else the scope its bound keys and
-/// tables share (`[[scopes]]`, a resource's `scope`), else none. An op bound to another scope
-/// is a mismatch: a batch has one token, and tokens of different scopes are never compared.
-/// Unbound keys in a batch are written under the batch's scope, as with the header.
-fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> Result<Option<Scope>, ApiError> {
+/// tables share (`[[scopes]]`, a resource's `scope`), else none; and the first op bound to
+/// another scope, if any (a mismatch: a batch has one token, and tokens of different scopes are
+/// never compared). Unbound keys in a batch are written under the batch's scope, as with the
+/// header.
+fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> (Option<Scope>, Option<ScopeMismatch>) {
     let bound = |op: &Op| match op {
         Op::Kv(write) => state.bindings.of(write.key().as_str()).cloned(),
         Op::Row(op) => op.resource.scope.clone(),
     };
     let scope = header.or_else(|| ops.iter().find_map(bound));
-    for op in ops {
+    let mismatch = ops.iter().find_map(|op| {
         match op {
-            Op::Kv(write) => {
-                state.bindings.resolve(write.key(), scope.clone())?;
-            }
-            Op::Row(op) => {
-                table_scope(&op.resource, &op.key, scope.clone())?;
-            }
+            Op::Kv(write) => state.bindings.resolve(write.key(), scope.clone()),
+            Op::Row(op) => table_scope(&op.resource, &op.key, scope.clone()),
         }
-    }
-    Ok(scope)
+        .err()
+    });
+    (scope, mismatch)
 }
 
 /// A batch with table ops: kv and table writes in one transaction.

@@ -28,11 +28,12 @@ pub(super) fn guard(state: &AppState, token: Token, scope: Option<Scope>) -> Gua
     Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: state.kv.rule() }
 }
 
-/// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it (a
-/// different header is a mismatch), else under the header's scope, if any. The actor needs
-/// `write` on the key and on that scope (the effective one, so a binding is no way around it),
-/// and the write the proof an issuer of that scope requires.
-fn key_guard(
+/// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it, else
+/// under the header's scope, if any. The actor needs `write` on the key and on that scope (the
+/// effective one, so a binding is no way around it), and the write the proof an issuer of that
+/// scope requires. A header that contradicts the binding is refused in the verdict's order
+/// (`binding`), after the same checks on the presented scope.
+async fn key_guard(
     state: &AppState,
     actor: &Actor,
     key: &Key,
@@ -41,12 +42,18 @@ fn key_guard(
     proof: &Proof,
 ) -> Result<Guard, ApiError> {
     check(actor, Right::Write, Named::Key, key.as_str())?;
-    let guard = guard(state, token, state.bindings.resolve(key, scope.0)?);
+    let (guard, mismatch) = match state.bindings.resolve(key, scope.0.clone()) {
+        Ok(effective) => (guard(state, token, effective), None),
+        Err(mismatch) => (guard(state, token, scope.0), Some(mismatch)),
+    };
     if let Some(scope) = guard.scope() {
         check(actor, Right::Write, Named::Scope, scope.as_str())?;
     }
     proof.check(state, &guard)?;
-    Ok(guard)
+    match mismatch {
+        Some(mismatch) => Err(super::binding::refused(state, &guard, mismatch).await),
+        None => Ok(guard),
+    }
 }
 
 // Response bodies as structs rather than `json!`: built straight into the response buffer
@@ -97,7 +104,7 @@ pub async fn put(
     JsonBody(value): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
-    let guard = key_guard(&state, &actor, &key, token, scope, &proof)?;
+    let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
     let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
     let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
     let body = Written { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
@@ -121,7 +128,7 @@ pub async fn delete(
     scope: ScopeHeader,
     proof: Proof,
 ) -> Result<Response, ApiError> {
-    let guard = key_guard(&state, &actor, &key, token, scope, &proof)?;
+    let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
     let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
     Ok(Json(json!({
         "key": written.key,

@@ -3,6 +3,7 @@
 mod admin;
 pub mod auth;
 mod batch;
+mod binding;
 mod console;
 mod edge;
 mod extract;

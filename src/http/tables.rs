@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     auth::{Actor, Right},
-    fence::{bound_scope, Fenced, FencingToken, Guard, Scope, Target},
+    fence::{binding, Fenced, FencingToken, Guard, Scope, ScopeMismatch, Target},
     tables::{canonical_key, Resource, RowBody, RowKey, RowWrite, TableOp},
 };
 
@@ -59,20 +59,39 @@ impl FromRequestParts<AppState> for RowPath {
 
 /// The scope of a write to `resource`: its bound `scope` if configured (a different header is
 /// a mismatch, named by `key`), else the header's.
-pub(super) fn table_scope(resource: &Resource, key: &RowKey, scope: Option<Scope>) -> Result<Option<Scope>, ApiError> {
+pub(super) fn table_scope(resource: &Resource, key: &RowKey, scope: Option<Scope>) -> Result<Option<Scope>, ScopeMismatch> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: canonical_key(key.values()) };
-    Ok(bound_scope(resource.scope.as_ref(), scope, fenced)?)
+    binding(resource.scope.as_ref(), scope, fenced)
 }
 
 /// The guard of a table write: the scope's fence if the write is under one, else the row's own,
-/// under the resource's rule. The actor needs `write` on the resource and on that scope.
-fn guard(actor: &Actor, resource: &Resource, key: &RowKey, token: Token, scope: ScopeHeader) -> Result<Guard, ApiError> {
+/// under the resource's rule. The actor needs `write` on the resource and on that scope, and
+/// the write the proof an issuer of that scope requires. A header that contradicts the
+/// resource's `scope` is refused in the verdict's order (`binding`), after the same checks on
+/// the presented scope.
+async fn guard(
+    state: &AppState,
+    actor: &Actor,
+    resource: &Resource,
+    key: &RowKey,
+    token: Token,
+    scope: ScopeHeader,
+    proof: &Proof,
+) -> Result<Guard, ApiError> {
     check_table(actor, Right::Write, &resource.name)?;
-    let scope = table_scope(resource, key, scope.0)?;
+    let (scope, mismatch) = match table_scope(resource, key, scope.0.clone()) {
+        Ok(effective) => (effective, None),
+        Err(mismatch) => (scope.0, Some(mismatch)),
+    };
     if let Some(scope) = &scope {
         check(actor, Right::Write, Named::Scope, scope.as_str())?;
     }
-    Ok(Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: resource.rule })
+    let guard = Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: resource.rule };
+    proof.check(state, &guard)?;
+    match mismatch {
+        Some(mismatch) => Err(super::binding::refused(state, &guard, mismatch).await),
+        None => Ok(guard),
+    }
 }
 
 async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, ApiError> {
@@ -118,8 +137,7 @@ pub async fn put(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
-    let guard = guard(&actor, &resource, &key, token, scope)?;
-    proof.check(&state, &guard)?;
+    let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -143,8 +161,7 @@ pub async fn patch(
     JsonBody(body): JsonBody<RowBody>,
 ) -> Result<Response, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
-    let guard = guard(&actor, &resource, &key, token, scope)?;
-    proof.check(&state, &guard)?;
+    let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write }, guard).await
 }
 
@@ -165,8 +182,7 @@ pub async fn delete(
     scope: ScopeHeader,
     proof: Proof,
 ) -> Result<Response, ApiError> {
-    let guard = guard(&actor, &resource, &key, token, scope)?;
-    proof.check(&state, &guard)?;
+    let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
 }
 

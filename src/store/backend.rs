@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::{
     admin::{AuditEntry, Rebind, RebindDone, Reset, ResetDone, ResetRefused},
     overview::Overview,
+    decode::ScopeState,
     BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, StoreError, TableError, Write, Written,
 };
 use crate::{
@@ -95,6 +96,10 @@ pub(super) trait KvStore {
     async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError>;
 
     async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError>;
+
+    /// A scope's fence and the latest token granted by the built-in lock of that name: what
+    /// the verdict reads to explain a refusal without a write.
+    async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError>;
 }
 
 /// The built-in lease service (`locks.rs`).

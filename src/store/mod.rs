@@ -34,9 +34,7 @@ pub mod unfenced;
 use std::sync::Arc;
 
 use crate::{
-    fence::{
-        Fenced, FencingToken, Guard, HighWater, Jump, Key, NotIssued, Outcome, Rule, Scope, ScopeMismatch, Stale,
-    },
+    fence::{self, Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, Stale},
     locks::{Acquired, Held, Ttl},
 };
 
@@ -47,6 +45,7 @@ pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use settings::Settings;
 pub use sql::Checks;
+pub(crate) use crate::fence::Refusal;
 pub(crate) use sql::SCOPE_STATE;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
@@ -61,6 +60,8 @@ pub struct Store {
     overview: Arc<overview::Latest>,
     /// Some `[[resources]]` table is guarded: its unfenced writes are exported as a metric.
     guarded: Arc<std::sync::atomic::AtomicBool>,
+    /// What the verdict checks besides the rule (the backends build their SQL from the same).
+    checks: Arc<Checks>,
 }
 
 /// Runs database work to completion on its own task, whatever happens to the request that
@@ -97,104 +98,43 @@ pub(crate) struct Seen<'a> {
     pub latest_issued: Option<FencingToken>,
 }
 
-/// Why the writes of `keys` under `guard` were refused, decided from what the database holds
-/// after the refused statement. Both backends explain through this, in the order the checks
-/// are meant: the fence first (a token the fence refuses is stale whatever else is wrong with
-/// it, which is also what the reject-only cache answers without asking the database, so the
-/// answer does not depend on what the cache holds); then the poisoning guards (a token the lock
-/// never issued, a jump past the cap); then the key's scope. Fences and lock counters never go
-/// down and a key's scope changes only under the rule that refused, so what is read still
-/// refuses the write.
+/// Why the writes of `keys` under `guard` were refused: [`crate::fence::verdict`] on what the
+/// database holds after the refused statement. Fences and lock counters never go down and a
+/// key's scope changes only under the rule that refused, so what is read still refuses the
+/// write; if nothing does, a concurrent change explains it (below).
 pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: &Checks) -> Result<Refusal, StoreError> {
-    let (token, rule) = (guard.token, guard.rule);
-    // (fence, its value) for each fence the write had to pass.
-    let fences: Vec<(Fenced, Option<FencingToken>)> = match guard.scope() {
-        Some(scope) => vec![(Fenced::Scope(scope.clone()), seen.scope_fence)],
-        None => keys
-            .iter()
-            .map(|key| (Fenced::Key(key.clone()), seen.keys.get(key.as_str()).map(|s| s.key_fence)))
-            .collect(),
-    };
-    let stale: Vec<Stale> = fences
+    let held = keys
         .iter()
-        .filter_map(|(fenced, fence)| {
-            let current = fence.filter(|&fence| !rule.accepts(token, fence))?;
-            Some(Stale { presented: token, current, fenced: fenced.clone() })
+        .map(|key| {
+            let state = seen.keys.get(key.as_str());
+            fence::Held {
+                fenced: Fenced::Key(key.clone()),
+                fence: state.map(|s| s.key_fence),
+                remembered: state.map(|s| s.scope.as_deref()),
+            }
         })
         .collect();
-    if !stale.is_empty() {
-        return Ok(Refusal::Stale(stale));
+    let seen = fence::Seen {
+        held,
+        scope: fence::ScopeHeld::Read { fence: seen.scope_fence, latest_issued: seen.latest_issued },
+        binding: None,
+    };
+    match fence::verdict(&seen, guard, checks) {
+        Err(refusal) => Ok(refusal),
+        Ok(()) => Err(raced(guard.token, guard.scope(), keys.len())),
     }
-    // A reserved scope ([locks] names) with no grant yet has issued nothing (latest 0).
-    let latest = guard.scope().and_then(|scope| seen.latest_issued.or_else(|| checks.reserved.latest_without_grant(scope.as_str())));
-    if let (Some(scope), Some(latest)) = (guard.scope(), latest) {
-        if !crate::fence::issued(token, Some(latest)) {
-            return Ok(Refusal::NotIssued(NotIssued { scope: scope.clone(), presented: token, latest }));
-        }
-    }
-    if let Some((fenced, fence)) = fences.iter().find(|(_, fence)| !checks.jump.admits(token, *fence)) {
-        return Ok(Refusal::Jump(Jump {
-            fenced: fenced.clone(),
-            presented: token,
-            current: fence.unwrap_or(FencingToken::ZERO),
-            max_jump: checks.jump.0,
-        }));
-    }
-    let presented = guard.scope().map(Scope::as_str);
-    for key in keys {
-        let remembered = seen.keys.get(key.as_str()).map(|s| s.scope.as_deref());
-        if !checks.scopes.admits(remembered, presented) {
-            return Ok(Refusal::Mismatch(ScopeMismatch {
-                fenced: Fenced::Key(key.clone()),
-                scope: remembered.flatten().map(str::to_owned),
-                presented: guard.scope().cloned(),
-            }));
-        }
-    }
-    // No check refuses now what the database refused then. The guards read a snapshot (see
-    // `sql_issued_check`, `sql_jump_check`), so a grant or a fence raise that committed in
-    // between explains it: e.g. a write carrying the token a grant was issuing at that moment.
-    // Nothing was written, and a retry with the same token may now be accepted.
+}
+
+/// No check refuses now what the database refused then. The guards read a snapshot (see
+/// `sql_issued_check`, `sql_jump_check`), so a grant or a fence raise that committed in
+/// between explains it: e.g. a write carrying the token a grant was issuing at that moment.
+/// Nothing was written, and a retry with the same token may now be accepted.
+pub(crate) fn raced(token: FencingToken, scope: Option<&Scope>, things: usize) -> StoreError {
     metrics::counter!("fencegate_raced_refusals_total").increment(1);
-    tracing::info!(%token, scope = ?guard.scope(), keys = keys.len(), "a refused write raced a concurrent change; answering 503");
-    Err(StoreError::Raced(
+    tracing::info!(%token, ?scope, things, "a refused write raced a concurrent change; answering 503");
+    StoreError::Raced(
         "a concurrent change (a lock grant, a fence raised) landed while the write was checked; nothing was written".into(),
-    ))
-}
-
-/// A refused write, explained: what the client is told. Nothing was applied.
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    Stale(Vec<Stale>),
-    NotIssued(NotIssued),
-    Jump(Jump),
-    Mismatch(ScopeMismatch),
-}
-
-impl Refusal {
-    /// Of two refusals of one request, the one to report: the first in the order
-    /// [`explain_refusal`] checks in (stale, not issued, jump, scope mismatch); `a` on a tie.
-    pub fn first(a: Option<Refusal>, b: Refusal) -> Option<Refusal> {
-        let rank = |r: &Refusal| match r {
-            Refusal::Stale(_) => 0,
-            Refusal::NotIssued(_) => 1,
-            Refusal::Jump(_) => 2,
-            Refusal::Mismatch(_) => 3,
-        };
-        Some(match a {
-            Some(a) if rank(&a) <= rank(&b) => a,
-            _ => b,
-        })
-    }
-
-    pub fn outcome<T>(self) -> Outcome<T> {
-        match self {
-            Refusal::Stale(stale) => Outcome::Stale(stale),
-            Refusal::NotIssued(refused) => Outcome::NotIssued(refused),
-            Refusal::Jump(refused) => Outcome::Jump(refused),
-            Refusal::Mismatch(mismatch) => Outcome::Mismatch(mismatch),
-        }
-    }
+    )
 }
 
 
@@ -227,6 +167,7 @@ impl Store {
             AnyBackend::Postgres(pg::PgStore::open(settings).await?)
         };
         Ok(Store {
+            checks: Arc::new(settings.checks.clone()),
             backend,
             high_water: Arc::new(HighWater::new(settings.fence_cache_capacity)),
             pressure: Arc::default(),
@@ -317,6 +258,29 @@ impl Store {
         for s in stale {
             self.high_water.observe(since, &s.fenced, s.current);
         }
+    }
+
+    /// The answer to a write whose presented scope contradicts a configured binding
+    /// ([`fence::binding`]): the verdict on what the presented scope's fence holds, so a stale
+    /// (or unissued, or jumping) token is told so before the binding, as on every path. Nothing
+    /// is written; the caller checked the actor's rights on that scope first (this reads its
+    /// fence).
+    pub async fn refuse_binding(&self, guard: &Guard, mismatch: fence::ScopeMismatch) -> Result<Refusal, StoreError> {
+        let scope = guard.scope().cloned();
+        let (fence, latest_issued) = match &scope {
+            Some(scope) => {
+                if let Some(stale) = self.high_water.refuse(&Fenced::Scope(scope.clone()), guard.token, guard.rule) {
+                    metrics::counter!("fencegate_cache_refusals_total").increment(1);
+                    return Ok(Refusal::Stale(vec![stale]));
+                }
+                let scope = scope.clone();
+                detached!(self, b => b.scope_state(&scope).await)?
+            }
+            // A binding mismatch always has a presented scope; without one there is no fence.
+            None => (None, None),
+        };
+        let seen = fence::Seen { held: vec![], scope: fence::ScopeHeld::Read { fence, latest_issued }, binding: Some(mismatch) };
+        Ok(fence::verdict(&seen, guard, &self.checks).expect_err("a binding mismatch refuses whatever else admits"))
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {

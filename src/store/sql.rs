@@ -4,6 +4,7 @@
 //! `pg/tables/sql.rs`; SQLite: `sqlite/sql.rs`); `IS NOT DISTINCT FROM`, scalar subqueries and
 //! `$n` parameters mean the same on both.
 
+pub use crate::fence::Checks;
 use crate::fence::{JumpCap, Reserved, Rule, ScopeRule};
 
 /// One of something per accept rule: the statements of a backend are built once for each.
@@ -34,15 +35,6 @@ pub(crate) fn fence_admits(rule: Rule, fence: &str, token: &str) -> String {
         Rule::Strict => "<",
     };
     format!("{fence} {op} {token}")
-}
-
-/// The checks every fenced statement makes besides the accept rule, fixed by configuration
-/// when the store is opened (`kv.sticky_scope`, `kv.max_token_jump`, `[locks] names`).
-#[derive(Debug, Clone, Default)]
-pub struct Checks {
-    pub scopes: ScopeRule,
-    pub jump: JumpCap,
-    pub reserved: Reserved,
 }
 
 /// The SQL spelling of [`ScopeRule::admits`] for a row that exists: `remembered` is the row's

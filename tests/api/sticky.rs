@@ -251,3 +251,67 @@ async fn scoped_and_unscoped_writers_racing_on_one_key_never_both_win() {
         assert_eq!(got["scope"], expected_scope, "round {round}: {got}");
     }
 }
+
+/// One precedence on every path (docs/wire.md, *Fences*): stale (412), not issued (422), jump
+/// (422), then the scope (409: the binding, then what the key remembers). A header that
+/// contradicts a `[[scopes]]` binding is found from configuration alone, but it is answered
+/// after the fence and the guards of the scope it names: a zombie hears 412 here too.
+#[tokio::test]
+async fn a_header_that_contradicts_a_binding_is_answered_in_the_one_precedence() {
+    let lock = unique("billing");
+    let bound = lock.clone();
+    let app = spawn_app_with(move |s| {
+        s.scopes = vec![fencegate::config::ScopeBinding { name: bound, keys: vec!["invoice-".into()] }];
+        s.kv.max_token_jump = 100;
+    })
+    .await;
+    let other = unique("other");
+    app.claim(&other, "10").await.expect(201);
+    let ops = |key: &str| json!({"ops": [{"op": "put", "key": "loose", "value": 1}, {"op": "put", "key": key, "value": 1}]});
+
+    // 1. Stale against the presented scope's fence: single write, delete, batch.
+    app.kv_put_scoped("invoice-1", "9", &other, &json!(1)).await.stale_scope(&other, "9", "10");
+    app.kv_delete_scoped("invoice-1", "9", &other).await.stale_scope(&other, "9", "10");
+    app.batch(Some("9"), Some(&other), &ops("invoice-1")).await.stale_scope(&other, "9", "10");
+    // 2. Not issued: a built-in lock of the presented scope granted only its first token.
+    let granted = unique("granted");
+    assert_eq!(acquire(&app, &granted).await, "1");
+    app.kv_put_scoped("invoice-1", "5", &granted, &json!(1)).await.problem(422, "token-not-issued");
+    app.batch(Some("5"), Some(&granted), &ops("invoice-1")).await.problem(422, "token-not-issued");
+    // 3. A jump past the cap from the presented scope's fence.
+    let jump = app.kv_put_scoped("invoice-1", "500", &other, &json!(1)).await.problem(422, "token-jump");
+    assert_eq!((jump["scope"].clone(), jump["current_token"].clone()), (json!(other), json!("10")), "{jump}");
+    app.batch(Some("500"), Some(&other), &ops("invoice-1")).await.problem(422, "token-jump");
+    // 4. A token the presented scope's fence admits: the binding.
+    app.kv_put_scoped("invoice-1", "10", &other, &json!(1)).await.mismatch("invoice-1", Some(&lock), Some(&other));
+    app.batch(Some("10"), Some(&other), &ops("invoice-1")).await.mismatch("invoice-1", Some(&lock), Some(&other));
+    // Nothing was written and no fence moved by any of it.
+    app.assert_absent("invoice-1").await;
+    app.assert_absent("loose").await;
+    assert_eq!(app.fence(&other).await.expect(200)["fence_token"], json!("10"));
+    app.fence(&lock).await.problem(404, "not-found");
+}
+
+/// The same precedence against what a key remembers (sticky scope), single write and batch:
+/// stale before not issued before the jump before the remembered scope.
+#[tokio::test]
+async fn a_key_that_remembers_another_scope_is_answered_in_the_one_precedence() {
+    let app = spawn_app_with(|s| s.kv.max_token_jump = 100).await;
+    let key = unique("remembers");
+    app.kv_put(&key, "10", &json!("unscoped")).await.expect(201);
+    let s = unique("s");
+    app.claim(&s, "20").await.expect(201);
+    let ops = json!({"ops": [{"op": "put", "key": key, "value": 2}]});
+    app.kv_put_scoped(&key, "15", &s, &json!(2)).await.stale_scope(&s, "15", "20");
+    app.batch(Some("15"), Some(&s), &ops).await.stale_scope(&s, "15", "20");
+    app.kv_put_scoped(&key, "500", &s, &json!(2)).await.problem(422, "token-jump");
+    app.batch(Some("500"), Some(&s), &ops).await.problem(422, "token-jump");
+    app.kv_put_scoped(&key, "25", &s, &json!(2)).await.mismatch(&key, None, Some(&s));
+    app.batch(Some("25"), Some(&s), &ops).await.mismatch(&key, None, Some(&s));
+    // A scope a built-in lock granted only token 1: not issued comes before the mismatch.
+    let granted = unique("granted");
+    assert_eq!(acquire(&app, &granted).await, "1");
+    app.kv_put_scoped(&key, "5", &granted, &json!(2)).await.problem(422, "token-not-issued");
+    app.kv_put_scoped(&key, "1", &granted, &json!(2)).await.mismatch(&key, None, Some(&granted));
+    app.assert_value(&key, &json!("unscoped"), "10").await;
+}

@@ -1131,3 +1131,46 @@ async fn a_table_whose_scope_was_added_later_is_rebound_in_one_call() {
     put(&app, "orders", "acme,60", &token, &json!({"note": "holder"})).await.expect(200);
     put(&app, "orders", "acme,61", &token, &json!({"note": "holder"})).await.expect(200);
 }
+
+/// One precedence on the tables path too (docs/wire.md, *Fences*): a header that contradicts
+/// the resource's `scope` is answered after the presented scope's fence and guards; a row that
+/// remembers another scope after the scope's fence.
+#[tokio::test]
+async fn table_writes_are_refused_in_the_one_precedence() {
+    let (url, db) = legacy_database().await;
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![ResourceSettings { scope: Some("orders-lock".into()), ..orders() }, accounts()];
+        s.kv.max_token_jump = 100;
+        s.database.max_connections = 4;
+    })
+    .await;
+    app.claim("other", "10").await.expect(201);
+    let row = json!({"status": "new"});
+    let put_under = |key: &'static str, token: &'static str, scope: &'static str| {
+        let (app, row) = (&app, &row);
+        async move { write(app, Method::PUT, &path("orders", key), token, Some(scope), Some(row)).await }
+    };
+    put_under("acme,40", "9", "other").await.stale_scope("other", "9", "10");
+    let jump = put_under("acme,40", "500", "other").await.problem(422, "token-jump");
+    assert_eq!(jump["current_token"], json!("10"), "{jump}");
+    let mismatch = put_under("acme,40", "10", "other").await.problem(409, "scope-mismatch");
+    assert_eq!((mismatch["scope"].clone(), mismatch["presented_scope"].clone()), (json!("orders-lock"), json!("other")));
+    let batch = json!({"ops": [{"op": "put", "resource": "orders", "key": "acme,40", "row": row}]});
+    app.batch(Some("9"), Some("other"), &batch).await.stale_scope("other", "9", "10");
+    app.batch(Some("10"), Some("other"), &batch).await.problem(409, "scope-mismatch");
+    assert!(order(&db, "acme", 40).await.is_none());
+
+    // A row written unscoped remembers it: under a scope, the scope's fence first.
+    let account = json!({"email": "precedence@example.com", "balance": 1});
+    put(&app, "accounts", ACCOUNT, "10", &account).await.expect(201);
+    app.claim("s", "20").await.expect(201);
+    let under_s = |token: &'static str| {
+        let (app, account) = (&app, &account);
+        async move { write(app, Method::PUT, &path("accounts", ACCOUNT), token, Some("s"), Some(account)).await }
+    };
+    under_s("15").await.stale_scope("s", "15", "20");
+    under_s("500").await.problem(422, "token-jump");
+    let mismatch = under_s("25").await.problem(409, "scope-mismatch");
+    assert_eq!((mismatch["scope"].clone(), mismatch["presented_scope"].clone()), (Value::Null, json!("s")));
+    assert_eq!(app.fence("s").await.expect(200)["fence_token"], json!("20"), "a refused write moves no fence");
+}

@@ -18,7 +18,7 @@ use super::{
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
-        backend::KvStore, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
+        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
         Written, SCOPE_STATE,
     },
 };
@@ -118,6 +118,13 @@ impl KvStore for PgStore {
             .await?;
         conn.done();
         current.map(token_from_db).transpose()
+    }
+
+    async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let state = scope_state(&mut conn, scope).await?;
+        conn.done();
+        Ok(state)
     }
 }
 

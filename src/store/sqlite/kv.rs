@@ -10,7 +10,7 @@ use super::{sql::Statements, SqliteStore};
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
-        backend::KvStore, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen,
+        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen,
         StoreError, Write, Written, SCOPE_STATE,
     },
 };
@@ -108,6 +108,10 @@ impl KvStore for SqliteStore {
             .await?;
         current.map(token_from_db).transpose()
     }
+
+    async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError> {
+        scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&self.pool).await?)
+    }
 }
 
 impl SqliteStore {
@@ -170,8 +174,4 @@ impl SqliteStore {
         explain_refusal(keys, &seen, guard, &self.checks)
     }
 
-    /// A scope's fence and the latest token granted by the built-in lock of that name.
-    async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
-        scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&self.pool).await?)
-    }
 }

@@ -13,11 +13,11 @@ use super::{
     TableError,
 };
 use crate::{
-    fence::{Fenced, FencingToken, Guard, Jump, Scope, ScopeMismatch, Stale, Target},
+    fence::{verdict, Fenced, FencingToken, Guard, Held, ScopeHeld, Seen, Target},
     store::{
         pg::PgStore,
         sql::{fence_admits, sql_jump_check},
-        token_from_db, Checks, Refusal, StoreError,
+        raced, token_from_db, Checks, Refusal, StoreError,
     },
     tables::{Fence, Resource, RowError, RowWrite},
 };
@@ -111,7 +111,6 @@ pub(super) async fn fence_row(
     checks: &Checks,
 ) -> Result<Result<bool, Refusal>, TableError> {
     let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
-    let jump = |current: FencingToken| Jump { fenced: fenced(), presented: guard.token, current, max_jump: checks.jump.0 };
     let admitted: Option<i32> = match &guard.target {
         Target::Key => sqlx::query_scalar(&ledger_sql(guard.rule, checks))
             .bind(&resource.relation)
@@ -138,27 +137,16 @@ pub(super) async fn fence_row(
             .fetch_optional(&mut *conn)
             .await
             .map_err(StoreError::from)?;
-        let Some(row) = row else {
-            return Ok(Err(Refusal::Jump(jump(FencingToken::ZERO))));
+        // No ledger row: a token the jump cap refuses never reached one.
+        let (fence, remembered): (Option<FencingToken>, Option<Option<String>>) = match &row {
+            None => (None, None),
+            Some(row) => (
+                Some(token_from_db(row.try_get(0).map_err(StoreError::from)?)?),
+                Some(row.try_get(1).map_err(StoreError::from)?),
+            ),
         };
-        // The fence first, then the guards, then the scope, as for kv
-        // (`store::explain_refusal`). A scoped write was already admitted by its scope's fence
-        // (the claim before this).
-        let current = token_from_db(row.try_get(0).map_err(StoreError::from)?)?;
-        let remembered: Option<String> = row.try_get(1).map_err(StoreError::from)?;
-        let unscoped = guard.scope().is_none();
-        if unscoped && guard.rule.accepts(guard.token, current) && !checks.jump.admits(guard.token, Some(current)) {
-            return Ok(Err(Refusal::Jump(jump(current))));
-        }
-        let stale_by_row = unscoped && !guard.rule.accepts(guard.token, current);
-        if !stale_by_row && !checks.scopes.admits(Some(remembered.as_deref()), guard.scope().map(Scope::as_str)) {
-            return Ok(Err(Refusal::Mismatch(ScopeMismatch {
-                fenced: fenced(),
-                scope: remembered,
-                presented: guard.scope().cloned(),
-            })));
-        }
-        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, current, fenced())])));
+        let held = Held { fenced: fenced(), fence, remembered: remembered.as_ref().map(Option::as_deref) };
+        return explain(held, guard, checks);
     }
     // Lock the table row (if any): from here to commit nobody else changes it. In column mode
     // an unscoped write also needs the row's own fence column to admit the token: another
@@ -191,13 +179,22 @@ pub(super) async fn fence_row(
     let Some(row) = row else { return Ok(Ok(false)) };
     let admits: bool = row.try_get(1).map_err(StoreError::from)?;
     if !admits {
-        let current = token_from_db(row.try_get(0).map_err(StoreError::from)?)?;
-        if guard.rule.accepts(guard.token, current) {
-            return Ok(Err(Refusal::Jump(jump(current))));
-        }
-        return Ok(Err(Refusal::Stale(vec![Stale::reported(guard.rule, guard.token, current, fenced())])));
+        // The ledger admitted the row's scope already: only its fence column is in question.
+        let fence = Some(token_from_db(row.try_get(0).map_err(StoreError::from)?)?);
+        return explain(Held { fenced: fenced(), fence, remembered: None }, guard, checks);
     }
     Ok(Ok(true))
+}
+
+/// A refused row write, explained by [`crate::fence::verdict`] from what the row holds (read
+/// under the lock the refused statement took). A scoped write's scope was admitted by its claim
+/// in this transaction, so only the row itself is in question.
+fn explain(held: Held<'_>, guard: &Guard, checks: &Checks) -> Result<Result<bool, Refusal>, TableError> {
+    let seen = Seen { held: vec![held], scope: ScopeHeld::Admitted, binding: None };
+    match verdict(&seen, guard, checks) {
+        Err(refusal) => Ok(Err(refusal)),
+        Ok(()) => Err(TableError::Store(raced(guard.token, guard.scope(), 1))),
+    }
 }
 
 /// Step 4: the write to the legacy table. `existed` comes from [`fence_row`], which holds the
