@@ -137,7 +137,6 @@ pub(crate) fn raced(token: FencingToken, scope: Option<&Scope>, things: usize) -
     )
 }
 
-
 /// Ready as far as the schema goes: every migration this binary knows (`migrator`) is applied.
 fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), StoreError> {
     let known = migrator.iter().count() as i64;
@@ -146,7 +145,6 @@ fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), Stor
     }
     Ok(())
 }
-
 
 /// A grant over a lease that lapsed without a release (both backends call this once the grant
 /// is decided; it is committed with the acquire or not at all, which a metric can ignore).

@@ -153,7 +153,6 @@ impl PgStore {
         explain_refusal(&[], &seen, &guard, &self.checks).map(Err)
     }
 
-
     /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
     /// tables, see `tables`). `Err` lists the refused keys: nothing may then be committed.
     pub(super) async fn batch_in(
@@ -251,10 +250,7 @@ impl PgStore {
         }
         explain_refusal(keys, &seen, guard, &self.checks)
     }
-
-
 }
-
 
 /// A scope's fence and the latest token granted by the built-in lock of that name, if any:
 /// what explains a refused claim.

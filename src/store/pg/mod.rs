@@ -62,7 +62,6 @@ pub fn kv_put_scoped_sql(rule: Rule, checks: &Checks) -> String {
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-
 #[derive(Clone)]
 pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
