@@ -9,7 +9,10 @@ use std::{fmt, net::SocketAddr, path::Path, time::Duration};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use crate::fence::{Bindings, Rule, Scope, ScopeRule};
+use crate::{
+    fence::{Bindings, Rule, Scope, ScopeRule},
+    redact::redact_url,
+};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -358,19 +361,6 @@ fn validate_schema(schema: &str) -> Result<(), String> {
         return Err(format!("database.schema {schema:?} is a system schema"));
     }
     Ok(())
-}
-
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some(parts) => parts,
-        None => return url.to_owned(),
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -776,7 +766,6 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         let mut s = Settings::default();
         s.database.url = Some("postgres://u:secret@h/db".into());
         assert!(!format!("{s:?}").contains("secret"));
