@@ -19,6 +19,7 @@ use crate::{
     auth::AuthSettings,
     fence::{Bindings, KvSettings, ScopeBinding},
     locks::LockSettings,
+    redact::redact_url,
     server::ServerSettings,
     telemetry::LogSettings,
 };
@@ -170,19 +171,6 @@ fn validate_schema(schema: &str) -> Result<(), String> {
         return Err(format!("database.schema {schema:?} is a system schema"));
     }
     Ok(())
-}
-
-/// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some(parts) => parts,
-        None => return url.to_owned(),
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
 }
 
 /// What the command line may override (each flag also has its env variable).
@@ -378,7 +366,6 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         let mut s = Settings::default();
         s.database.url = Some("postgres://u:secret@h/db".into());
         assert!(!format!("{s:?}").contains("secret"));

@@ -18,6 +18,7 @@
 //! - [`events`]: grants, releases and refusals as they happen, for the console (`/ui`).
 //! - [`server`]: start-up, the accept loop on a bound listener, graceful shutdown.
 //! - [`conn`]: one client connection (TLS, HTTP/1.1 or HTTP/2) and its timeouts.
+//! - [`redact`]: secrets kept out of what is printed (a database URL's password).
 //! - [`slots`]: the connection cap (and per-client cap); closes idle connections to make room.
 #![forbid(unsafe_code)]
 
@@ -32,10 +33,12 @@ pub mod http;
 pub mod issuers;
 pub mod locks;
 pub mod percent;
+pub mod redact;
 pub mod server;
 pub mod slots;
 pub mod store;
 pub mod tables;
+mod task;
 pub mod telemetry;
 pub mod tls;
 

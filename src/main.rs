@@ -295,7 +295,7 @@ fn require_database(settings: &Settings) -> anyhow::Result<()> {
     if let Some(file) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
         let file = file.split('?').next().unwrap_or_default();
         if !std::path::Path::new(file).exists() {
-            anyhow::bail!("no SQLite database at {file:?} (from {}): nothing was done", fencegate::config::redact_url(url));
+            anyhow::bail!("no SQLite database at {file:?} (from {}): nothing was done", fencegate::redact::redact_url(url));
         }
     }
     Ok(())

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use fencegate::config::redact_url;
+use fencegate::redact::redact_url;
 use sqlx::{Connection, PgConnection};
 
 use crate::KEYS;

@@ -50,7 +50,7 @@ mod db_url;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use fencegate::config::redact_url;
+use fencegate::redact::redact_url;
 use sqlx::{Connection, PgConnection};
 
 use crate::{

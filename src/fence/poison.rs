@@ -3,8 +3,8 @@
 //! A fence only ever rises, so one wrong token — a timestamp in nanoseconds, a bug that sends
 //! `9223372036854775807`, an attacker with write access — would brick a key or scope for good.
 //! Two guards refuse such tokens before they can raise a fence; the store evaluates both inside
-//! the same statement or transaction as the fence check (`store::sql_issued_check`,
-//! `store::sql_jump_check` are their SQL spellings), and these Rust forms explain a refusal:
+//! the same statement or transaction as the fence check (`store::sql::sql_issued_check`,
+//! `store::sql::sql_jump_check` are their SQL spellings), and these Rust forms explain a refusal:
 //!
 //! - **Issued** ([`issued`]): a scope that names a built-in lock (one ever granted, and not
 //!   retired by an admin) admits no token above the latest the lock service granted for it.

@@ -13,7 +13,7 @@
 //!   token: a stale token is stale whatever its scope). A key never written has
 //!   nothing to remember: its first write binds it. The store evaluates this inside the same
 //!   statement or transaction as the fence check ([`ScopeRule::admits`] is the Rust form of the
-//!   SQL the store builds with `store::sql_scope_check`).
+//!   SQL the store builds with `store::sql::sql_scope_check`).
 //! - **Bindings** ([`Bindings`]): configuration, not the client, says the scope of keys with
 //!   given prefixes (and of whole legacy tables): a write to a bound key is under that scope
 //!   whether or not the client sent one; a different scope is a mismatch.

@@ -10,10 +10,11 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa::ToSchema;
 
-use super::openapi::{self as doc, schemas as body};
+use super::openapi as doc;
 use super::{
     auth::check_admin,
     extract::{JsonBody, KeyPath, ScopePath},
@@ -23,7 +24,7 @@ use super::{
 use crate::{
     auth::Actor,
     fence::{FencingToken, Scope},
-    store::admin::{Rebind, RebindTarget, Reset, ResetRefused, ResetTarget},
+    store::admin::{AuditEntry, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget},
     tables::RowKey,
 };
 
@@ -33,7 +34,7 @@ use crate::{
 pub struct ResetRequest {
     /// The new fence, a token as a JSON string, below the current one.
     #[serde(default)]
-    #[schema(value_type = Option<doc::TokenText>)]
+    #[schema(value_type = Option<FencingToken>)]
     to: Option<String>,
     /// Why (1..=1000 bytes): recorded in the audit log. Required.
     #[serde(default)]
@@ -88,7 +89,7 @@ async fn run(state: &AppState, reset: Reset) -> Result<Response, ApiError> {
     summary = "Lower a scope's fence (audited)",
     params(ScopePath),
     request_body(content = ResetRequest, content_type = "application/json"),
-    responses((status = 200, description = "Lowered; the audit log has the row", body = body::ResetDone), doc::Reset)
+    responses((status = 200, description = "Lowered; the audit log has the row", body = ResetDone), doc::Reset)
 )]
 pub async fn reset_fence(
     State(state): State<AppState>,
@@ -108,7 +109,7 @@ pub async fn reset_fence(
     summary = "Lower a key's fence, or rebind its sticky scope (audited)",
     params(KeyPath),
     request_body(content = ResetRequest, content_type = "application/json"),
-    responses((status = 200, description = "Done; the audit log has the row", body = body::ResetDone), doc::Reset)
+    responses((status = 200, description = "Done; the audit log has the row", body = ResetDone), doc::Reset)
 )]
 pub async fn reset_key(
     State(state): State<AppState>,
@@ -166,7 +167,7 @@ impl FromRequestParts<AppState> for AdminRowPath {
     summary = "Lower a table row's fence, or rebind its sticky scope (audited)",
     params(doc::RowParams),
     request_body(content = ResetRequest, content_type = "application/json"),
-    responses((status = 200, description = "Done; the audit log has the row", body = body::ResetDone), doc::Reset)
+    responses((status = 200, description = "Done; the audit log has the row", body = ResetDone), doc::Reset)
 )]
 pub async fn reset_row(
     State(state): State<AppState>,
@@ -199,7 +200,7 @@ pub struct RetireRequest {
     summary = "Retire a built-in lock: its grants no longer speak for the scope's tokens (audited)",
     params(doc::LockName),
     request_body(content = RetireRequest, content_type = "application/json"),
-    responses((status = 200, description = "Retired; the audit log has the row", body = body::ResetDone), doc::Retire)
+    responses((status = 200, description = "Retired; the audit log has the row", body = ResetDone), doc::Retire)
 )]
 pub async fn retire_lock(
     State(state): State<AppState>,
@@ -255,7 +256,7 @@ async fn rebind(state: &AppState, rebind: Rebind) -> Result<Response, ApiError> 
     tag = "admin",
     summary = "Rebind every key under a prefix to a sticky scope (audited)",
     request_body(content = RebindRequest, content_type = "application/json"),
-    responses((status = 200, description = "Rebound; the audit log has the row", body = body::RebindDone), doc::Rebind)
+    responses((status = 200, description = "Rebound; the audit log has the row", body = RebindDone), doc::Rebind)
 )]
 pub async fn rebind_keys(State(state): State<AppState>, actor: Actor, JsonBody(request): JsonBody<RebindRequest>) -> Result<Response, ApiError> {
     check_admin(&actor)?;
@@ -287,7 +288,7 @@ pub async fn rebind_keys(State(state): State<AppState>, actor: Actor, JsonBody(r
     summary = "Rebind every fenced row of a legacy table to a sticky scope (audited)",
     params(("resource" = String, Path, description = "A configured [[resources]] name")),
     request_body(content = RebindRequest, content_type = "application/json"),
-    responses((status = 200, description = "Rebound; the audit log has the row", body = body::RebindDone), doc::Rebind)
+    responses((status = 200, description = "Rebound; the audit log has the row", body = RebindDone), doc::Rebind)
 )]
 pub async fn rebind_table(
     State(state): State<AppState>,
@@ -352,6 +353,13 @@ pub async fn refusals(
     Ok(Json(json!({ "refusals": refusals })).into_response())
 }
 
+/// The body of `GET /v1/admin/audit`.
+#[derive(Serialize, ToSchema)]
+pub struct AuditLog {
+    /// Newest first.
+    entries: Vec<AuditEntry>,
+}
+
 /// `GET /v1/admin/audit?limit=N` (1..=1000, default 100): newest first.
 #[utoipa::path(
     operation_id = "audit",
@@ -360,7 +368,7 @@ pub async fn refusals(
     tag = "admin",
     summary = "The audit log, newest first",
     params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "How many entries (1..=1000, default 100)")),
-    responses((status = 200, description = "The entries", body = body::AuditLog), doc::Audit)
+    responses((status = 200, description = "The entries", body = AuditLog), doc::Audit)
 )]
 pub async fn audit(
     State(state): State<AppState>,
@@ -370,5 +378,5 @@ pub async fn audit(
     check_admin(&actor)?;
     let limit = limit_of(query)?;
     let entries = state.store.audit(limit).await?;
-    Ok(Json(json!({ "entries": entries })).into_response())
+    Ok(Json(AuditLog { entries }).into_response())
 }

@@ -1,12 +1,10 @@
 //! Authentication and authorization over HTTP.
 //!
-//! - [`authenticate`], called by the gate on every route (the fallback included), turns the
-//!   `Authorization` header (or, without one, the connection's verified client certificate, a
-//!   request extension set by `conn`) into an [`Actor`] in the request's extensions, or answers 401. Only
-//!   `/healthz`, `/readyz`, `/openapi.json`, `/docs`, (unless `auth.protect_metrics`)
-//!   `/metrics`, and the console's static page and assets (`/ui`, `/ui/console.js`,
-//!   `/ui/console.css`, which hold no data) are let through without a credential. It is not
-//!   installed at all when auth is off.
+//! - [`authenticate`], called by the gate for every route that needs a credential (which
+//!   ones: [`super::routes`]), turns the `Authorization` header (or, without one, the
+//!   connection's verified client certificate, a request extension set by `conn`) into an
+//!   [`Actor`] in the request's extensions, or answers 401. It is not called at all when auth
+//!   is off.
 //! - Handlers take the [`Actor`] extractor and call [`check`] (or [`check_table`],
 //!   [`check_admin`]) next to the route, before any store call: a refused request changes
 //!   nothing.
@@ -17,7 +15,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use super::{problem::ApiError, AppState};
+use super::{problem::ApiError, routes::Credential, AppState};
 use crate::auth::{Actor, Authenticator, ClientCert, Right, Unauthenticated};
 
 /// The kind of name a 403 refused: the problem's field holding it.
@@ -40,19 +38,11 @@ impl Named {
     }
 }
 
-/// 401 unless the request carries a valid credential (or is one of the open routes, which
-/// get `Ok(None)`). The actor goes into the request's extensions, for the handler, and its name
-/// onto the request's span. Called by the gate ([`super::gate`]) on every route, the fallback
-/// included; never with auth off.
-pub fn authenticate(auth: &Authenticator, req: &mut Request) -> Result<Option<Actor>, Response> {
-    let path = req.uri().path();
-    let open = path == "/healthz"
-        || path == "/readyz"
-        || (path == "/metrics" && !auth.protect_metrics)
-        || super::routes::is_console_asset(path);
-    if open {
-        return Ok(None);
-    }
+/// 401 unless the request carries a valid credential; 403 if `need` is the admin right and
+/// the credential lacks it. The actor goes into the request's extensions, for the handler, and
+/// its name onto the request's span. Called by the gate ([`super::gate`]) on every route whose
+/// [`Access`](super::routes::Access) asks for a credential; never with auth off.
+pub fn authenticate(auth: &Authenticator, need: Credential, req: &mut Request) -> Result<Actor, Response> {
     let cert = req.extensions().get::<std::sync::Arc<ClientCert>>().map(|c| &**c);
     let mut values = req.headers().get_all(AUTHORIZATION).iter();
     let found = match (values.next(), values.next()) {
@@ -61,15 +51,14 @@ pub fn authenticate(auth: &Authenticator, req: &mut Request) -> Result<Option<Ac
         (Some(value), None) => auth.authenticate(Some(value.as_bytes()), cert),
     };
     let actor = found.map_err(|why| ApiError::Unauthenticated(why).into_response())?;
-    if path == "/metrics" {
-        // Only reached when protected.
+    if need == Credential::Admin {
         check_admin(&actor).map_err(IntoResponse::into_response)?;
     }
     if let Some(name) = actor.name() {
         tracing::Span::current().record("actor", name);
     }
     req.extensions_mut().insert(actor.clone());
-    Ok(Some(actor))
+    Ok(actor)
 }
 
 impl FromRequestParts<AppState> for Actor {

@@ -1,21 +1,23 @@
 //! `POST /v1/batch`: several kv writes (and legacy-table writes) under one token, all or nothing.
 
 use axum::{extract::State, Json};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
 
-use super::openapi::{self as doc, schemas as body};
+use super::openapi as doc;
 use super::{
     auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
     kv::guard,
     problem::{accepted, ApiError},
+    report::Accepted,
     tables::table_scope,
     AppState,
 };
 use crate::{
     auth::{Actor, Right},
-    fence::{Guard, Key, Rule, Scope, ScopeMismatch, Target},
+    fence::{FencingToken, Guard, Key, Rule, Scope, ScopeMismatch, Target},
     store::{BatchOp as Op, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
@@ -48,6 +50,34 @@ struct OpRequest {
     row: Option<RowBody>,
 }
 
+// Fields in alphabetical order, as `json!` wrote them.
+
+/// The body of an applied batch.
+#[derive(Serialize, ToSchema)]
+pub struct BatchDone {
+    fence_token: FencingToken,
+    /// One per op, in the order of the request.
+    results: Vec<OpResult>,
+    /// The scope the batch was under (null: each key's own fence).
+    #[schema(value_type = Option<String>, required = true)]
+    scope: Option<Scope>,
+}
+
+/// What one op of a batch did.
+#[derive(Serialize, ToSchema)]
+pub struct OpResult {
+    /// The kv key, or a table op's canonical row key.
+    key: String,
+    /// put, delete (or patch for a table op).
+    op: &'static str,
+    /// A table op's resource.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    resource: Option<String>,
+    /// What the op alone would have answered: 201 created, 200 otherwise.
+    status: u16,
+}
+
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
 }
@@ -60,7 +90,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     summary = "Several writes under one token: all or nothing",
     params(Token, ScopeHeader, Proof),
     request_body(content = BatchRequest, content_type = "application/json"),
-    responses((status = 200, description = "Every op applied", body = body::BatchDone), doc::Batch)
+    responses((status = 200, description = "Every op applied", body = BatchDone), doc::Batch)
 )]
 pub async fn batch(
     actor: Actor,
@@ -69,7 +99,7 @@ pub async fn batch(
     scope: ScopeHeader,
     proof: Proof,
     JsonBody(request): JsonBody<BatchRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Accepted<Json<BatchDone>>, ApiError> {
     let ops = parse_ops(&state, request)?;
     // `write` on every op's key (or table) and on the batch's effective scope, before anything
     // is written: one refused op refuses the batch.
@@ -98,11 +128,8 @@ pub async fn batch(
     let writes: Vec<Write> = ops.into_iter().filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None }).collect();
     let guard = guard(&state, token, scope);
     let written = accepted(state.store.batch(&writes, &guard).await?)?;
-    Ok(Json(json!({
-        "fence_token": guard.token,
-        "scope": guard.scope(),
-        "results": op_results(&writes, &written),
-    })))
+    let results = op_results(&writes, &written);
+    Ok(Accepted(Json(BatchDone { fence_token: guard.token, results, scope: guard.scope().cloned() })))
 }
 
 /// The one scope a batch is under: the header's if sent, else the scope its bound keys and
@@ -127,7 +154,12 @@ fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> (Option<S
 }
 
 /// A batch with table ops: kv and table writes in one transaction.
-async fn batch_tables(state: &AppState, token: Token, scope: Option<Scope>, ops: Vec<Op>) -> Result<Json<Value>, ApiError> {
+async fn batch_tables(
+    state: &AppState,
+    token: Token,
+    scope: Option<Scope>,
+    ops: Vec<Op>,
+) -> Result<Accepted<Json<BatchDone>>, ApiError> {
     let guard = Guard { token: token.0, target: scope.clone().map_or(Target::Key, Target::Scope), rule: state.kv.rule() };
     let (kv_written, rows_written) = accepted(state.store.batch_tables(&ops, &guard).await?)?;
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
@@ -135,22 +167,22 @@ async fn batch_tables(state: &AppState, token: Token, scope: Option<Scope>, ops:
     let rows = ops.iter().filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });
     let mut kv_results = op_results(&kv, &kv_written).into_iter();
     let mut row_results = rows.zip(&rows_written).map(|(op, written)| row_result(op, written));
-    let results: Vec<Value> = ops
+    let results: Vec<OpResult> = ops
         .iter()
         .filter_map(|op| match op {
             Op::Kv(_) => kv_results.next(),
             Op::Row(_) => row_results.next(),
         })
         .collect();
-    Ok(Json(json!({"fence_token": token.0, "scope": scope, "results": results})))
+    Ok(Accepted(Json(BatchDone { fence_token: token.0, results, scope })))
 }
 
-fn row_result(op: &TableOp, written: &RowWritten) -> Value {
+fn row_result(op: &TableOp, written: &RowWritten) -> OpResult {
     let status = match op.write {
         RowWrite::Put(_) if !written.existed => 201,
         _ => 200,
     };
-    json!({"op": op.write.op(), "resource": op.resource.name, "key": written.key, "status": status})
+    OpResult { key: written.key.clone(), op: op.write.op(), resource: Some(op.resource.name.clone()), status }
 }
 
 fn parse_ops(state: &AppState, request: BatchRequest) -> Result<Vec<Op>, ApiError> {
@@ -229,7 +261,7 @@ fn parse_table_op(state: &AppState, i: usize, op: OpRequest) -> Result<TableOp, 
 
 /// Per-op statuses, as if the ops ran one after another: a put is 201 when its key was not live
 /// just before it (absent, deleted before the batch, or deleted earlier in the batch), else 200.
-fn op_results(writes: &[Write], written: &[Written]) -> Vec<Value> {
+fn op_results(writes: &[Write], written: &[Written]) -> Vec<OpResult> {
     let mut live: std::collections::HashMap<&Key, bool> =
         written.iter().map(|w| (&w.key, w.was_live)).collect();
     writes
@@ -242,7 +274,7 @@ fn op_results(writes: &[Write], written: &[Written]) -> Vec<Value> {
                 Write::Delete { .. } => ("delete", 200, false),
             };
             live.insert(key, now_live);
-            json!({"op": op, "key": key, "status": status})
+            OpResult { key: key.as_str().to_owned(), op, resource: None, status }
         })
         .collect()
 }

@@ -8,7 +8,7 @@ use std::{convert::Infallible, time::Duration};
 
 use axum::{
     extract::State,
-    http::{header, HeaderName, HeaderValue},
+    http::{HeaderName, HeaderValue},
     response::{
         sse::{Event as SseEvent, Sse},
         IntoResponse, Response,
@@ -36,7 +36,7 @@ const RATE_HISTORY_SECONDS: usize = 300;
     path = super::routes::ADMIN_OVERVIEW,
     tag = "admin",
     summary = "The console's data: locks, fences and refusals (database, every process), writes/s (this process)",
-    responses((status = 200, description = "locks, fences, refusals, counters, rate (docs/wire.md)", content_type = "application/json"), super::openapi::Guarded)
+    responses((status = 200, description = "locks, fences, refusals, counters, rate (docs/wire.md)", content_type = "application/json"), super::openapi::Edge)
 )]
 pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
     check_admin(&actor)?;
@@ -75,7 +75,7 @@ pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Res
     path = super::routes::ADMIN_EVENTS,
     tag = "admin",
     summary = "Server-sent events of fencing: grant, renew, release, refusal, tick, dropped (docs/wire.md)",
-    responses((status = 200, description = "An event stream; a subscriber that falls behind gets `dropped` and the stream ends", content_type = "text/event-stream"), super::openapi::Guarded)
+    responses((status = 200, description = "An event stream; a subscriber that falls behind gets `dropped` and the stream ends", content_type = "text/event-stream"), super::openapi::Edge)
 )]
 pub async fn events(State(state): State<AppState>, actor: Actor) -> Result<Response, ApiError> {
     check_admin(&actor)?;
@@ -175,25 +175,7 @@ const SCRIPT: &str = include_str!("../../ui/console.js");
 const STYLE: &str = include_str!("../../ui/console.css");
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
-    embedded(body, content_type, HeaderValue::from_static(CSP))
-}
-
-/// A page or asset built into the binary (the console's, `/docs`), with the headers every one
-/// of them needs: its policy, no sniffing, no referrer, no framing, and revalidation.
-pub(super) fn embedded(body: &'static str, content_type: &'static str, csp: HeaderValue) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-            (header::CONTENT_SECURITY_POLICY, csp),
-            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
-            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-            // Embedded in the binary: a new binary may serve a new page at the same URL.
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        ],
-        body,
-    )
-        .into_response()
+    super::embedded::page(body, content_type, HeaderValue::from_static(CSP))
 }
 
 #[utoipa::path(
@@ -202,7 +184,6 @@ pub(super) fn embedded(body: &'static str, content_type: &'static str, csp: Head
     path = super::routes::UI,
     tag = "console",
     summary = "The console: one page, embedded in the binary",
-    security(()),
     responses((status = 200, description = "The page", content_type = "text/html"), super::openapi::Edge)
 )]
 pub async fn page() -> Response {
@@ -215,7 +196,6 @@ pub async fn page() -> Response {
     path = super::routes::UI_SCRIPT,
     tag = "console",
     summary = "The console's script",
-    security(()),
     responses((status = 200, description = "The script", content_type = "text/javascript"), super::openapi::Edge)
 )]
 pub async fn script() -> Response {
@@ -228,7 +208,6 @@ pub async fn script() -> Response {
     path = super::routes::UI_STYLE,
     tag = "console",
     summary = "The console's style sheet",
-    security(()),
     responses((status = 200, description = "The style sheet", content_type = "text/css"), super::openapi::Edge)
 )]
 pub async fn style() -> Response {

@@ -6,16 +6,29 @@ use axum::{
     response::{IntoResponse, Response},
     Json,
 };
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::openapi::{self as doc, schemas as body};
+use super::openapi as doc;
 use super::{
     auth::{check, Named},
     extract::{Proof, ScopePath, Token},
     problem::{accepted, ApiError},
+    report::Accepted,
     AppState,
 };
-use crate::auth::{Actor, Right};
+use crate::{
+    auth::{Actor, Right},
+    fence::{FencingToken, Scope},
+};
+
+/// A scope's fence: the body of a claim and of a read.
+#[derive(Serialize, ToSchema)]
+pub struct Fence<'a> {
+    fence_token: FencingToken,
+    #[schema(value_type = String)]
+    scope: &'a Scope,
+}
 
 #[utoipa::path(
     operation_id = "fence_claim",
@@ -25,8 +38,8 @@ use crate::auth::{Actor, Right};
     summary = "Raise a scope's fence to the token without writing data",
     params(ScopePath, Token, Proof),
     responses(
-        (status = 201, description = "The scope had no fence", body = body::Fence),
-        (status = 200, description = "Raised, or already there", body = body::Fence),
+        (status = 201, description = "The scope had no fence", body = Fence),
+        (status = 200, description = "Raised, or already there", body = Fence),
         doc::FenceClaim
     )
 )]
@@ -36,12 +49,12 @@ pub async fn claim(
     ScopePath(scope): ScopePath,
     Token(token): Token,
     proof: Proof,
-) -> Result<Response, ApiError> {
+) -> Result<Accepted<Response>, ApiError> {
     check(&actor, Right::Fence, Named::Scope, scope.as_str())?;
     state.issuers.check(&scope, token, proof.bytes())?;
     let claimed = accepted(state.store.claim(&scope, token).await?)?;
     let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"scope": scope, "fence_token": token}))).into_response())
+    Ok(Accepted((status, Json(Fence { fence_token: token, scope: &scope })).into_response()))
 }
 
 #[utoipa::path(
@@ -51,12 +64,12 @@ pub async fn claim(
     tag = "fences",
     summary = "Read a scope's fence",
     params(ScopePath),
-    responses((status = 200, description = "The fence", body = body::Fence), doc::FenceGet)
+    responses((status = 200, description = "The fence", body = Fence), doc::FenceGet)
 )]
 pub async fn get(actor: Actor, State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {
     check(&actor, Right::Read, Named::Scope, scope.as_str())?;
     match state.store.fence(&scope).await? {
-        Some(token) => Ok(Json(json!({"scope": scope, "fence_token": token})).into_response()),
+        Some(token) => Ok(Json(Fence { fence_token: token, scope: &scope }).into_response()),
         None => Err(ApiError::NotFound(format!("no fence for scope {:?}", scope.as_str()))),
     }
 }

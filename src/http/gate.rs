@@ -10,9 +10,10 @@
 //! callgrind, bench/RESULTS.md). Here: one boxed future per request, and the order is read
 //! top to bottom in [`Gate::call`].
 //!
-//! The open routes (probes, the API's description) get a gate with no in-flight limit and no
-//! authentication: a load balancer that sees /healthz 503 under load restarts a healthy
-//! process. They still get the edge and the timeout.
+//! One gate serves every route; what it asks of a request is the route's
+//! [`Access`](super::routes::Access) (`routes::ALL`): the probes and the API's description are
+//! never shed and need no credential, the console's assets need none, `/metrics` needs one only
+//! when protected. Every route gets the edge and the timeout.
 
 use std::{
     convert::Infallible,
@@ -25,23 +26,29 @@ use std::{
 };
 
 use axum::{
-    extract::Request,
+    extract::{MatchedPath, Request},
     response::{IntoResponse, Response},
 };
 use futures_util::FutureExt as _;
 use tokio::sync::Semaphore;
 use tower::{Layer, Service};
 
-use super::{auth, edge::Edge, extract::BodyLimit, problem::ApiError};
+use super::{
+    auth,
+    edge::Edge,
+    extract::BodyLimit,
+    problem::ApiError,
+    routes::{self, Credential},
+};
 use crate::auth::Live;
 
-/// What a gate enforces, shared by every route it is applied to.
+/// What the gate enforces, shared by every route.
 struct Rules {
     edge: Edge,
-    /// `server.max_in_flight` slots, one semaphore for every route of the API; `None`: never shed.
-    in_flight: Option<Arc<Semaphore>>,
+    /// `server.max_in_flight` slots, one semaphore for every route that is shed.
+    in_flight: Arc<Semaphore>,
     timeout: Duration,
-    /// `None`: auth is off, or the routes are open.
+    /// `None`: auth is off.
     auth: Option<Arc<Live>>,
 }
 
@@ -49,14 +56,8 @@ struct Rules {
 pub struct GateLayer(Arc<Rules>);
 
 impl GateLayer {
-    /// The API's gate: every check.
-    pub fn api(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Live>>) -> Self {
-        GateLayer(Arc::new(Rules { edge, in_flight: Some(Arc::new(Semaphore::new(max_in_flight))), timeout, auth }))
-    }
-
-    /// The open routes' gate: the edge and the timeout, never shed, no credential.
-    pub fn open(edge: Edge, timeout: Duration) -> Self {
-        GateLayer(Arc::new(Rules { edge, in_flight: None, timeout, auth: None }))
+    pub fn new(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Live>>) -> Self {
+        GateLayer(Arc::new(Rules { edge, in_flight: Arc::new(Semaphore::new(max_in_flight)), timeout, auth }))
     }
 }
 
@@ -106,6 +107,7 @@ async fn pass<S>(rules: Arc<Rules>, mut inner: S, req: Request) -> Response
 where
     S: Service<Request, Response = Response, Error = Infallible>,
 {
+    let access = routes::access(req.extensions().get::<MatchedPath>().map(MatchedPath::as_str));
     // 1. The edge: Host, Content-Type, the body read in full (its bytes held until the handler
     //    is done with them).
     let (mut req, _body_bytes) = match rules.edge.admit(req).await {
@@ -115,25 +117,32 @@ where
     req.extensions_mut().insert(BodyLimit(rules.edge.body_limit));
     // 2. An in-flight slot, taken only once the body is read: a client trickling a body holds
     //    a connection, never a slot. None free: 503 at once (shed), not a queue.
-    let _slot = match &rules.in_flight {
-        None => None,
-        Some(slots) => match slots.clone().try_acquire_owned() {
+    let _slot = if access.shed() {
+        match rules.in_flight.clone().try_acquire_owned() {
             Ok(slot) => Some(slot),
             Err(_) => {
                 metrics::counter!("fencegate_shed_requests_total").increment(1);
                 return ApiError::Overloaded.into_response();
             }
-        },
+        }
+    } else {
+        None
     };
     // 3. The timeout, over authentication and the handler.
     let handled = async {
-        // 4. A credential, unless the route is open (auth::authenticate says which).
+        // 4. A credential, if the route asks for one.
         let actor = match &rules.auth {
             None => None,
-            Some(live) => match auth::authenticate(&live.current(), &mut req) {
-                Ok(actor) => actor,
-                Err(refused) => return refused,
-            },
+            Some(live) => {
+                let auth = live.current();
+                match access.credential(auth.protect_metrics) {
+                    Credential::None => None,
+                    need => match auth::authenticate(&auth, need, &mut req) {
+                        Ok(actor) => Some(actor),
+                        Err(refused) => return refused,
+                    },
+                }
+            }
         };
         let Ok(mut response) = inner.call(req).await;
         if let Some(actor) = actor {
@@ -193,16 +202,16 @@ mod tests {
                 Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
             }
         });
-        let gate = GateLayer::api(edge(), 8, Duration::from_secs(5), None).layer(handler);
+        let gate = GateLayer::new(edge(), 8, Duration::from_secs(5), None).layer(handler);
         let (status, kind) = problem_type(gate.clone().oneshot(get()).await.unwrap()).await;
         assert_eq!((status, kind.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
         assert_eq!(gate.oneshot(get()).await.unwrap().status(), StatusCode::NO_CONTENT);
     }
 
-    /// The API's gate sheds what finds every slot taken (503 at once, no queue); the open gate
-    /// never sheds. A slot comes back when its request is answered.
+    /// A guarded route is shed beyond the slots (503 at once, no queue); a probe never is. A
+    /// slot comes back when its request is answered.
     #[tokio::test]
-    async fn the_api_gate_sheds_beyond_its_slots_and_the_open_gate_never_does() {
+    async fn guarded_routes_are_shed_beyond_the_slots_and_probes_never_are() {
         let (release, released) = tokio::sync::watch::channel(false);
         let handler = service_fn(move |_req: Request| {
             let mut released = released.clone();
@@ -211,14 +220,16 @@ mod tests {
                 Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
             }
         });
-        for (gate, sheds) in [
-            (GateLayer::api(edge(), 1, Duration::from_secs(5), None).layer(handler.clone()), true),
-            (GateLayer::open(edge(), Duration::from_secs(5)).layer(handler.clone()), false),
-        ] {
+        let router = axum::Router::new()
+            .route_service(routes::HEALTHZ, handler.clone())
+            .route_service(routes::KV, handler)
+            .layer(GateLayer::new(edge(), 1, Duration::from_secs(5), None));
+        let at = |path: &str| Request::builder().uri(path).body(Body::empty()).unwrap();
+        for (path, sheds) in [("/v1/kv/k", true), ("/healthz", false)] {
             release.send_replace(false);
-            let held = tokio::spawn(gate.clone().oneshot(get()));
+            let held = tokio::spawn(router.clone().oneshot(at(path)));
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let second = tokio::spawn(gate.clone().oneshot(get()));
+            let second = tokio::spawn(router.clone().oneshot(at(path)));
             tokio::time::sleep(Duration::from_millis(50)).await;
             if sheds {
                 assert!(second.is_finished(), "shed at once, not queued");
@@ -233,7 +244,7 @@ mod tests {
                 assert_eq!(second.status(), StatusCode::NO_CONTENT);
             }
             release.send_replace(false);
-            let after = tokio::spawn(gate.clone().oneshot(get()));
+            let after = tokio::spawn(router.clone().oneshot(at(path)));
             tokio::time::sleep(Duration::from_millis(50)).await;
             release.send_replace(true);
             assert_eq!(after.await.unwrap().unwrap().status(), StatusCode::NO_CONTENT, "the slot came back");
@@ -248,7 +259,7 @@ mod tests {
             }
             Ok::<_, Infallible>(StatusCode::NO_CONTENT.into_response())
         });
-        let gate = GateLayer::api(edge(), 1, Duration::from_millis(100), None).layer(handler);
+        let gate = GateLayer::new(edge(), 1, Duration::from_millis(100), None).layer(handler);
         let slow = Request::builder().uri("/slow").body(Body::empty()).unwrap();
         let (status, kind) = problem_type(gate.clone().oneshot(slow).await.unwrap()).await;
         assert_eq!((status, kind.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));

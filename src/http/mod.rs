@@ -6,6 +6,7 @@ mod batch;
 mod binding;
 mod console;
 mod edge;
+mod embedded;
 mod extract;
 mod fences;
 mod gate;
@@ -14,8 +15,10 @@ mod locks;
 mod observe;
 mod openapi;
 mod ops;
-mod tables;
 pub mod problem;
+mod report;
+mod routes;
+mod tables;
 
 use std::{sync::Arc, time::Duration};
 
@@ -36,7 +39,7 @@ use crate::{
 };
 pub use edge::check_numbers;
 pub use extract::{SCOPE_HEADER, TOKEN_HEADER};
-pub use observe::{ServerFailure, WriteOutcome};
+pub use observe::ServerFailure;
 use problem::ApiError;
 
 /// What every handler can reach: one `Arc`, because axum clones the state for every extractor
@@ -121,57 +124,19 @@ impl Limits {
     }
 }
 
-/// The route templates: the router's paths and the `route` label of metrics and logs.
-mod routes {
-    pub const KV: &str = "/v1/kv/{key}";
-    pub const TABLES: &str = "/v1/tables/{resource}/{key}";
-    pub const BATCH: &str = "/v1/batch";
-    pub const FENCES: &str = "/v1/fences/{scope}";
-    pub const LOCKS: &str = "/v1/locks/{name}";
-    pub const LOCK_RENEW: &str = "/v1/locks/{name}/renew";
-    pub const HEALTHZ: &str = "/healthz";
-    pub const READYZ: &str = "/readyz";
-    pub const METRICS: &str = "/metrics";
-    pub const ADMIN_FENCE_RESET: &str = "/v1/admin/fences/{scope}/reset";
-    pub const ADMIN_KV_RESET: &str = "/v1/admin/kv/{key}/reset";
-    pub const ADMIN_TABLE_RESET: &str = "/v1/admin/tables/{resource}/{key}/reset";
-    pub const ADMIN_AUDIT: &str = "/v1/admin/audit";
-    pub const ADMIN_LOCK_RETIRE: &str = "/v1/admin/locks/{name}/retire";
-    pub const ADMIN_KV_REBIND: &str = "/v1/admin/kv/rebind";
-    pub const ADMIN_REFUSALS: &str = "/v1/admin/refusals";
-    pub const ADMIN_TABLE_REBIND: &str = "/v1/admin/tables/{resource}/rebind";
-    pub const OPENAPI: &str = "/openapi.json";
-    pub const DOCS: &str = "/docs";
-    pub const ADMIN_OVERVIEW: &str = "/v1/admin/overview";
-    pub const ADMIN_EVENTS: &str = "/v1/admin/events";
-    /// The console's page and assets: open without a credential (they hold no data).
-    pub const UI: &str = "/ui";
-    pub const UI_SCRIPT: &str = "/ui/console.js";
-    pub const UI_STYLE: &str = "/ui/console.css";
-    pub const ALL: &[&str] = &[
-        KV, TABLES, BATCH, FENCES, LOCKS, LOCK_RENEW, HEALTHZ, READYZ, METRICS,
-        ADMIN_FENCE_RESET, ADMIN_KV_RESET, ADMIN_TABLE_RESET, ADMIN_AUDIT, ADMIN_LOCK_RETIRE, ADMIN_KV_REBIND, ADMIN_TABLE_REBIND, ADMIN_REFUSALS, OPENAPI, DOCS,
-        ADMIN_OVERVIEW, ADMIN_EVENTS, UI, UI_SCRIPT, UI_STYLE,
-    ];
-
-    pub fn is_console_asset(path: &str) -> bool {
-        path == UI || path == UI_SCRIPT || path == UI_STYLE
-    }
-}
-
-/// Every route, registered from the `#[utoipa::path]` of its handler: the open routes (probes
-/// and this API's description: no credential, never shed), the API, and the OpenAPI document
-/// of both. The document is made of exactly what the routers serve.
+/// Every route, registered from the `#[utoipa::path]` of its handler, and the OpenAPI document
+/// of them all: the document is made of exactly what the routers serve. `/openapi.json` is
+/// apart only because it serves the finished document. Who may call each route is
+/// `routes::ALL`, which the gate and the document's security read.
 fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     use utoipa::OpenApi as _;
     use utoipa_axum::{router::OpenApiRouter, routes};
-    let (open, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+    let (described, mut doc) =
+        OpenApiRouter::with_openapi(openapi::ApiDoc::openapi()).routes(routes!(openapi::openapi_json)).split_for_parts();
+    let (rest, rest_doc) = OpenApiRouter::new()
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
-        .routes(routes!(openapi::openapi_json))
         .routes(routes!(openapi::docs))
-        .split_for_parts();
-    let (api, api_doc) = OpenApiRouter::new()
         .routes(routes!(kv::put, kv::get, kv::delete))
         .routes(routes!(tables::put, tables::patch, tables::get, tables::delete))
         .routes(routes!(batch::batch))
@@ -193,13 +158,14 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(console::script))
         .routes(routes!(console::style))
         .split_for_parts();
-    doc.merge(api_doc);
-    (open, api, doc)
+    doc.merge(rest_doc);
+    openapi::describe_access(&mut doc);
+    (described, rest, doc)
 }
 
 /// The whole application as a `Router`; tests build exactly this.
 pub fn app(state: AppState, limits: Limits) -> Router {
-    let (open, api, doc) = routers();
+    let (described, rest, doc) = routers();
     let served = openapi::Served(doc.to_pretty_json().expect("the document serializes").into());
     let edge = edge::Edge {
         body_limit: limits.body_bytes,
@@ -209,32 +175,25 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         buffered: Arc::new(tokio::sync::Semaphore::new(limits.max_buffered_bytes)),
         loopback_hosts_only: limits.loopback_hosts_only,
     };
-    // The gate (edge, in-flight limit, timeout, auth: `gate`) is one service per route. The
-    // open routes' gate never sheds: a load balancer that sees /healthz 503 under load
-    // restarts a healthy process. axum's own body limit stays in step with the edge's.
+    // The gate (edge, in-flight limit, timeout, auth: `gate`) is one service per route, and
+    // asks of each request what its route's access says (`routes`). axum's own body limit
+    // stays in step with the edge's.
     let body_limit = DefaultBodyLimit::max(limits.body_bytes);
-    let probes = open
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .with_state(state.clone())
+    let gate = gate::GateLayer::new(edge, limits.max_in_flight, limits.request_timeout, state.auth.clone());
+    let app = described
         .layer(Extension(served))
-        .layer(ServiceBuilder::new().layer(gate::GateLayer::open(edge.clone(), limits.request_timeout)).layer(body_limit));
-    let api = api
+        .merge(rest)
         .fallback(|| async { ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state.clone())
-        .layer(
-            ServiceBuilder::new()
-                .layer(gate::GateLayer::api(edge, limits.max_in_flight, limits.request_timeout, state.auth.clone()))
-                .layer(body_limit),
-        );
+        .layer(ServiceBuilder::new().layer(gate).layer(body_limit));
     // Outermost last: CORS if configured, then the request id, span, metrics and error log
     // (`observe`).
-    let app = probes.merge(api);
     let app = match cors(&limits.cors_origins) {
         Some(cors) => app.layer(cors),
         None => app,
     };
-    app.layer(observe::ObserveLayer::new(routes::ALL, state.events.clone()))
+    app.layer(observe::ObserveLayer::new(state.events.clone()))
 }
 
 /// CORS for exactly the listed origins, allowing the fencing headers and Content-Type; none
@@ -262,15 +221,15 @@ mod tests {
     use super::*;
 
     /// The routers and the document come from the same `OpenApiRouter`s; this holds the route
-    /// templates of metrics and logs (`routes::ALL`) to them: a route served but not
-    /// documented, or documented but unlabelled, fails here.
+    /// table (`routes::ALL`: metric labels, and who may call each route) to them: a route
+    /// served but not documented, or documented but not in the table, fails here.
     #[test]
-    fn every_route_is_documented_and_labelled() {
+    fn every_route_is_documented_and_in_the_table() {
         let (_, _, doc) = routers();
         let documented: std::collections::BTreeSet<&str> = doc.paths.paths.keys().map(String::as_str).collect();
-        let labelled: std::collections::BTreeSet<&str> = routes::ALL.iter().copied().collect();
-        assert_eq!(documented, labelled, "routes::ALL and the OpenAPI document disagree");
-        assert_eq!(routes::ALL.len(), labelled.len(), "a route template is listed twice");
+        let listed: std::collections::BTreeSet<&str> = routes::ALL.iter().map(|r| r.path).collect();
+        assert_eq!(documented, listed, "routes::ALL and the OpenAPI document disagree");
+        assert_eq!(routes::ALL.len(), listed.len(), "a route template is listed twice");
     }
 
     /// Every problem type is named in the document: in the `Problem` schema, and in the

@@ -12,6 +12,9 @@
 //! - **Server errors** (5xx) are logged at ERROR with the request id, method, route and the
 //!   error's detail (which [`super::problem`] leaves in the response's extensions and never
 //!   sends to the client).
+//! - **Metrics**: every request by method, route and status; a fenced write by its
+//!   [`Report`]: the op its route names (`routes::ALL`), and the [`Outcome`] its handler or
+//!   problem set on the response (`report`).
 //! - **Console events**: an accepted fenced write is counted, a refused one (the problem leaves
 //!   it in the response's extensions) is published ([`crate::events`]).
 //! - **DEBUG**: a `request` span (method, route, request id) around the handler, so every event
@@ -35,6 +38,10 @@ use axum::{
 };
 use tower::{Layer, Service};
 
+use super::{
+    report::{Outcome, Report},
+    routes,
+};
 use crate::events::{Events, Refused};
 use tracing::Instrument;
 
@@ -44,23 +51,16 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 #[derive(Clone, Debug)]
 pub struct ServerFailure(pub String);
 
-/// The `outcome` label of `fencegate_writes_total` for a refusal the status alone does not
-/// name (a 422 is an unissued token, a jump, or a value a table refused), set by the problem.
-#[derive(Clone, Copy)]
-pub struct WriteOutcome(pub &'static str);
-
 #[derive(Clone)]
 pub struct ObserveLayer {
     ids: RequestIds,
-    routes: &'static [&'static str],
     events: Events,
     metrics: Metrics,
 }
 
 impl ObserveLayer {
-    /// `routes`: every route template of the router, so that metric labels are static strings.
-    pub fn new(routes: &'static [&'static str], events: Events) -> Self {
-        ObserveLayer { ids: RequestIds::new(), routes, events, metrics: Metrics::default() }
+    pub fn new(events: Events) -> Self {
+        ObserveLayer { ids: RequestIds::new(), events, metrics: Metrics::default() }
     }
 }
 
@@ -68,7 +68,7 @@ impl<S> Layer<S> for ObserveLayer {
     type Service = Observe<S>;
 
     fn layer(&self, inner: S) -> Observe<S> {
-        Observe { inner, ids: self.ids.clone(), routes: self.routes, events: self.events.clone(), metrics: self.metrics.clone() }
+        Observe { inner, ids: self.ids.clone(), events: self.events.clone(), metrics: self.metrics.clone() }
     }
 }
 
@@ -76,7 +76,6 @@ impl<S> Layer<S> for ObserveLayer {
 pub struct Observe<S> {
     inner: S,
     ids: RequestIds,
-    routes: &'static [&'static str],
     events: Events,
     metrics: Metrics,
 }
@@ -106,7 +105,13 @@ where
             }
         };
         let method = method_label(req.method());
-        let route = route_label(&req, self.routes);
+        let matched = req.extensions().get::<MatchedPath>().map(|m| routes::find(m.as_str()));
+        let route = match matched {
+            None => "unmatched",
+            Some(None) => "other",
+            Some(Some(route)) => route.path,
+        };
+        let op = matched.flatten().and_then(|r| r.write(method));
         let span = tracing::debug_span!(
             "request",
             method,
@@ -138,22 +143,31 @@ where
             }
             span.in_scope(|| tracing::debug!(status = status.as_u16(), latency_us = elapsed.as_micros() as u64, "response"));
             response.headers_mut().insert(REQUEST_ID, id);
-            let outcome = response.extensions().get::<WriteOutcome>().map(|o| o.0);
-            let op = metrics.record(method, route, status, outcome, elapsed.as_secs_f64());
-            if let Some(op) = op.filter(|op| !op.starts_with("lock_")) {
+            let report = op.map(|op| Report { op, outcome: outcome_of(&response) });
+            metrics.record(method, route, status, report, elapsed.as_secs_f64());
+            if let Some(report) = report.filter(|r| !r.op.is_lock()) {
                 match response.extensions_mut().remove::<Refused>() {
                     Some(refused) => {
                         let actor = response.extensions().get::<crate::auth::Actor>().and_then(|a| a.name()).map(str::to_owned);
                         let request_id = String::from_utf8_lossy(response.headers()[&REQUEST_ID].as_bytes()).into_owned();
-                        events.refused(refused, op, crate::events::Origin { route, actor, request_id })
+                        events.refused(refused, report.op.label(), crate::events::Origin { route, actor, request_id })
                     }
-                    None if status.is_success() => events.accepted(),
+                    None if report.outcome == Outcome::Accepted => events.accepted(),
                     None => {}
                 }
             }
             Ok(response)
         })
     }
+}
+
+/// How a fenced write ended, as its handler ([`super::report::Accepted`]) or its problem
+/// (`problem::kinds`) said on the response. Every answer to a write carries one: the handlers'
+/// both arms, and every refusal before them, are one or the other.
+fn outcome_of<B>(response: &Response<B>) -> Outcome {
+    let outcome = response.extensions().get::<Outcome>().copied();
+    debug_assert!(outcome.is_some(), "an answer to a fenced write that says nothing of how it ended");
+    outcome.unwrap_or(Outcome::Error)
 }
 
 /// A client's own request id is used (echoed and logged) only if it is 1..=128 characters of
@@ -163,16 +177,16 @@ fn acceptable_id(id: &[u8]) -> bool {
     (1..=128).contains(&id.len()) && id.iter().all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b))
 }
 
-/// The metric handles of one label set (method, route, status, write outcome).
+/// The metric handles of one label set (method, route, status, and the write's report).
 struct Handles {
     requests: metrics::Counter,
     duration: metrics::Histogram,
-    /// The fenced write this request is, and its `fencegate_writes_total` counter.
-    write: Option<(&'static str, metrics::Counter)>,
+    /// The `fencegate_writes_total` counter of the write's op and outcome.
+    write: Option<metrics::Counter>,
 }
 
-/// A label set: method, route, status and write outcome (the strings are all static).
-type LabelSet = (&'static str, &'static str, u16, Option<&'static str>);
+/// A label set: method, route, status and, for a fenced write, its report (all static).
+type LabelSet = (&'static str, &'static str, u16, Option<Report>);
 
 /// Metric handles by label set. A `counter!` with labels builds its key (allocating the label
 /// list) and looks it up in the recorder's registry on every call: three of them were about 4%
@@ -183,54 +197,28 @@ type LabelSet = (&'static str, &'static str, u16, Option<&'static str>);
 struct Metrics(Arc<std::sync::Mutex<std::collections::HashMap<LabelSet, Handles, foldhash::fast::RandomState>>>);
 
 impl Metrics {
-    /// Counts the request (and the write, by outcome) and records its latency; the write op,
-    /// if it was one.
-    fn record(
-        &self,
-        method: &'static str,
-        route: &'static str,
-        status: StatusCode,
-        outcome: Option<&'static str>,
-        seconds: f64,
-    ) -> Option<&'static str> {
-        let set = (method, route, status.as_u16(), outcome);
+    /// Counts the request (and the write, by op and outcome) and records its latency.
+    fn record(&self, method: &'static str, route: &'static str, status: StatusCode, report: Option<Report>, seconds: f64) {
+        let set = (method, route, status.as_u16(), report);
         // Recorded under the lock (a few atomic adds) rather than cloning three handles out of
         // it: one thread serves requests by default, so the lock is never contended there.
         let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let handles = cached.entry(set).or_insert_with(|| handles(method, route, status, outcome));
+        let handles = cached.entry(set).or_insert_with(|| handles(method, route, status, report));
         handles.requests.increment(1);
         handles.duration.record(seconds);
-        let (op, writes) = handles.write.as_ref()?;
-        writes.increment(1);
-        Some(*op)
+        if let Some(writes) = &handles.write {
+            writes.increment(1);
+        }
     }
 }
 
 /// The handles of one label set, from the recorder.
-fn handles(method: &'static str, route: &'static str, status: StatusCode, outcome: Option<&'static str>) -> Handles {
-    let write = write_op(method, route).map(|op| {
-        let outcome = outcome.unwrap_or(match status.as_u16() {
-            200..=299 => "accepted",
-            412 => "stale",
-            409 => "conflict",
-            500..=599 => "error",
-            _ => "invalid",
-        });
-        (op, metrics::counter!("fencegate_writes_total", "op" => op, "outcome" => outcome))
-    });
+fn handles(method: &'static str, route: &'static str, status: StatusCode, report: Option<Report>) -> Handles {
     Handles {
         requests: metrics::counter!("fencegate_http_requests_total",
             "method" => method, "route" => route, "status" => status_label(status)),
         duration: metrics::histogram!("fencegate_http_request_duration_seconds", "method" => method, "route" => route),
-        write,
-    }
-}
-
-/// The route template a request matched, as the router's own static string.
-fn route_label(req: &Request, routes: &'static [&'static str]) -> &'static str {
-    match req.extensions().get::<MatchedPath>() {
-        None => "unmatched",
-        Some(matched) => routes.iter().copied().find(|r| *r == matched.as_str()).unwrap_or("other"),
+        write: report.map(|r| metrics::counter!("fencegate_writes_total", "op" => r.op.label(), "outcome" => r.outcome.label())),
     }
 }
 
@@ -257,24 +245,6 @@ fn status_label(status: StatusCode) -> metrics::SharedString {
     match KNOWN.iter().find(|k| **k == code) {
         Some(known) => metrics::SharedString::const_str(known),
         None => metrics::SharedString::from_owned(code.to_owned()),
-    }
-}
-
-/// Which fenced write a request is, if any.
-fn write_op(method: &str, route: &str) -> Option<&'static str> {
-    use super::routes::*;
-    match (method, route) {
-        ("PUT", KV) => Some("put"),
-        ("DELETE", KV) => Some("delete"),
-        ("POST", BATCH) => Some("batch"),
-        ("POST", FENCES) => Some("claim"),
-        ("PUT", TABLES) => Some("table_put"),
-        ("PATCH", TABLES) => Some("table_patch"),
-        ("DELETE", TABLES) => Some("table_delete"),
-        ("POST", LOCKS) => Some("lock_acquire"),
-        ("POST", LOCK_RENEW) => Some("lock_renew"),
-        ("DELETE", LOCKS) => Some("lock_release"),
-        _ => None,
     }
 }
 

@@ -10,13 +10,15 @@ use axum::{
     Json,
 };
 use serde::Serialize;
-use serde_json::{json, value::RawValue};
+use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
-use super::openapi::{self as doc, schemas as body};
+use super::openapi as doc;
 use super::{
     auth::{check, check_table, Named},
     extract::{JsonBody, Proof, ScopeHeader, Token},
     problem::{accepted, ApiError},
+    report::Accepted,
     AppState,
 };
 use crate::{
@@ -94,23 +96,34 @@ async fn guard(
     }
 }
 
-async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, ApiError> {
+// Fields in alphabetical order, as `json!` wrote them.
+
+/// The body of an accepted table write.
+#[derive(Serialize, ToSchema)]
+pub struct RowWritten<'a> {
+    /// A delete's: always true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    deleted: Option<bool>,
+    fence_token: FencingToken,
+    /// The canonical row key (docs/tables.md).
+    key: &'a str,
+    resource: &'a str,
+    /// The scope the write was under (null: the row's own fence).
+    #[schema(value_type = Option<String>, required = true)]
+    scope: Option<&'a Scope>,
+}
+
+async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Accepted<Response>, ApiError> {
     let written = accepted(state.store.table_write(&op, &guard).await?)?;
-    let mut body = json!({
-        "resource": op.resource.name,
-        "key": written.key,
-        "fence_token": guard.token,
-        "scope": guard.scope(),
-    });
-    let status = match op.write {
-        RowWrite::Put(_) if !written.existed => StatusCode::CREATED,
-        RowWrite::Delete => {
-            body["deleted"] = true.into();
-            StatusCode::OK
-        }
-        _ => StatusCode::OK,
+    let (status, deleted) = match op.write {
+        RowWrite::Put(_) if !written.existed => (StatusCode::CREATED, None),
+        RowWrite::Delete => (StatusCode::OK, Some(true)),
+        _ => (StatusCode::OK, None),
     };
-    Ok((status, Json(body)).into_response())
+    let body =
+        RowWritten { deleted, fence_token: guard.token, key: &written.key, resource: &op.resource.name, scope: guard.scope() };
+    Ok(Accepted((status, Json(body)).into_response()))
 }
 
 /// Replaces the row (creating it if absent); columns left out get their default.
@@ -122,8 +135,8 @@ async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Response, 
     params(doc::RowParams, Token, ScopeHeader, Proof),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses(
-        (status = 201, description = "Created", body = body::RowWritten),
-        (status = 200, description = "Replaced", body = body::RowWritten),
+        (status = 201, description = "Created", body = RowWritten),
+        (status = 200, description = "Replaced", body = RowWritten),
         doc::TableWrite
     )
 )]
@@ -135,7 +148,7 @@ pub async fn put(
     scope: ScopeHeader,
     proof: Proof,
     JsonBody(body): JsonBody<RowBody>,
-) -> Result<Response, ApiError> {
+) -> Result<Accepted<Response>, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write }, guard).await
@@ -149,7 +162,7 @@ pub async fn put(
     tag = "tables",
     params(doc::RowParams, Token, ScopeHeader, Proof),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
-    responses((status = 200, description = "Updated", body = body::RowWritten), doc::TableWrite)
+    responses((status = 200, description = "Updated", body = RowWritten), doc::TableWrite)
 )]
 pub async fn patch(
     actor: Actor,
@@ -159,7 +172,7 @@ pub async fn patch(
     scope: ScopeHeader,
     proof: Proof,
     JsonBody(body): JsonBody<RowBody>,
-) -> Result<Response, ApiError> {
+) -> Result<Accepted<Response>, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write }, guard).await
@@ -172,7 +185,7 @@ pub async fn patch(
     path = super::routes::TABLES,
     tag = "tables",
     params(doc::RowParams, Token, ScopeHeader, Proof),
-    responses((status = 200, description = "Deleted", body = body::RowWritten), doc::TableDelete)
+    responses((status = 200, description = "Deleted", body = RowWritten), doc::TableDelete)
 )]
 pub async fn delete(
     actor: Actor,
@@ -181,18 +194,26 @@ pub async fn delete(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
-) -> Result<Response, ApiError> {
+) -> Result<Accepted<Response>, ApiError> {
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
 }
 
-#[derive(Serialize)]
-struct RowResponse<'a> {
+/// The body of a GET.
+#[derive(Serialize, ToSchema)]
+pub struct RowRead<'a> {
     resource: &'a str,
+    /// The canonical row key (docs/tables.md).
     key: &'a str,
-    /// Serialized verbatim: numerics keep every digit PostgreSQL printed.
+    /// The row's columns, as PostgreSQL printed them: serialized verbatim, so numerics keep
+    /// every digit.
+    #[schema(value_type = Object)]
     row: &'a RawValue,
+    /// Null for a row never written through fencegate.
+    #[schema(required = true)]
     fence_token: Option<FencingToken>,
+    /// The row's sticky scope (null: none).
+    #[schema(required = true)]
     scope: Option<&'a str>,
 }
 
@@ -204,7 +225,7 @@ struct RowResponse<'a> {
     summary = "Read a row and its fence",
     params(doc::RowParams),
     responses(
-        (status = 200, description = "The row", body = body::RowRead,
+        (status = 200, description = "The row", body = RowRead,
          headers(("X-Fencing-Token" = String, description = "The row's fence token, when it has one"))),
         doc::TableGet
     )
@@ -221,7 +242,7 @@ pub async fn get(actor: Actor, State(state): State<AppState>, RowPath { resource
             HeaderValue::from_str(&token.to_string()).expect("digits are a valid header value"),
         );
     }
-    let body = RowResponse {
+    let body = RowRead {
         resource: &resource.name,
         key: &entry.key,
         row: &entry.row,

@@ -20,12 +20,34 @@ use crate::{
     http::{app, AppState, Limits},
     slots::Slots,
     store::Store,
+    task::AbortOnDrop,
     telemetry,
 };
 
 /// Opens the configured store (running migrations if configured).
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    Store::open(settings).await
+    Store::open(&store_settings(settings)?).await
+}
+
+/// What the store needs from the configuration (the store does not read it itself).
+fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings> {
+    let db = &settings.database;
+    Ok(crate::store::Settings {
+        url: db.effective_url(),
+        max_connections: db.max_connections,
+        min_connections: db.min_connections,
+        acquire_timeout_ms: db.acquire_timeout_ms,
+        max_lifetime_secs: db.max_lifetime_secs,
+        migrate_on_start: db.migrate_on_start,
+        coalesce_workers: db.coalesce_workers,
+        coalesce_max_rows: db.coalesce_max_rows,
+        schema: db.schema.clone(),
+        lock_timeout_ms: db.lock_timeout_ms,
+        checks: crate::store::Checks { reserved: settings.locks.reserved()?, ..settings.kv.checks() },
+        issuer_scopes: settings.issuers.iter().flat_map(|i| i.scopes.iter().cloned()).collect(),
+        max_scope_bytes: settings.kv.max_key_bytes,
+        fence_cache_capacity: settings.kv.fence_cache_capacity,
+    })
 }
 
 /// Connects, migrates, then serves on `listener` until `shutdown` resolves; requests being
@@ -302,15 +324,6 @@ impl Backoff {
         }
         self.last_log = Some(now);
         (self.wait, Some(std::mem::take(&mut self.unlogged)))
-    }
-}
-
-/// Aborts its task when dropped.
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

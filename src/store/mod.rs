@@ -1,18 +1,32 @@
-//! Storage backends. All SQL lives below this module, with every value bound as a parameter.
+//! Storage: the [`Store`] facade every handler uses, in front of one of two backends. All SQL
+//! lives below this module, with every value bound as a parameter.
 //!
 //! The store does not decide anything about HTTP. It applies a write only if the fence admits it
 //! ([`crate::fence::Rule`], evaluated by the database inside the same statement or transaction
 //! as the write) and reports an [`Outcome`].
+//!
+//! - [`Store`] (here): the reject-only fence cache, database work detached from requests, and
+//!   readiness under pressure, in front of whichever backend is in use;
+//! - `backend`: the `Backend` trait, one part per feature, and the one place the backend in
+//!   use is picked;
+//! - `pg/` (PostgreSQL, production) and `sqlite/` (embedded, the zero-setup default): one
+//!   implementation each, in the same file layout, each owning all of its SQL;
+//! - backend-neutral: the fence rules' SQL spelling (`sql`), the refusal's explanation (here),
+//!   row decoding (`decode`), errors (`errors`), the kv values (`kv`), and the types and pure
+//!   decisions of each feature (`admin`, `overview`, `refusals`, `tables`, `pressure`).
 
+#[macro_use]
+mod backend;
 pub mod admin;
-mod catalog;
+mod decode;
+mod errors;
+mod kv;
 pub mod overview;
-mod pg_tls;
-mod sql;
-mod postgres;
+mod pg;
 mod pressure;
 mod refusals;
-mod replication;
+mod settings;
+mod sql;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -24,29 +38,21 @@ use crate::{
     locks::{Acquired, Held, Ttl},
 };
 
-use postgres::PgStore;
-pub use postgres::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _, TableStore as _};
+pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
+pub use errors::{Cause, StoreError};
+pub use kv::{check_storable, Claimed, Entry, Write, Written};
+pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+pub use settings::Settings;
 pub use sql::Checks;
 pub(crate) use crate::fence::Refusal;
 pub(crate) use sql::SCOPE_STATE;
-use sqlite::SqliteStore;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
-
-/// The backend in use. An enum rather than a trait object: the set is closed and small, and
-/// async methods stay plain `async fn`. Private to the store: every caller goes through
-/// [`Store`], so nothing can bypass the reject-only cache or the detaching of database work.
-#[derive(Clone)]
-enum Backend {
-    Postgres(PgStore),
-    /// The embedded default (no server needed): the same fence rules for kv, batch, fences and
-    /// locks; no coalescing, no legacy tables (see `sqlite`).
-    Sqlite(SqliteStore),
-}
 
 /// The store every handler uses: a backend, plus the reject-only fence cache in front of it.
 #[derive(Clone)]
 pub struct Store {
-    backend: Backend,
+    backend: AnyBackend,
     high_water: Arc<HighWater>,
     /// Writes refused for lack of resources lately (a full disk): readiness says so.
     pressure: Arc<pressure::Pressure>,
@@ -56,21 +62,6 @@ pub struct Store {
     guarded: Arc<std::sync::atomic::AtomicBool>,
     /// What the verdict checks besides the rule (the backends build their SQL from the same).
     checks: Arc<Checks>,
-}
-
-/// Runs `$call` on whichever backend is in use, on its own task (see [`run_detached`]).
-/// Arguments used by `$call` must be owned (cloned) by the caller before the macro.
-macro_rules! detached {
-    ($self:ident, $b:ident => $call:expr) => {{
-        let backend = $self.backend.clone();
-        run_detached(async move {
-            match &backend {
-                Backend::Postgres($b) => $call,
-                Backend::Sqlite($b) => $call,
-            }
-        })
-        .await
-    }};
 }
 
 /// Runs database work to completion on its own task, whatever happens to the request that
@@ -88,193 +79,6 @@ where
     match tokio::spawn(work).await {
         Ok(result) => result,
         Err(err) => Err(StoreError::Task(err.to_string()).into()),
-    }
-}
-
-/// A kv operation inside a batch (or a single write).
-#[derive(Debug, Clone)]
-pub enum Write {
-    Put { key: Key, value: serde_json::Value },
-    Delete { key: Key },
-}
-
-impl Write {
-    pub fn key(&self) -> &Key {
-        match self {
-            Write::Put { key, .. } | Write::Delete { key } => key,
-        }
-    }
-}
-
-/// Refuses JSON values no backend can store: PostgreSQL `jsonb` rejects the NUL character
-/// (`\u0000`) in strings and object keys. Checked before any write, so such a value is a 400
-/// for the client (and identical on every backend), never a database error.
-pub fn check_storable(value: &serde_json::Value) -> Result<(), String> {
-    use serde_json::Value;
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if s.contains('\0') => {
-                return Err("JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into())
-            }
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return Err("JSON object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into());
-                }
-                stack.extend(map.values());
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// The stored state a write produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
-    pub key: Key,
-    /// `false` if the key held a live value before this write.
-    pub was_live: bool,
-    pub version: i64,
-}
-
-/// A live value, as read back.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    pub value: serde_json::Value,
-    pub fence_token: FencingToken,
-    pub scope: Option<String>,
-    pub version: i64,
-    pub updated_at: String,
-}
-
-/// Result of a claim: the scope's fence now equals the presented token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed {
-    pub created: bool,
-}
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached or is overloaded right now; the client may retry.
-    #[error("database unavailable: {0}")]
-    Unavailable(#[source] Cause),
-    /// Anything else: a bug or a broken database. Logged, never sent to clients.
-    #[error("database error: {0}")]
-    Internal(#[source] Cause),
-    #[error("the database holds an invalid value: {0}")]
-    Corrupt(String),
-    /// The database refused a value the request sent (SQLSTATE class 22, a data exception:
-    /// e.g. a JSON number beyond PostgreSQL's numeric range). The client's to fix: 400.
-    #[error("the database cannot store this value: {0}")]
-    Refused(String),
-    /// The task running the database work panicked. Logged, never sent to clients.
-    #[error("database task failed: {0}")]
-    Task(String),
-    /// The database refused a write for a reason that no longer holds when the refusal is
-    /// explained: a concurrent change (a lock grant, a fence raised) landed between the
-    /// statement's snapshot and the explanation. Nothing was written; a retry with the same
-    /// token is safe and may now succeed (503).
-    #[error("the write raced a concurrent change: {0}")]
-    Raced(String),
-    /// The database cannot take writes yet, for a reason fencegate states itself (never a
-    /// driver's text): a standby, migrations owed. 503; the detail is sent.
-    #[error("not ready: {0}")]
-    NotReady(String),
-}
-
-/// What lies under an unavailable or internal [`StoreError`]: the database driver's error,
-/// shared (a coalesced statement's failure is the failure of every write that waited on it, so
-/// each gets the whole error, not a copy of its text), or fencegate's own account of it.
-#[derive(Debug, Clone)]
-pub enum Cause {
-    Database(Arc<sqlx::Error>),
-    Said(std::borrow::Cow<'static, str>),
-}
-
-impl Cause {
-    /// Whether the database itself answered with an error (rather than the connection or the
-    /// pool failing): the statement was refused, so nothing of it was committed.
-    pub fn is_database_refusal(&self) -> bool {
-        matches!(self, Cause::Database(err) if matches!(**err, sqlx::Error::Database(_)))
-    }
-}
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Cause::Database(err) => err.fmt(f),
-            Cause::Said(text) => f.write_str(text),
-        }
-    }
-}
-
-impl std::error::Error for Cause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Cause::Database(err) => Some(&**err),
-            Cause::Said(_) => None,
-        }
-    }
-}
-
-impl StoreError {
-    /// Unavailable, in fencegate's words (the pool is closed, a worker is gone, ...).
-    pub fn unavailable(why: impl Into<std::borrow::Cow<'static, str>>) -> StoreError {
-        StoreError::Unavailable(Cause::Said(why.into()))
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(err: sqlx::Error) -> Self {
-        if is_transient(&err) {
-            return StoreError::Unavailable(Cause::Database(Arc::new(err)));
-        }
-        match &err {
-            sqlx::Error::Database(db) if db.code().is_some_and(|code| code.starts_with("22")) => {
-                StoreError::Refused(db.message().to_owned())
-            }
-            // 42P01: a table fencegate needs does not exist. One of its own: the database is not
-            // migrated (a standby of an unmigrated primary, before its promotion). A legacy table
-            // of [[resources]]: dropped or renamed under a running server. Not a bug of fencegate's
-            // and nothing was written: 503, and PostgreSQL's message names the table.
-            sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => StoreError::NotReady(format!(
-                "{}: if it is one of fencegate's own tables, the database is not migrated yet (`fencegate migrate`, \
-                 or wait for the standby to be promoted); if it is a legacy table of [[resources]], it was dropped or \
-                 renamed after fencegate started (restore it, or change the configuration and restart)",
-                db.message()
-            )),
-            _ => StoreError::Internal(Cause::Database(Arc::new(err))),
-        }
-    }
-}
-
-/// Errors after which the same request can succeed later: the connection or server went away,
-/// the pool is exhausted, or PostgreSQL asked us to retry.
-fn is_transient(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // 08: connection exception; 40001 serialization failure; 40P01 deadlock;
-            // 53: insufficient resources; 57P01-03: admin/crash shutdown, cannot connect now;
-            // 3D000: the database does not exist (dropped or not yet created: an outage).
-            // 25006: read-only transaction: the server is a standby now (a failover is under
-            // way, or the URL routes to a standby); the write was not applied.
-            code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")
-                || code == "40001" || code == "40P01" || code == "3D000" || code == "25006"
-                // 55P03: lock_timeout (database.lock_timeout_ms) passed waiting for a row lock,
-                // e.g. a fence held by a SQL writer's open transaction; nothing was written.
-                || code == "55P03"
-                // SQLite: SQLITE_BUSY, SQLITE_LOCKED and their extended codes.
-                || matches!(code.as_ref(), "5" | "6" | "261" | "517" | "262")
-        }),
-        _ => false,
     }
 }
 
@@ -333,12 +137,6 @@ pub(crate) fn raced(token: FencingToken, scope: Option<&Scope>, things: usize) -
     )
 }
 
-type ScopeState = (Option<FencingToken>, Option<FencingToken>);
-
-pub(crate) fn scope_state_from((fence, latest): (Option<i64>, Option<i64>)) -> Result<ScopeState, StoreError> {
-    Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
-}
-
 /// Ready as far as the schema goes: every migration this binary knows (`migrator`) is applied.
 fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), StoreError> {
     let known = migrator.iter().count() as i64;
@@ -348,23 +146,6 @@ fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), Stor
     Ok(())
 }
 
-/// A [`Holder`](crate::locks::Holder) from a row of either backend's holder query: owner, the
-/// lease's remaining milliseconds, token, actor.
-pub(crate) fn holder_from<R>(row: &R) -> Result<crate::locks::Holder, StoreError>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok(crate::locks::Holder {
-        owner: row.try_get(0)?,
-        remaining_ms: row.try_get(1)?,
-        token: token_from_db(row.try_get(2)?)?,
-        actor: row.try_get(3)?,
-    })
-}
-
 /// A grant over a lease that lapsed without a release (both backends call this once the grant
 /// is decided; it is committed with the acquire or not at all, which a metric can ignore).
 pub(crate) fn count_takeover() {
@@ -372,29 +153,21 @@ pub(crate) fn count_takeover() {
     metrics::counter!("fencegate_lease_expiries_total").increment(1);
 }
 
-pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
-    FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
-}
-
 impl Store {
     /// Opens the configured database (running migrations if configured): PostgreSQL when a
     /// URL is set, else the embedded SQLite file.
-    pub async fn open(settings: &crate::config::Settings) -> anyhow::Result<Self> {
-        let url = settings.database.effective_url();
-        let checks = Checks { reserved: settings.locks.reserved()?, ..settings.kv.checks() };
-        let backend = if settings.database.is_sqlite() {
+    pub async fn open(settings: &Settings) -> anyhow::Result<Self> {
+        let backend = if settings.is_sqlite() {
+            let url = &settings.url;
             tracing::info!(%url, "using the embedded SQLite database (set DATABASE_URL for PostgreSQL)");
-            Backend::Sqlite(SqliteStore::connect(&settings.database, &url, checks.clone()).await?)
+            AnyBackend::Sqlite(sqlite::SqliteStore::open(settings).await?)
         } else {
-            let pg = PgStore::connect(&settings.database, &url, checks.clone()).await?;
-            let issuer_scopes: Vec<String> = settings.issuers.iter().flat_map(|i| i.scopes.iter().cloned()).collect();
-            postgres::sql_fence::sync_guards(&pg.pool, &checks, &issuer_scopes, settings.kv.max_key_bytes).await?;
-            Backend::Postgres(pg)
+            AnyBackend::Postgres(pg::PgStore::open(settings).await?)
         };
         Ok(Store {
-            checks: Arc::new(checks),
+            checks: Arc::new(settings.checks.clone()),
             backend,
-            high_water: Arc::new(HighWater::new(settings.kv.fence_cache_capacity)),
+            high_water: Arc::new(HighWater::new(settings.fence_cache_capacity)),
             pressure: Arc::default(),
             overview: Arc::default(),
             guarded: Arc::default(),
@@ -410,6 +183,18 @@ impl Store {
         detached!(self, b => b.ready().await)
     }
 
+    /// For as long as `serve` runs: migrations owed since a start against a standby, and
+    /// warnings about replication (`pg/replication.rs`; SQLite has nothing to watch).
+    pub async fn watch_replication(self) {
+        on_backend!(self.backend, b => b.watch_replication().await)
+    }
+
+    /// `serve` started against a standby and has not migrated since (`fencegate migrate`
+    /// refuses to report success then).
+    pub fn awaits_primary(&self) -> bool {
+        on_backend!(&self.backend, b => b.awaits_primary())
+    }
+
     /// A fenced single-key write. The cache may refuse it outright; otherwise the database
     /// decides, and what it reports raises the cache.
     /// Takes the write by value: it moves onto the database task (and into the coalescer)
@@ -421,15 +206,15 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        let outcome = match &self.backend {
-            // A coalesced write needs no task of its own: the coalescer's worker owns the
-            // statement (and any transaction) and finishes it whether or not this request is
-            // still waiting. Skipping the extra task saves a cross-thread hop per write.
-            Backend::Postgres(pg) if pg.coalesces() => pg.write(write, guard).await,
-            _ => {
-                let owned_guard = guard.clone();
-                detached!(self, b => b.write(write, &owned_guard).await)
-            }
+        // A write run by a backend's worker (PostgreSQL's coalescer) needs no task of its own:
+        // the worker owns the statement (and any transaction) and finishes it whether or not
+        // this request is still waiting. Skipping the extra task saves a cross-thread hop per
+        // write.
+        let outcome = if on_backend!(&self.backend, b => b.writes_on_workers()) {
+            on_backend!(&self.backend, b => b.write(write, guard).await)
+        } else {
+            let owned_guard = guard.clone();
+            detached!(self, b => b.write(write, &owned_guard).await)
         };
         self.pressure.observe(&outcome);
         let outcome = outcome?;
@@ -497,14 +282,12 @@ impl Store {
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        match &self.backend {
-            // Like coalesced writes: a read worker owns the statement, no task of our own.
-            Backend::Postgres(pg) if pg.coalesces_reads() => pg.get(key).await,
-            _ => {
-                let key = key.clone();
-                detached!(self, b => b.get(&key).await)
-            }
+        // Like writes: a read worker owns the statement, no task of our own.
+        if on_backend!(&self.backend, b => b.reads_on_workers()) {
+            return on_backend!(&self.backend, b => b.get(key).await);
         }
+        let key = key.clone();
+        detached!(self, b => b.get(&key).await)
     }
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
@@ -568,15 +351,14 @@ impl Store {
         detached!(self, b => b.holder(&name).await)
     }
 
-    /// (open, idle) connections, for the pool gauges.
     /// `fencegate_unfenced_writes_total{resource}`: what guarded tables' triggers counted in
     /// audit mode (across every process: the counts are in the database). Nothing to do, and
     /// no query, without a guarded table.
     pub async fn record_unfenced(&self) {
-        let (true, Backend::Postgres(pg)) = (self.guarded.load(std::sync::atomic::Ordering::Relaxed), &self.backend) else {
+        if !self.guarded.load(std::sync::atomic::Ordering::Relaxed) {
             return;
-        };
-        match postgres::sql_fence::unfenced_writes(&pg.pool).await {
+        }
+        match on_backend!(&self.backend, b => b.unfenced_writes().await) {
             Ok(counts) => {
                 for (resource, writes) in counts {
                     metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource).absolute(writes as u64);
@@ -586,64 +368,13 @@ impl Store {
         }
     }
 
-    /// Gives idle database connections' buffers back (PostgreSQL; once a second, by the tick).
+    /// Gives idle database connections' buffers back (once a second, by the tick).
     pub fn shrink_idle_connections(&self) {
-        if let Backend::Postgres(pg) = &self.backend {
-            pg.conns.shrink_idle();
-        }
+        on_backend!(&self.backend, b => b.shrink_idle_connections())
     }
 
+    /// (open, idle) connections, for the pool gauges.
     pub fn pool_stats(&self) -> (u32, usize) {
-        match &self.backend {
-            Backend::Postgres(b) => b.pool_stats(),
-            Backend::Sqlite(b) => b.pool_stats(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_storable;
-    use proptest::prelude::*;
-    use serde_json::{json, Value};
-
-    fn json_value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            ".{0,8}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::btree_map(".{0,4}", inner, 0..4)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    fn has_nul(v: &Value) -> bool {
-        match v {
-            Value::String(s) => s.contains('\0'),
-            Value::Array(a) => a.iter().any(has_nul),
-            Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-            _ => false,
-        }
-    }
-
-    proptest! {
-        /// Fuzz: any JSON value is refused exactly when a string or key holds a NUL.
-        #[test]
-        fn storable_iff_no_nul(v in json_value()) {
-            prop_assert_eq!(check_storable(&v).is_ok(), !has_nul(&v));
-        }
-    }
-
-    #[test]
-    fn nul_deep_inside_is_found() {
-        assert!(check_storable(&json!({"a": [1, {"b": "x\u{0}"}]})).is_err());
-        assert!(check_storable(&json!({"a\u{0}": 1})).is_err());
-        assert!(check_storable(&json!({"a": ["fine", 1, null]})).is_ok());
+        on_backend!(&self.backend, b => b.pool_stats())
     }
 }

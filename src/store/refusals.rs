@@ -5,12 +5,15 @@
 //! Written off the request path: the refusal is queued (`events::Events::record_to`) and a
 //! task of the store writes what is queued in one transaction at a time, so a flood of stale
 //! writes costs the database one insert per refusal at most, never a round trip per request.
+//!
+//! The statements are in `pg/refusals.rs` and `sqlite/refusals.rs`; a record is read back as
+//! JSON by `decode::refusal_json`.
 
 use std::{sync::Arc, time::Duration};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{Store, StoreError};
+use super::{backend::RefusalStore as _, Store, StoreError};
 use crate::events::{Event, What};
 
 /// Refusals kept: the newest this many ...
@@ -21,24 +24,6 @@ pub const KEPT_DAYS: i64 = 7;
 const BATCH: usize = 256;
 /// How often the old ones are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
-const INSERT: &str = "INSERT INTO fencegate_refusals
-    (uid, kind, op, route, key, resource, scope, presented_scope, presented_token, current_token, keys, actor, request_id, detail)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
-
-/// `AT_TEXT` and `AT_MS`: the backend's spelling of `at` as RFC 3339 text and as milliseconds.
-const SELECT: &str = "SELECT id, AT_TEXT, uid, kind, op, route, key, resource, scope, presented_scope, presented_token,
-    current_token, keys, actor, request_id, detail, AT_MS FROM fencegate_refusals ORDER BY id DESC LIMIT $1";
-
-pub(super) fn select_pg() -> String {
-    SELECT
-        .replace("AT_TEXT", "to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
-        .replace("AT_MS", "(extract(epoch FROM at) * 1000)::int8")
-}
-
-pub(super) fn select_sqlite() -> String {
-    SELECT.replace("AT_TEXT", "at").replace("AT_MS", "CAST(round((julianday(at) - 2440587.5) * 86400000) AS INTEGER)")
-}
 
 impl Store {
     /// Writes the refusals `queue` brings, until it closes. Failures are logged and the batch
@@ -52,15 +37,8 @@ impl Store {
         let mut batch = Vec::with_capacity(BATCH);
         while queue.recv_many(&mut batch, BATCH).await > 0 {
             since_prune += batch.len() as i64;
-            let backend = self.backend.clone();
             let events = std::mem::take(&mut batch);
-            let written = super::run_detached(async move {
-                match &backend {
-                    super::Backend::Postgres(pg) => pg.insert_refusals(&events).await,
-                    super::Backend::Sqlite(db) => db.insert_refusals(&events).await,
-                }
-            })
-            .await;
+            let written = detached!(self, b => b.insert_refusals(&events).await);
             if let Err(err) = written {
                 tracing::warn!(error = %err, "refused writes could not be recorded in the database");
             }
@@ -75,31 +53,20 @@ impl Store {
     }
 
     async fn prune_refusals(&self) -> Result<(), StoreError> {
-        let backend = self.backend.clone();
-        super::run_detached(async move {
-            match &backend {
-                super::Backend::Postgres(pg) => pg.prune_refusals().await,
-                super::Backend::Sqlite(db) => db.prune_refusals().await,
-            }
-        })
-        .await
+        detached!(self, b => b.prune_refusals().await)
     }
 
     /// The newest refusals first, at most `limit`, as `GET /v1/admin/refusals` shows them.
     pub async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
-        let backend = self.backend.clone();
-        super::run_detached(async move {
-            match &backend {
-                super::Backend::Postgres(pg) => pg.refusals(limit).await,
-                super::Backend::Sqlite(db) => db.refusals(limit).await,
-            }
-        })
-        .await
+        detached!(self, b => b.refusals(limit).await)
     }
 }
 
-/// One queued event's insert (events that are not refusals are never queued).
-fn bind<'q, DB: sqlx::Database>(
+/// Binds one queued event to a backend's insert of a refusal record, whose parameters are,
+/// in order: `$1` uid, `$2` kind, `$3` op, `$4` route, `$5` key, `$6` resource, `$7` scope,
+/// `$8` presented_scope, `$9` presented_token, `$10` current_token, `$11` keys, `$12` actor,
+/// `$13` request_id, `$14` detail. `None` for an event that is not a refusal (never queued).
+pub(in crate::store) fn bind<'q, DB: sqlx::Database>(
     query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
     event: &'q Event,
 ) -> Option<sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>>
@@ -128,120 +95,4 @@ where
             .bind(r.request_id.as_str())
             .bind(r.detail.as_deref()),
     )
-}
-
-/// A row of [`SELECT`] as JSON: the live event's fields, plus `at` (the database's clock) and
-/// the record's `id`. Tokens as strings, as everywhere.
-pub(super) fn refusal_json<'r, R: sqlx::Row>(row: &'r R) -> Result<Value, StoreError>
-where
-    usize: sqlx::ColumnIndex<R>,
-    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let token = |v: Option<i64>| v.map(|t| t.to_string());
-    let kind: String = row.try_get(3)?;
-    let mut value = json!({
-        "type": "refusal",
-        "id": row.try_get::<i64, _>(0)?,
-        "at": row.try_get::<String, _>(1)?,
-        "uid": row.try_get::<String, _>(2)?,
-        "kind": kind,
-        "op": row.try_get::<String, _>(4)?,
-        "route": row.try_get::<Option<String>, _>(5)?,
-        "key": row.try_get::<Option<String>, _>(6)?,
-        "resource": row.try_get::<Option<String>, _>(7)?,
-        "scope": row.try_get::<Option<String>, _>(8)?,
-        "presented_token": token(row.try_get(10)?),
-        "current_token": token(row.try_get(11)?),
-        "keys": row.try_get::<i64, _>(12)?,
-        "actor": row.try_get::<Option<String>, _>(13)?,
-        "request_id": row.try_get::<Option<String>, _>(14)?,
-        "detail": row.try_get::<Option<String>, _>(15)?,
-        "at_ms": row.try_get::<i64, _>(16)?,
-    });
-    if kind == "scope_mismatch" {
-        value["presented_scope"] = json!(row.try_get::<Option<String>, _>(9)?);
-    }
-    Ok(value)
-}
-
-mod pg {
-    use sqlx::Connection;
-
-    use super::*;
-    use crate::store::postgres::PgStore;
-
-    impl PgStore {
-        pub(crate) async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError> {
-            let mut conn = self.conns.take().await?;
-            let mut tx = conn.begin().await?;
-            for event in events {
-                if let Some(query) = bind(sqlx::query(INSERT), event) {
-                    query.execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await?;
-            conn.done();
-            Ok(())
-        }
-
-        pub(crate) async fn prune_refusals(&self) -> Result<(), StoreError> {
-            let mut conn = self.conns.take().await?;
-            sqlx::query(
-                "DELETE FROM fencegate_refusals
-                 WHERE at < now() - $1 * interval '1 day' OR id <= (SELECT max(id) FROM fencegate_refusals) - $2",
-            )
-            .bind(KEPT_DAYS)
-            .bind(KEPT)
-            .execute(&mut *conn)
-            .await?;
-            conn.done();
-            Ok(())
-        }
-
-        pub(crate) async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
-            let mut conn = self.conns.take().await?;
-            let rows = sqlx::query(&select_pg()).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
-            conn.done();
-            rows.iter().map(refusal_json).collect()
-        }
-    }
-}
-
-mod sqlite {
-    use super::*;
-    use crate::store::sqlite::SqliteStore;
-
-    impl SqliteStore {
-        pub(crate) async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError> {
-            let mut tx = self.pool.begin().await?;
-            for event in events {
-                if let Some(query) = bind(sqlx::query(INSERT), event) {
-                    query.execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await?;
-            Ok(())
-        }
-
-        pub(crate) async fn prune_refusals(&self) -> Result<(), StoreError> {
-            sqlx::query(
-                "DELETE FROM fencegate_refusals
-                 WHERE at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || $1 || ' days')
-                    OR id <= (SELECT max(id) FROM fencegate_refusals) - $2",
-            )
-            .bind(KEPT_DAYS)
-            .bind(KEPT)
-            .execute(&self.pool)
-            .await?;
-            Ok(())
-        }
-
-        pub(crate) async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
-            let rows = sqlx::query(&select_sqlite()).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-            rows.iter().map(refusal_json).collect()
-        }
-    }
 }

@@ -1,8 +1,8 @@
 //! The SQL spelling of the fence rules, shared by both backends: the accept rule, the scope
 //! rule and the poisoning guards, each turned into SQL in exactly one place. Every fenced
-//! statement of either dialect is assembled from these (PostgreSQL: `postgres::sql`; SQLite:
-//! `sqlite`); `IS NOT DISTINCT FROM`, scalar subqueries and `$n` parameters mean the same on
-//! both.
+//! statement of either dialect is assembled from these (PostgreSQL: `pg/sql.rs` and
+//! `pg/tables/sql.rs`; SQLite: `sqlite/sql.rs`); `IS NOT DISTINCT FROM`, scalar subqueries and
+//! `$n` parameters mean the same on both.
 
 pub use crate::fence::Checks;
 use crate::fence::{JumpCap, Reserved, Rule, ScopeRule};
@@ -85,9 +85,11 @@ fn sql_reserved(reserved: &Reserved, scope: &str) -> String {
 /// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
 /// or a scalar subquery; NULL: no fence, counted as 0) by more than the cap. Both operands are
 /// non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
-/// validated configuration, never request text. Each statement checks it twice: in the row it
-/// inserts (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as locked,
-/// since an admin reset may lower a fence after the snapshot was taken.
+/// validated configuration, never request text. PostgreSQL's statements check it twice: in the
+/// row they insert (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as
+/// locked, since an admin reset may lower a fence after the snapshot was taken (`pg/sql.rs`).
+/// SQLite's check it once, in the row to insert: there a writing statement reads under the
+/// database's one write lock, so its snapshot is the row as locked (`sqlite/sql.rs`).
 pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
     match jump {
         JumpCap(0) => "TRUE".to_owned(),

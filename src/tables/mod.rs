@@ -2,7 +2,7 @@
 //!
 //! This module holds what a resource *is* (its validated description, its URL key form, what a
 //! request body may contain) and knows no SQL and no HTTP. The catalog checks and the fenced
-//! statements are in `store::catalog` and `store::tables`; the routes in `http::tables`.
+//! statements are in `store/pg/catalog.rs` and `store/pg/tables/`; the routes in `http::tables`.
 //! See docs/tables.md for the contract.
 
 mod key;

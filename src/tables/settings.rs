@@ -2,7 +2,7 @@
 //!
 //! Only what can be checked without a database is checked here (names, shapes, combinations);
 //! whether the table, its key and its fence column really exist is checked against the catalog
-//! at start-up (`store::catalog`), and either way a bad resource stops start-up with a message
+//! at start-up (`store/pg/catalog.rs`), and either way a bad resource stops start-up with a message
 //! that names it.
 
 use anyhow::bail;

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use sqlx::{Connection, Executor, PgConnection};
 
-use fencegate::config::redact_url;
+use fencegate::redact::redact_url;
 
 use crate::db_url::with_database;
 use crate::support_pg;

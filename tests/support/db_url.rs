@@ -1,6 +1,6 @@
 //! Database URLs (`postgres://user:password@host:port/db?query`) taken apart and put back
 //! together: one copy for the test binaries (`#[path]`-included as `db_url`) and bench/load.
-//! Printing a URL goes through `fencegate::config::redact_url`, the server's own redaction.
+//! Printing a URL goes through `fencegate::redact::redact_url`, the server's own redaction.
 #![allow(dead_code)] // each user needs a different part
 
 /// Replaces the database name (path) of a `postgres://` URL, keeping any query string.

@@ -4,11 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Connection;
 
-use super::{explain::check_token_fits, rows::{fence_row, write_row}, strictest, BatchOp, BatchWritten, RowWritten, TableError};
+use super::{explain::check_token_fits, rows::{fence_row, write_row}, strictest};
 use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
-        postgres::PgStore, Refusal, StoreError,
+        pg::PgStore, BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
     },
     tables::{RowWrite, TableOp},
 };
@@ -19,7 +19,7 @@ impl PgStore {
     /// Lock order, the same in every batch so batches cannot deadlock each other: the scope,
     /// then kv keys (sorted), then ledger rows sorted by (table, key); row writes then follow in
     /// request order (so a parent row can be inserted before its children).
-    pub async fn batch_tables(&self, batch: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+    pub(super) async fn apply_batch(&self, batch: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
         let (token, scope, kv_rule) = (guard.token, guard.scope(), guard.rule);
         let mut kv = Vec::new();
         // Table ops with their index in the request, for error messages.

@@ -66,7 +66,7 @@ fn param(url: &url::Url, names: &[&'static str], env: &'static str) -> Option<(&
 /// Connect options for `url` (see the module documentation) and the TLS settings they carry.
 /// Fails, naming the parameter and the file, when a TLS file cannot be used.
 pub fn options(url: &str) -> anyhow::Result<(PgConnectOptions, PgTls)> {
-    let shown_url = crate::config::redact_url(url);
+    let shown_url = crate::redact::redact_url(url);
     let mut parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("invalid database URL {shown_url}: {e}"))?;
 
     let mode_param = param(&parsed, &["sslmode", "ssl-mode"], "PGSSLMODE");

@@ -1,5 +1,11 @@
 //! Fenced kv writes (single, coalesced, batched), scope claims and reads, and why a refused
 //! write was refused.
+//!
+//! Differences from SQLite (`sqlite/kv.rs`), and why: a scoped write is one statement (the
+//! scope's claim is a data-modifying CTE, which SQLite lacks: there it is a transaction of two);
+//! concurrent writes and reads are combined into shared statements (`coalesce`, `reads`), which
+//! SQLite's single connection and single writer would gain nothing from; and a refusal is
+//! explained by reads that other writers may overtake (see `refusal`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -12,42 +18,27 @@ use super::{
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
-        explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
+        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
         Written, SCOPE_STATE,
     },
 };
 
-impl PgStore {
-
-    /// Raises `scope`'s fence to `token` inside the caller's transaction (or as an autocommit
-    /// statement) if `rule` and the poisoning guards admit it: `Ok(Some(version))`; else the
-    /// refusal, explained from what the same connection reads next.
-    pub(in crate::store) async fn claim_scope(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        scope: &Scope,
-        token: FencingToken,
-        rule: Rule,
-    ) -> Result<Result<i64, Refusal>, StoreError> {
-        let claimed: Option<i64> = sqlx::query_scalar(&self.statements(rule).claim)
-            .bind(scope.as_str())
-            .bind(token.get())
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(version) = claimed {
-            return Ok(Ok(version));
-        }
-        let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
-        let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
-        let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
-        explain_refusal(&[], &seen, &guard, &self.checks).map(Err)
+impl KvStore for PgStore {
+    /// With coalescing on (`database.coalesce_workers > 0`), a coalescer worker runs every
+    /// write's statement (see `write`).
+    fn writes_on_workers(&self) -> bool {
+        self.coalescer.is_some()
     }
 
+    /// Likewise, the coalescing reader runs every read's statement.
+    fn reads_on_workers(&self) -> bool {
+        self.reads.is_some()
+    }
 
     /// Applies one fenced write. Coalesced writes may run on the request's task (the
     /// statement runs on a coalescer worker; only the refusal's explanation, a plain read,
     /// runs here); every other path must run detached (`Store` does both).
-    pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
+    async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let (key, value) = match write {
             Write::Put { key, value } => (key, Some(value)),
             Write::Delete { key } => (key, None),
@@ -83,7 +74,7 @@ impl PgStore {
         }
     }
 
-    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+    async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let outcome = self.batch_in(&mut tx, writes, guard).await?;
@@ -98,9 +89,73 @@ impl PgStore {
         }
     }
 
+    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        if let Some(reads) = &self.reads {
+            return reads.get(key.clone()).await;
+        }
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
+        conn.done();
+        row.map(|row| entry_from(&row, 0)).transpose()
+    }
+
+    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
+    async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let claimed = self.claim_scope(&mut conn, scope, token, Rule::Inclusive).await?;
+        conn.done();
+        Ok(match claimed {
+            Ok(version) => Outcome::Accepted(Claimed { created: version == 1 }),
+            Err(refusal) => refusal.outcome(),
+        })
+    }
+
+    async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let current: Option<i64> = sqlx::query_scalar(sql::FENCE)
+            .bind(scope.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.done();
+        current.map(token_from_db).transpose()
+    }
+
+    async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let state = scope_state(&mut conn, scope).await?;
+        conn.done();
+        Ok(state)
+    }
+}
+
+impl PgStore {
+    /// Raises `scope`'s fence to `token` inside the caller's transaction (or as an autocommit
+    /// statement) if `rule` and the poisoning guards admit it: `Ok(Some(version))`; else the
+    /// refusal, explained from what the same connection reads next.
+    pub(super) async fn claim_scope(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        scope: &Scope,
+        token: FencingToken,
+        rule: Rule,
+    ) -> Result<Result<i64, Refusal>, StoreError> {
+        let claimed: Option<i64> = sqlx::query_scalar(&self.statements(rule).claim)
+            .bind(scope.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(version) = claimed {
+            return Ok(Ok(version));
+        }
+        let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
+        let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
+        let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
+        explain_refusal(&[], &seen, &guard, &self.checks).map(Err)
+    }
+
     /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
-    /// tables, see `store::tables`). `Err` lists the refused keys: nothing may then be committed.
-    pub(in crate::store) async fn batch_in(
+    /// tables, see `tables`). `Err` lists the refused keys: nothing may then be committed.
+    pub(super) async fn batch_in(
         &self,
         tx: &mut sqlx::PgConnection,
         writes: &[Write],
@@ -171,8 +226,11 @@ impl PgStore {
     }
 
     /// Explains a refusal: reads the refused keys (their scope and own fence) and, for a scoped
-    /// write, the scope's fence, and lets [`explain_refusal`] decide.
-    pub(in crate::store) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
+    /// write, the scope's fence, and lets [`explain_refusal`] decide. The reads come after the
+    /// refused statement, on any connection, so a concurrent change may land in between:
+    /// `explain_refusal` then answers that the write raced it (503, retry). On SQLite nothing
+    /// can land in between (one connection).
+    pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
         let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
         let mut conn = self.conns.take().await?;
         let rows = sqlx::query(sql::KV_REFUSED)
@@ -192,57 +250,11 @@ impl PgStore {
         }
         explain_refusal(keys, &seen, guard, &self.checks)
     }
-
-    /// A scope's fence and the latest token granted by the built-in lock of that name.
-    pub(in crate::store) async fn scope_state(&self, scope: &Scope) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
-        let mut conn = self.conns.take().await?;
-        let state = scope_state(&mut conn, scope).await?;
-        conn.done();
-        Ok(state)
-    }
-
-    /// Whether reads go through the coalescing reader (`database.coalesce_workers > 0`). Such a
-    /// read is safe to run on the request's own task: a worker owns the statement.
-    pub(in crate::store) fn coalesces_reads(&self) -> bool {
-        self.reads.is_some()
-    }
-
-    pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        if let Some(reads) = &self.reads {
-            return reads.get(key.clone()).await;
-        }
-        let mut conn = self.conns.take().await?;
-        let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
-        conn.done();
-        row.map(|row| entry_from(&row, 0)).transpose()
-    }
-
-    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let claimed = self.claim_scope(&mut conn, scope, token, Rule::Inclusive).await?;
-        conn.done();
-        Ok(match claimed {
-            Ok(version) => Outcome::Accepted(Claimed { created: version == 1 }),
-            Err(refusal) => refusal.outcome(),
-        })
-    }
-
-    pub async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let current: Option<i64> = sqlx::query_scalar(sql::FENCE)
-            .bind(scope.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-        conn.done();
-        current.map(token_from_db).transpose()
-    }
 }
-
 
 /// A scope's fence and the latest token granted by the built-in lock of that name, if any:
 /// what explains a refused claim.
-pub(in crate::store) async fn scope_state(
+pub(super) async fn scope_state(
     conn: &mut sqlx::PgConnection,
     scope: &Scope,
 ) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {

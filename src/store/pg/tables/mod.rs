@@ -1,4 +1,5 @@
-//! Fenced writes to legacy PostgreSQL tables (`/v1/tables`), without touching their schema.
+//! Fenced writes to legacy PostgreSQL tables (`/v1/tables`), without touching their schema
+//! (what a request gets back, and the facade's methods: `store::tables`).
 //!
 //! One transaction per request (or per batch), in this order:
 //! 1. the key is parsed and printed canonically by PostgreSQL (before anything is locked);
@@ -20,8 +21,6 @@ mod keys;
 mod rows;
 mod sql;
 
-use std::sync::Arc;
-
 use serde_json::value::RawValue;
 use sqlx::{Connection, Row};
 
@@ -30,119 +29,17 @@ use self::{
     rows::{fence_row, write_row},
     sql::Sql,
 };
-use super::{catalog, postgres::PgStore, run_detached, token_from_db, Backend, Store, StoreError, Write, Written};
+use super::{catalog, sql_fence, PgStore};
 use crate::{
     fence::{FencingToken, Guard, Outcome, Rule},
-    tables::{Resource, ResourceSettings, Resources, RowError, RowKey, RowWrite, TableOp},
+    store::{
+        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, StoreError, TableError,
+    },
+    tables::{Resource, ResourceSettings, Resources, RowKey, RowWrite, TableOp},
 };
 
 /// A canonical key longer than this is refused: it is a btree index key in the ledger.
 pub(super) const MAX_CANONICAL_KEY: usize = 2048;
-
-/// What a write did to one row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RowWritten {
-    /// The canonical key (docs/tables.md).
-    pub key: String,
-    /// The row existed just before this write.
-    pub existed: bool,
-}
-
-/// A row as read back.
-#[derive(Debug)]
-pub struct RowEntry {
-    pub key: String,
-    /// The row as PostgreSQL's `to_jsonb` prints it (numbers keep their precision).
-    pub row: Box<RawValue>,
-    /// The token of the last write fencegate accepted for the row (column mode: the fence
-    /// column), if any.
-    pub fence_token: Option<FencingToken>,
-    pub scope: Option<String>,
-}
-
-/// One op of a batch that writes legacy tables (and maybe kv keys).
-#[derive(Debug, Clone)]
-pub enum BatchOp {
-    Kv(Write),
-    Row(TableOp),
-}
-
-/// The results of such a batch: the kv part (as for a kv-only batch) and one entry per table
-/// op, in request order.
-pub type BatchWritten = (Vec<Written>, Vec<RowWritten>);
-
-/// A failed table request: the client's fault (400/404/422) or the store's.
-#[derive(Debug, thiserror::Error)]
-pub enum TableError {
-    #[error(transparent)]
-    Row(#[from] RowError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Legacy tables are PostgreSQL tables: other backends refuse `[[resources]]` at start-up, so
-/// no table request can reach them.
-fn not_postgres() -> TableError {
-    TableError::Store(StoreError::Corrupt("legacy tables need the PostgreSQL store".into()))
-}
-
-impl Store {
-    /// Validates `[[resources]]` against the catalog; a bad resource fails start-up.
-    pub async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
-        if settings.is_empty() {
-            return Ok(Resources::default());
-        }
-        match &self.backend {
-            Backend::Postgres(pg) => {
-                let resources = catalog::load(&pg.pool, pg.schema(), settings).await?;
-                let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
-                crate::store::postgres::sql_fence::install_guards(&pg.pool, &all).await?;
-                if all.iter().any(|r| r.guard.is_some()) {
-                    self.guarded.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                Ok(resources)
-            }
-            _ => anyhow::bail!(
-                "invalid resource: {}: legacy tables need PostgreSQL; set DATABASE_URL / --database-url",
-                settings[0].label(0)
-            ),
-        }
-    }
-
-    pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
-        let pg = self.postgres()?;
-        let (op, guard) = (op.clone(), guard.clone());
-        let written = run_detached(async move { pg.table_write(&op, &guard).await }).await;
-        self.pressure.observe(&written);
-        written
-    }
-
-    /// Applies every kv write and table op or none, under one token. A refused row names
-    /// its op as `ops[i]`, `i` counting all ops.
-    /// `guard`: the batch's token, its scope if any, and the kv rule (each table op follows its
-    /// resource's rule; a scope is claimed under the strictest rule of the ops it guards).
-    pub async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
-        let pg = self.postgres()?;
-        let (ops, guard) = (ops.to_vec(), guard.clone());
-        let written = run_detached(async move { pg.batch_tables(&ops, &guard).await }).await;
-        self.pressure.observe(&written);
-        written
-    }
-
-    pub async fn table_get(&self, resource: &Arc<Resource>, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
-        let pg = self.postgres()?;
-        let (resource, key) = (resource.clone(), key.clone());
-        run_detached(async move { pg.table_get(&resource, &key).await }).await
-    }
-
-    fn postgres(&self) -> Result<PgStore, TableError> {
-        match &self.backend {
-            Backend::Postgres(pg) => Ok(pg.clone()),
-            _ => Err(not_postgres()),
-        }
-    }
-}
-
 
 /// The most demanding rule among those given: a scope shared by several resources is claimed
 /// once, so it must satisfy each of them.
@@ -150,9 +47,16 @@ fn strictest(rules: impl IntoIterator<Item = Rule>) -> Rule {
     if rules.into_iter().any(|r| r == Rule::Strict) { Rule::Strict } else { Rule::Inclusive }
 }
 
-impl PgStore {
+impl TableStore for PgStore {
+    async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
+        let resources = catalog::load(&self.pool, self.schema(), settings).await?;
+        let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
+        sql_fence::install_guards(&self.pool, &all).await?;
+        Ok(resources)
+    }
+
     /// One fenced write to a row (PUT, PATCH or DELETE).
-    pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
+    async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
         let resource = &*op.resource;
         check_token_fits(resource, guard.token, guard.scope().is_some())?;
         let key = self.canonical(resource, &op.key, &op.write).await?;
@@ -186,8 +90,13 @@ impl PgStore {
         Ok(Outcome::Accepted(RowWritten { key: key.text, existed }))
     }
 
+    /// See `batch.rs`.
+    async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+        self.apply_batch(ops, guard).await
+    }
+
     /// Reads a row with the token of the last write fencegate accepted for it.
-    pub async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+    async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
         let key = self.canonical(resource, key, &RowWrite::Delete).await?;
         let sql = Sql(resource);
         let fence = sql.fence_column().map_or("NULL::int8".to_owned(), |c| format!("t.{c}::int8"));
@@ -225,6 +134,9 @@ impl PgStore {
         Ok(Some(RowEntry { key: key.text, row, fence_token, scope }))
     }
 
+    async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        Ok(sql_fence::unfenced_writes(&self.pool).await?)
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use super::{
 use crate::{
     fence::{verdict, Fenced, FencingToken, Guard, Held, ScopeHeld, Seen, Target},
     store::{
-        postgres::PgStore,
+        pg::PgStore,
         sql::{fence_admits, sql_jump_check},
         raced, token_from_db, Checks, Refusal, StoreError,
     },

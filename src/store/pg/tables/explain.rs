@@ -9,7 +9,7 @@ use super::{sql::Sql, TableError};
 use crate::{
     fence::FencingToken,
     store::{
-        postgres::PgStore, StoreError,
+        pg::PgStore, StoreError,
     },
     tables::{Fence, Resource, RowError, RowWrite},
 };

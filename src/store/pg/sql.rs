@@ -2,7 +2,7 @@
 //!
 //! Built once at start-up from fixed text and validated configuration, never from request
 //! data; every value is a bound parameter. The fence check is spelled once for both rules
-//! ([`super::super::sql::fence_admits`]), and so are the scope and poisoning checks; each
+//! (`store::sql::fence_admits`), and so are the scope and poisoning checks; each
 //! statement below is assembled from them.
 //!
 //! - unscoped write: `INSERT .. ON CONFLICT (key) DO UPDATE .. WHERE kv.key_fence <= $token
@@ -14,6 +14,15 @@
 //!   commit, which serializes writers of one scope;
 //! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
 //!   transaction that is rolled back if any key was refused (all or nothing).
+//!
+//! The jump cap is checked twice in each statement, where SQLite's (`sqlite/sql.rs`) check it
+//! once: in the row to insert, on the statement's snapshot, and again in the
+//! `DO UPDATE .. WHERE`, on the row as locked. Under READ COMMITTED the snapshot is taken when
+//! the statement starts, before it waits for the row lock, and an admin reset (the only thing
+//! that lowers a fence) may commit in between: the first check would then measure the jump from
+//! the old, higher fence and admit a token the lowered fence must refuse. The second sees the
+//! row as the reset left it. SQLite needs no second check: a writing statement there holds the
+//! database's one write lock from before it reads anything, so its snapshot is the locked row.
 
 use sqlx::{types::Json, Row};
 
@@ -52,7 +61,8 @@ const KV_ON_CONFLICT: &str = "
 /// admits it, and the statement returns `returning` for every fence it raised. Callers gate
 /// `rows` with [`scope_gate`] (every claim but a lock grant's).
 /// `jump`: the cap checked again on the fence row as locked (the gate in `rows` reads the
-/// statement's snapshot, and a reset may lower the fence in between); `JumpCap(0)` for grants.
+/// statement's snapshot, and a reset may lower the fence in between: module docs);
+/// `JumpCap(0)` for grants.
 fn scope_claim_rows(rule: Rule, jump: JumpCap, rows: &str, returning: &str) -> String {
     format!(
         "INSERT INTO fencegate_fences AS f (scope, fence_token) {rows}
@@ -153,7 +163,7 @@ impl Statements {
     pub fn new(rule: Rule, checks: &Checks) -> Self {
         let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
         let scope_check = kv_scope_check(checks.scopes);
-        // The jump cap again on the row as locked (see `scope_claim_rows`).
+        // The jump cap again on the row as locked (module docs: why here and not on SQLite).
         let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // the fence admits the token, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.

@@ -1,22 +1,39 @@
-//! The PostgreSQL backend: the production store.
+//! The PostgreSQL backend: the production store. Every statement it runs is in this
+//! directory. The files both backends have (`mod.rs`, `sql.rs`, `kv.rs`, `locks.rs`,
+//! `admin.rs`, `overview.rs`, `refusals.rs`, `unfenced.rs`) implement the same part of
+//! `store::backend::Backend` as SQLite's of the same name; the rest is PostgreSQL's alone.
 //!
-//! - [`sql`]: every statement it runs;
-//! - [`kv`]: fenced kv writes, batches, claims, reads, and the explanation of a refusal;
-//! - [`locks`]: the built-in lease service;
-//! - [`coalesce`] and [`reads`]: concurrent writes and reads combined into shared statements;
+//! - this file: connecting, migrating, readiness;
+//! - [`sql`]: the kv, claim and lock statements; [`kv`]: fenced kv writes, batches, claims,
+//!   reads, and the explanation of a refusal; [`locks`]: the built-in lease service;
+//! - [`admin`]: resets, retires, rebinds, the audit log and the reset listener (`NOTIFY`);
+//!   [`overview`] and [`refusals`]: what the console shows;
+//! - [`coalesce`] and [`reads`]: concurrent writes and reads combined into shared statements,
+//!   on the work queue of [`batching`];
 //! - [`connections`]: the connections every call takes (cheaper than the sqlx pool's);
-//! - [`batching`]: the work queue both coalescers run on.
+//! - [`replication`]: primary or standby, and how commits are replicated; [`tls`]: libpq's
+//!   TLS settings; [`schema`]: fencegate's own schema;
+//! - [`tables`] (legacy tables, `[[resources]]`), validated against the [`catalog`], and
+//!   [`sql_fence`]: SQL writers fenced by `fencegate.fence()` and guard triggers;
+//! - [`unfenced`]: the demo's unfenced writer.
 
-
+mod admin;
 mod batching;
+mod catalog;
 mod coalesce;
-pub(super) mod connections;
+mod connections;
 mod kv;
 mod locks;
+mod overview;
 mod reads;
-pub mod schema;
-pub(in crate::store) mod sql_fence;
-pub(in crate::store) mod sql;
+mod refusals;
+mod replication;
+mod schema;
+mod sql;
+mod sql_fence;
+mod tables;
+pub(super) mod tls;
+pub(super) mod unfenced;
 
 use std::{sync::Arc, time::Duration};
 
@@ -27,12 +44,9 @@ use sqlx::{
 
 pub use self::sql::KV_GET;
 use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
-use super::{
-    replication::{self, Replication},
-    sql::ByRule,
-    Checks, StoreError,
-};
-use crate::{config::DatabaseSettings, fence::Rule};
+use self::replication::Replication;
+use super::{backend::Backend, sql::ByRule, Checks, Settings, StoreError};
+use crate::fence::Rule;
 
 /// The statement fencegate runs for an unscoped `PUT /v1/kv/{key}` (`$1` key, `$2` value, `$3`
 /// deleted, `$4` token) and for a lone scoped one (`$5` scope): the load bench runs exactly
@@ -48,13 +62,12 @@ pub fn kv_put_scoped_sql(rule: Rule, checks: &Checks) -> String {
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-
 #[derive(Clone)]
-pub(in crate::store) struct PgStore {
+pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
     /// catalog). Everything else takes its connection from `conns`.
-    pub(in crate::store) pool: PgPool,
-    pub(in crate::store) conns: Arc<Connections>,
+    pool: PgPool,
+    conns: Arc<Connections>,
     sql: Arc<ByRule<Statements>>,
     /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
     coalescer: Option<Coalescer>,
@@ -64,18 +77,25 @@ pub(in crate::store) struct PgStore {
     checks: Checks,
     /// How to connect, for connections outside the pool (the reset listener).
     options: Arc<PgConnectOptions>,
-    /// The database's role and replication, as seen (`store::replication`).
-    pub(in crate::store) replication: Arc<Replication>,
+    /// The database's role and replication, as seen (`replication`).
+    replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
     schema: Arc<str>,
 }
 
 impl PgStore {
+    /// Connects, migrates if asked, and writes the guards of `fencegate.fence()`.
+    pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
+        let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
+        sql_fence::sync_guards(&pg.pool, &settings.checks, &settings.issuer_scopes, settings.max_scope_bytes).await?;
+        Ok(pg)
+    }
+
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
-    pub async fn connect(settings: &DatabaseSettings, url: &str, checks: Checks) -> anyhow::Result<Self> {
-        let shown = crate::config::redact_url(url);
+    async fn connect(settings: &Settings, url: &str, checks: Checks) -> anyhow::Result<Self> {
+        let shown = crate::redact::redact_url(url);
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
-        let (options, mut tls) = crate::store::pg_tls::options(url)?;
+        let (options, mut tls) = tls::options(url)?;
         let options: PgConnectOptions = tls
             .resolve_allow(options)
             .await
@@ -143,7 +163,7 @@ impl PgStore {
         Ok(store)
     }
 
-    pub async fn migrate(&self) -> anyhow::Result<()> {
+    async fn migrate(&self) -> anyhow::Result<()> {
         schema::prepare(&self.pool, &self.schema).await?;
         // sqlx takes an advisory lock, so several fencegate processes may start at once.
         MIGRATOR.run(&self.pool).await.map_err(|e| {
@@ -165,18 +185,18 @@ impl PgStore {
     }
 
     /// Options for a connection of its own, outside the pool and `max_connections` (the reset
-    /// listener of `store::admin`), named `fencegate-listener` in `pg_stat_activity`.
-    pub(in crate::store) fn listener_options(&self) -> PgConnectOptions {
+    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`.
+    fn listener_options(&self) -> PgConnectOptions {
         (*self.options).clone()
     }
 
     /// fencegate's own schema.
-    pub(in crate::store) fn schema(&self) -> &str {
+    fn schema(&self) -> &str {
         &self.schema
     }
 
     /// The checks besides the accept rule, which the legacy-table statements follow too.
-    pub(in crate::store) fn checks(&self) -> &Checks {
+    fn checks(&self) -> &Checks {
         &self.checks
     }
 
@@ -184,13 +204,12 @@ impl PgStore {
         self.sql.get(rule)
     }
 
-    pub fn pool_stats(&self) -> (u32, usize) {
-        (self.pool.size(), self.pool.num_idle() + self.conns.idle_count())
-    }
+}
 
+impl Backend for PgStore {
     /// Ready = reachable, primary (not a standby), and every migration this binary knows is
     /// applied.
-    pub async fn ready(&self) -> Result<(), StoreError> {
+    async fn ready(&self) -> Result<(), StoreError> {
         self.check_primary().await?;
         let mut conn = self.conns.take().await?;
         let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED).fetch_one(&mut *conn).await?;
@@ -198,9 +217,13 @@ impl PgStore {
         super::migrated(applied, &MIGRATOR)
     }
 
-    /// Whether `write` sends writes through the coalescer (coalescing on). Such a write is
-    /// safe to run on the request's own task: see `Store::write`.
-    pub(in crate::store) fn coalesces(&self) -> bool {
-        self.coalescer.is_some()
+    fn pool_stats(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle() + self.conns.idle_count())
+    }
+
+    /// See `Connections::shrink_idle`: a connection's buffers keep the size of the largest
+    /// message it carried.
+    fn shrink_idle_connections(&self) {
+        self.conns.shrink_idle();
     }
 }

@@ -7,21 +7,20 @@
 //! that made the reset does at once, the others hear of it through `watch_resets` (PostgreSQL
 //! `NOTIFY`, with a poll of the audit log as the fallback that also serves SQLite).
 //!
+//! This module holds what a reset is and may do, for both backends; the statements are in
+//! `pg/admin.rs` and `sqlite/admin.rs`.
+//!
 //! A built-in lock's counter is never reset: the next grant is still above every token the
 //! lock ever issued (`GREATEST(l.token, fence) + 1`), whatever a reset did to the fence.
 //! What an admin may do to a lock is *retire* it: its old grants stop speaking for the scope's
 //! tokens (a scope bricked by a grant made before an issuer took it over), its lease ends, and
 //! its row stays with its counter, so a later grant still never reissues a token.
 
-mod backends;
-
 use std::{sync::Arc, time::Duration};
-
-pub(in crate::store) use backends::Change;
 
 use serde::Serialize;
 
-use super::{Store, StoreError};
+use super::{backend::AdminStore as _, Store, StoreError};
 use crate::{
     fence::{FencingToken, Key, Scope},
     tables::{Resource, RowKey},
@@ -69,14 +68,17 @@ pub struct Reset {
 }
 
 /// A reset that was done: the response body of the reset endpoints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ResetDone {
+    /// scope, key, table, or lock (a retired lock: `from` and `to` are its latest grant).
     pub target: &'static str,
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     pub from: FencingToken,
     pub to: FencingToken,
+    /// Present when the binding was changed: the new sticky scope (null: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope: Option<Option<String>>,
     pub audit_id: String,
@@ -111,13 +113,17 @@ pub enum RebindTarget {
 }
 
 /// A rebind that was done: the response body of the rebind endpoints.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RebindDone {
     /// `kv` or `table`.
     pub target: &'static str,
+    /// kv: the prefix rebound.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub prefix: Option<String>,
+    /// table: the resource rebound.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     /// The new binding (null: none).
     pub scope: Option<String>,
@@ -127,21 +133,49 @@ pub struct RebindDone {
 }
 
 /// An audit log row, as `GET /v1/admin/audit` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub id: String,
+    /// RFC 3339, the database's clock.
     pub at: String,
     pub actor: String,
     pub action: String,
     pub target: String,
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub resource: Option<String>,
     pub from: FencingToken,
     pub to: FencingToken,
     pub from_scope: Option<String>,
     pub to_scope: Option<String>,
     pub reason: String,
+}
+
+/// What a reset changed, ready for its audit row and its answer.
+pub(in crate::store) struct Change {
+    pub name: String,
+    pub resource: Option<String>,
+    pub from: FencingToken,
+    pub to: FencingToken,
+    pub from_scope: Option<String>,
+    pub to_scope: Option<String>,
+}
+
+impl Change {
+    /// The answer to the reset that made this change, recorded as audit row `audit_id`.
+    pub fn done(self, reset: &Reset, audit_id: i64) -> ResetDone {
+        let rebinds = reset.scope.is_some();
+        ResetDone {
+            target: reset.target.kind(),
+            name: self.name,
+            resource: self.resource,
+            from: self.from,
+            to: self.to,
+            scope: rebinds.then_some(self.to_scope),
+            audit_id: audit_id.to_string(),
+        }
+    }
 }
 
 /// The state after a reset of a fence at `current` bound to `bound`: the new fence and binding.
@@ -202,14 +236,7 @@ impl Store {
         if let Err(refused) = validate(&reset) {
             return Ok(Err(refused));
         }
-        let backend = self.backend.clone();
-        let done = super::run_detached(async move {
-            match &backend {
-                super::Backend::Postgres(pg) => pg.reset(&reset).await,
-                super::Backend::Sqlite(db) => db.reset(&reset).await,
-            }
-        })
-        .await?;
+        let done = detached!(self, b => b.reset(&reset).await)?;
         if done.is_ok() {
             self.high_water.clear();
         }
@@ -222,26 +249,12 @@ impl Store {
         if let Err(refused) = validate_reason(&rebind.reason) {
             return Ok(Err(refused));
         }
-        let backend = self.backend.clone();
-        super::run_detached(async move {
-            match &backend {
-                super::Backend::Postgres(pg) => pg.rebind(&rebind).await,
-                super::Backend::Sqlite(db) => db.rebind(&rebind).await,
-            }
-        })
-        .await
+        detached!(self, b => b.rebind(&rebind).await)
     }
 
     /// The newest audit rows first, at most `limit`.
     pub async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-        let backend = self.backend.clone();
-        super::run_detached(async move {
-            match &backend {
-                super::Backend::Postgres(pg) => pg.audit(limit).await,
-                super::Backend::Sqlite(db) => db.audit(limit).await,
-            }
-        })
-        .await
+        detached!(self, b => b.audit(limit).await)
     }
 
     /// Forgets cached fences whenever another process resets one: on PostgreSQL at once
@@ -249,24 +262,14 @@ impl Store {
     /// audit log's newest id (the fallback for a lost notification or listener connection).
     /// Runs until aborted.
     pub async fn watch_resets(self) {
-        let listener = match &self.backend {
-            super::Backend::Postgres(pg) => Some(pg.listen_resets(self.high_water.clone())),
-            super::Backend::Sqlite(_) => None,
-        };
-        let _listener = listener.map(crate::server::AbortOnDrop);
+        let listener = on_backend!(&self.backend, b => b.listen_resets(self.high_water.clone()));
+        let _listener = listener.map(crate::task::AbortOnDrop);
         let mut seen: Option<i64> = None;
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let backend = self.backend.clone();
-            let newest = super::run_detached(async move {
-                match &backend {
-                    super::Backend::Postgres(pg) => pg.newest_audit_id().await,
-                    super::Backend::Sqlite(db) => db.newest_audit_id().await,
-                }
-            })
-            .await;
+            let newest = detached!(self, b => b.newest_audit_id().await);
             match newest {
                 Ok(newest) => {
                     if seen.is_some() && seen != Some(newest) {

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::{
     store::{
-        postgres::PgStore, StoreError,
+        pg::PgStore, StoreError,
     },
     tables::{canonical_key, Resource, RowError, RowKey, RowWrite},
 };

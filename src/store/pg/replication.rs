@@ -1,5 +1,5 @@
 //! High availability: the database's role (primary or standby) and how its commits are
-//! replicated.
+//! replicated. PostgreSQL's alone: an embedded SQLite file has no standby (`sqlite/mod.rs`).
 //!
 //! A fence is only as durable as the commit under it. fencegate therefore
 //! - takes no writes from a standby: `/readyz` is 503 while the database is in recovery, and
@@ -26,7 +26,8 @@ use std::{
 
 use sqlx::{pool::PoolConnectionMetadata, PgConnection};
 
-use super::{postgres::PgStore, StoreError};
+use super::PgStore;
+use crate::store::{backend::HighAvailability, StoreError};
 
 /// What `/readyz` says while the database is a standby.
 pub(super) const IN_RECOVERY: &str = "the database is in recovery (a standby): fencegate takes no writes from it; it \
@@ -146,6 +147,39 @@ pub(super) fn keep_on_release(
     })
 }
 
+impl HighAvailability for PgStore {
+    /// `serve` started against a standby and has not migrated since.
+    fn awaits_primary(&self) -> bool {
+        self.replication.owed.load(Ordering::Acquire)
+    }
+
+    /// Runs for as long as `serve` does: migrates once a standby it started against is
+    /// promoted, and reports how the primary replicates (at start and every minute).
+    async fn watch_replication(self) {
+        let mut next_check = tokio::time::Instant::now();
+        loop {
+            let owed = self.awaits_primary();
+            if owed {
+                if let Err(err) = self.check_primary().await {
+                    tracing::debug!(error = %err, "still waiting for the database to be primary");
+                }
+            }
+            if owed && !self.awaits_primary() {
+                // Promoted (found here or by /readyz): how it replicates now is news.
+                next_check = tokio::time::Instant::now();
+            }
+            if tokio::time::Instant::now() >= next_check {
+                match self.replication_state().await {
+                    Ok(state) => self.report(state),
+                    Err(err) => tracing::debug!(error = %err, "cannot read the replication state"),
+                }
+                next_check = tokio::time::Instant::now() + REPLICATION_POLL;
+            }
+            tokio::time::sleep(PROMOTION_POLL).await;
+        }
+    }
+}
+
 impl PgStore {
     /// The start-up migration (`database.migrate_on_start`), unless the database is a standby:
     /// then it is owed until the database is primary, and `serve` starts anyway, not ready.
@@ -165,11 +199,6 @@ impl PgStore {
             return Ok(());
         }
         self.migrate().await
-    }
-
-    /// `serve` started against a standby and has not migrated since.
-    pub fn awaits_primary(&self) -> bool {
-        self.replication.owed.load(Ordering::Acquire)
     }
 
     /// `Ok` if the database is primary and takes writes (running the migrations owed, if
@@ -205,32 +234,6 @@ impl PgStore {
         self.replication.owed.store(false, Ordering::Release);
         tracing::info!("the database is primary now: migrations applied, ready");
         Ok(())
-    }
-
-    /// Runs for as long as `serve` does: migrates once a standby it started against is
-    /// promoted, and reports how the primary replicates (at start and every minute).
-    pub(super) async fn watch_replication(self) {
-        let mut next_check = tokio::time::Instant::now();
-        loop {
-            let owed = self.awaits_primary();
-            if owed {
-                if let Err(err) = self.check_primary().await {
-                    tracing::debug!(error = %err, "still waiting for the database to be primary");
-                }
-            }
-            if owed && !self.awaits_primary() {
-                // Promoted (found here or by /readyz): how it replicates now is news.
-                next_check = tokio::time::Instant::now();
-            }
-            if tokio::time::Instant::now() >= next_check {
-                match self.replication_state().await {
-                    Ok(state) => self.report(state),
-                    Err(err) => tracing::debug!(error = %err, "cannot read the replication state"),
-                }
-                next_check = tokio::time::Instant::now() + REPLICATION_POLL;
-            }
-            tokio::time::sleep(PROMOTION_POLL).await;
-        }
     }
 
     fn report(&self, state: Durability) {
@@ -297,22 +300,6 @@ impl Durability {
         } else {
             Durability::Alone { names }
         }
-    }
-}
-
-impl super::Store {
-    /// For as long as `serve` runs (PostgreSQL; nothing to watch on SQLite): see
-    /// [`PgStore::watch_replication`].
-    pub async fn watch_replication(self) {
-        if let super::Backend::Postgres(pg) = self.backend {
-            pg.watch_replication().await;
-        }
-    }
-
-    /// `serve` started against a standby and has not migrated since (`fencegate migrate`
-    /// refuses to report success then).
-    pub fn awaits_primary(&self) -> bool {
-        matches!(&self.backend, super::Backend::Postgres(pg) if pg.awaits_primary())
     }
 }
 

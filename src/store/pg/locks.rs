@@ -1,5 +1,12 @@
 //! The built-in lease service on PostgreSQL: grants that claim their scope in the same
 //! transaction, renewals and releases by the current token.
+//!
+//! Differences from SQLite (`sqlite/locks.rs`), and why: an acquire locks the scope's fence
+//! row before it decides, and may try the grant twice, because other connections and processes
+//! acquire, release and claim concurrently; SQLite's one connection and one writer leave
+//! nothing to lock against. Leases are `timestamptz` on the database's clock (SQLite keeps
+//! milliseconds from this machine's), and a release is one statement (a CTE reads the owner
+//! before the update clears it; SQLite's is a transaction of two).
 
 use sqlx::{Connection, Row};
 
@@ -10,17 +17,17 @@ use super::{
 use crate::{
     fence::{FencingToken, Scope},
     locks::{Acquired, Holder, Lease, Ttl},
-    store::{holder_from, token_from_db, StoreError},
+    store::{backend::LockStore, holder_from, token_from_db, StoreError},
 };
 
-impl PgStore {
+impl LockStore for PgStore {
     /// Grants the lock `name` if it is free or expired, and claims its scope, in one
     /// transaction whose every step reads the same instant, under the locks it needs, so there
     /// is nothing to race: the fence row is locked first (created at 0 if the scope has none,
     /// undone unless the grant commits), then the clock is read once, then the grant decides
     /// on the lock row, which it locks whether or not it grants. Not granted means the lock is
     /// held at that instant, and the holder is read under the same lock at the same instant.
-    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+    async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let acquired = self.acquire_in(&mut tx, name, owner, ttl, actor).await?;
@@ -32,6 +39,39 @@ impl PgStore {
         Ok(acquired)
     }
 
+    /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
+    /// is given and another actor took it.
+    async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let row = sqlx::query(RENEW)
+            .bind(name.as_str())
+            .bind(token.get())
+            .bind(ttl.ms())
+            .bind(actor)
+            .fetch_optional(&mut *conn)
+            .await?;
+        conn.done();
+        lease_from(name, token, row)
+    }
+
+    /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
+    async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let row =
+            sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *conn).await?;
+        conn.done();
+        lease_from(name, token, row)
+    }
+
+    async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let holder = holder_on(&mut conn, name, None).await?;
+        conn.done();
+        Ok(holder)
+    }
+}
+
+impl PgStore {
     async fn acquire_in(
         &self,
         tx: &mut sqlx::PgConnection,
@@ -94,36 +134,6 @@ impl PgStore {
         Err(StoreError::Corrupt(format!("lock {name} is neither free nor held under its row lock")))
     }
 
-    pub(crate) async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let holder = holder_on(&mut conn, name, None).await?;
-        conn.done();
-        Ok(holder)
-    }
-
-    /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
-    /// is given and another actor took it.
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let row = sqlx::query(RENEW)
-            .bind(name.as_str())
-            .bind(token.get())
-            .bind(ttl.ms())
-            .bind(actor)
-            .fetch_optional(&mut *conn)
-            .await?;
-        conn.done();
-        lease_from(name, token, row)
-    }
-
-    /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
-    pub async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let row =
-            sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *conn).await?;
-        conn.done();
-        lease_from(name, token, row)
-    }
 }
 
 /// Who holds the lock `name` at `at` (microseconds of [`LOCK_TOKEN_AND_CLOCK`]; `None`: `now()`), if anyone.

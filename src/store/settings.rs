@@ -1,0 +1,59 @@
+//! What the store needs to open its database. The store does not read the configuration: its
+//! caller (the server, from `[database]`, `[kv]`, `[locks]` and `[[issuers]]`) fills this in,
+//! so the store depends on nothing above it.
+
+use super::Checks;
+
+/// How to open the store. Pool and coalescing settings mean what `[database]` documents
+/// (config/default.toml); those marked PostgreSQL are ignored by the embedded SQLite backend.
+#[derive(Clone)]
+pub struct Settings {
+    /// `postgres://` or `postgresql://`: the production backend; `sqlite:`: the embedded file.
+    /// May carry a password: printed only through [`crate::redact::redact_url`].
+    pub url: String,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    /// How long a request waits for a free connection before it is answered 503.
+    pub acquire_timeout_ms: u64,
+    /// PostgreSQL: connections are recycled after this long (failovers, DNS changes).
+    pub max_lifetime_secs: u64,
+    /// Run pending migrations while opening.
+    pub migrate_on_start: bool,
+    /// PostgreSQL: tasks that combine concurrent kv writes and reads (0: none).
+    pub coalesce_workers: usize,
+    /// PostgreSQL: most writes combined into one statement.
+    pub coalesce_max_rows: usize,
+    /// PostgreSQL: the schema holding fencegate's own tables (a validated identifier).
+    pub schema: String,
+    /// PostgreSQL: the longest a statement waits for a row lock, then 503.
+    pub lock_timeout_ms: u64,
+    /// The checks every fenced statement makes besides the accept rule.
+    pub checks: Checks,
+    /// PostgreSQL: the scopes `[[issuers]]` sign tokens for, which `fencegate.fence()` (SQL
+    /// writers) must refuse to raise without a proof.
+    pub issuer_scopes: Vec<String>,
+    /// PostgreSQL: the longest scope name `fencegate.fence()` accepts (`kv.max_key_bytes`).
+    pub max_scope_bytes: usize,
+    /// Fences kept in the reject-only cache (0 disables it).
+    pub fence_cache_capacity: usize,
+}
+
+impl Settings {
+    /// The embedded backend is chosen by the URL's scheme.
+    pub fn is_sqlite(&self) -> bool {
+        self.url.starts_with("sqlite:")
+    }
+}
+
+/// Debug without the URL's password.
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("url", &crate::redact::redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("migrate_on_start", &self.migrate_on_start)
+            .field("coalesce_workers", &self.coalesce_workers)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}

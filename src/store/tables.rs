@@ -1,0 +1,91 @@
+//! Fenced writes to legacy tables (`/v1/tables`, `[[resources]]`): what a request gets back,
+//! and the facade's methods. Legacy tables are PostgreSQL tables: the statements are in
+//! `pg/tables/`; the SQLite backend refuses `[[resources]]` at start-up (`sqlite/mod.rs`).
+
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use super::{backend::TableStore as _, Store, StoreError, Write, Written};
+use crate::{
+    fence::{FencingToken, Guard, Outcome},
+    tables::{Resource, ResourceSettings, Resources, RowError, RowKey, TableOp},
+};
+
+/// What a write did to one row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowWritten {
+    /// The canonical key (docs/tables.md).
+    pub key: String,
+    /// The row existed just before this write.
+    pub existed: bool,
+}
+
+/// A row as read back.
+#[derive(Debug)]
+pub struct RowEntry {
+    pub key: String,
+    /// The row as PostgreSQL's `to_jsonb` prints it (numbers keep their precision).
+    pub row: Box<RawValue>,
+    /// The token of the last write fencegate accepted for the row (column mode: the fence
+    /// column), if any.
+    pub fence_token: Option<FencingToken>,
+    pub scope: Option<String>,
+}
+
+/// One op of a batch that writes legacy tables (and maybe kv keys).
+#[derive(Debug, Clone)]
+pub enum BatchOp {
+    Kv(Write),
+    Row(TableOp),
+}
+
+/// The results of such a batch: the kv part (as for a kv-only batch) and one entry per table
+/// op, in request order.
+pub type BatchWritten = (Vec<Written>, Vec<RowWritten>);
+
+/// A failed table request: the client's fault (400/404/422) or the store's.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error(transparent)]
+    Row(#[from] RowError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Store {
+    /// Validates `[[resources]]` against the catalog; a bad resource fails start-up.
+    pub async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
+        if settings.is_empty() {
+            return Ok(Resources::default());
+        }
+        let resources = on_backend!(&self.backend, b => b.resources(settings).await)?;
+        if resources.iter().any(|r| r.guard.is_some()) {
+            self.guarded.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(resources)
+    }
+
+    pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
+        let (op, guard) = (op.clone(), guard.clone());
+        let written = detached!(self, b => b.table_write(&op, &guard).await);
+        self.pressure.observe(&written);
+        written
+    }
+
+    /// Applies every kv write and table op or none, under one token. A refused row names
+    /// its op as `ops[i]`, `i` counting all ops.
+    /// `guard`: the batch's token, its scope if any, and the kv rule (each table op follows its
+    /// resource's rule; a scope is claimed under the strictest rule of the ops it guards).
+    pub async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+        let (ops, guard) = (ops.to_vec(), guard.clone());
+        let written = detached!(self, b => b.batch_tables(&ops, &guard).await);
+        self.pressure.observe(&written);
+        written
+    }
+
+    pub async fn table_get(&self, resource: &Arc<Resource>, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+        let (resource, key) = (resource.clone(), key.clone());
+        detached!(self, b => b.table_get(&resource, &key).await)
+    }
+}
