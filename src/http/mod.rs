@@ -101,29 +101,6 @@ pub struct Limits {
     pub cors_origins: Vec<HeaderValue>,
 }
 
-impl Limits {
-    /// The limits `settings` ask for. `listen` is the address actually bound.
-    pub fn from_settings(settings: &crate::config::Settings, listen: std::net::SocketAddr) -> Self {
-        let server = &settings.server;
-        Limits {
-            body_bytes: server.body_limit_bytes,
-            request_timeout: settings.request_timeout(),
-            max_in_flight: server.max_in_flight,
-            body_timeout: Duration::from_millis(server.body_timeout_ms),
-            min_body_rate: server.min_body_rate_bytes_per_s,
-            max_buffered_bytes: server.max_buffered_bytes,
-            max_number_digits: settings.kv.max_number_digits,
-            // With credentials, a rebound page cannot send the bearer it does not have.
-            loopback_hosts_only: listen.ip().is_loopback() && !settings.auth_enabled(),
-            cors_origins: server
-                .cors_origins
-                .iter()
-                .map(|o| HeaderValue::from_str(o).expect("origins are checked by Settings::validate"))
-                .collect(),
-        }
-    }
-}
-
 /// Every route, registered from the `#[utoipa::path]` of its handler, and the OpenAPI document
 /// of them all: the document is made of exactly what the routers serve. `/openapi.json` is
 /// apart only because it serves the finished document. Who may call each route is
@@ -248,23 +225,4 @@ mod tests {
         assert_eq!(slugs.len(), problem::kinds::ALL.len(), "a problem type is listed twice");
     }
 
-    #[test]
-    fn the_host_check_is_on_only_for_a_loopback_listener() {
-        let settings = crate::config::Settings::default();
-        let on = |addr: &str| Limits::from_settings(&settings, addr.parse().unwrap()).loopback_hosts_only;
-        assert!(on("127.0.0.1:8080"));
-        assert!(on("[::1]:8080"));
-        assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
-        assert!(!on("192.168.1.5:8080"));
-        // With credentials configured, no Host check (docs/security.md, *The edge*: with auth off).
-        let mut with_auth = crate::config::Settings::default();
-        with_auth.auth.keys = vec![crate::auth::ApiKeySettings {
-            name: "k".into(),
-            sha256: "0".repeat(64),
-            rights: vec!["read".into()],
-            prefixes: vec![],
-            tables: vec![],
-        }];
-        assert!(!Limits::from_settings(&with_auth, "127.0.0.1:8080".parse().unwrap()).loopback_hosts_only);
-    }
 }

@@ -113,7 +113,7 @@ pub async fn serve_reloadable(
     events.record_to(refusals);
     let _refusals = AbortOnDrop(tokio::spawn(state.store.clone().record_refusals(queued)));
     let addr = listener.local_addr().context("listener has no local address")?;
-    let limits = Limits::from_settings(&settings, addr);
+    let limits = limits(&settings, addr);
     // Aborted when this function returns or its future is dropped (an embedding caller may
     // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
     let _ticker = AbortOnDrop(tokio::spawn(tick(state.store.clone())));
@@ -369,5 +369,52 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+/// The HTTP layer's limits that `settings` ask for. `listen` is the address actually bound.
+/// Built here, where the whole configuration is at hand, so `http` never imports `config`.
+pub(crate) fn limits(settings: &Settings, listen: std::net::SocketAddr) -> Limits {
+    let server = &settings.server;
+    Limits {
+        body_bytes: server.body_limit_bytes,
+        request_timeout: settings.request_timeout(),
+        max_in_flight: server.max_in_flight,
+        body_timeout: Duration::from_millis(server.body_timeout_ms),
+        min_body_rate: server.min_body_rate_bytes_per_s,
+        max_buffered_bytes: server.max_buffered_bytes,
+        max_number_digits: settings.kv.max_number_digits,
+        // With credentials, a rebound page cannot send the bearer it does not have.
+        loopback_hosts_only: listen.ip().is_loopback() && !settings.auth_enabled(),
+        cors_origins: server
+            .cors_origins
+            .iter()
+            .map(|o| axum::http::HeaderValue::from_str(o).expect("origins are checked by Settings::validate"))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_check_is_on_only_for_a_loopback_listener() {
+        let settings = crate::config::Settings::default();
+        let on = |addr: &str| limits(&settings, addr.parse().unwrap()).loopback_hosts_only;
+        assert!(on("127.0.0.1:8080"));
+        assert!(on("[::1]:8080"));
+        assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
+        assert!(!on("192.168.1.5:8080"));
+        // With credentials configured, no Host check (docs/security.md, *The edge*: with auth off).
+        let mut with_auth = crate::config::Settings::default();
+        with_auth.auth.keys = vec![crate::auth::ApiKeySettings {
+            name: "k".into(),
+            sha256: "0".repeat(64),
+            rights: vec!["read".into()],
+            prefixes: vec![],
+            tables: vec![],
+        }];
+        assert!(!limits(&with_auth, "127.0.0.1:8080".parse().unwrap()).loopback_hosts_only);
     }
 }
