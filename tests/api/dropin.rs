@@ -502,3 +502,17 @@ async fn sql_and_http_writers_racing_on_one_scope_share_one_fence() {
     let sql_tokens: Vec<i64> = sqlx::query_scalar("SELECT token FROM ledger").fetch_all(&mut setup).await.unwrap();
     assert!(sql_tokens.iter().all(|t| *t <= highest));
 }
+
+/// Several processes starting at once on a fresh database (replicas rolled out together) all
+/// come up: the schema is created once, under a lock, and not by each of them racing.
+/// `CREATE SCHEMA IF NOT EXISTS` alone failed one of two processes now and then.
+#[tokio::test]
+async fn processes_starting_together_on_a_fresh_database_all_come_up() {
+    for _ in 0..10 {
+        let db = pg::fresh_database().await;
+        let apps = futures::future::join_all((0..6).map(|_| spawn_app_on(db.clone(), |s| s.database.max_connections = 2))).await;
+        for (n, app) in apps.iter().enumerate() {
+            app.kv_put(&format!("k{n}"), "1", &json!(n)).await.expect(201);
+        }
+    }
+}

@@ -32,14 +32,13 @@ pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
         .fetch_one(&mut *conn)
         .await?;
     if !exists {
-        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}")).execute(&mut *conn).await.map_err(|e| {
+        create_schema(&mut conn, schema).await.map_err(|e| {
             anyhow::anyhow!(
                 "fencegate keeps its tables in the schema {schema:?}, which does not exist and cannot be created by \
                  this role ({e}). Create it for fencegate's role: CREATE SCHEMA {schema} AUTHORIZATION <role>; \
                  or set database.schema to a schema the role owns"
             )
         })?;
-        tracing::info!(schema, "created fencegate's schema");
     }
     let usable: bool = sqlx::query_scalar("SELECT has_schema_privilege($1, 'CREATE') AND has_schema_privilege($1, 'USAGE')")
         .bind(schema)
@@ -53,6 +52,26 @@ pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
     }
     if schema != "public" {
         move_from_public(&mut conn, schema).await?;
+    }
+    Ok(())
+}
+
+/// Creates the schema, under an advisory lock: `CREATE SCHEMA IF NOT EXISTS` is not safe against
+/// itself (two processes starting at once on a fresh database both pass the check, and the
+/// second fails on pg_namespace's unique index), so the check is made again under the lock.
+async fn create_schema(conn: &mut sqlx::PgConnection, schema: &str) -> Result<(), sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: create schema'))").execute(&mut *tx).await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+        .bind(schema)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !exists {
+        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    if !exists {
+        tracing::info!(schema, "created fencegate's schema");
     }
     Ok(())
 }
