@@ -231,6 +231,9 @@ pub struct FgRun {
     pub db_applied: i64,
     /// fencegate's own CPU time over the measured window, in 1/100 s.
     pub cpu_ticks: u64,
+    /// PostgreSQL's CPU per applied write over the same window plus the step's VACUUM and
+    /// CHECKPOINT, in µs (`pg_cpu`; None: no local server to read).
+    pub pg_cpu_us: Option<f64>,
 }
 
 /// The HTTP clients run like pgbench's `-j min(N, 2)`: on min(conns, 2) threads, each a
@@ -274,6 +277,7 @@ pub async fn fencegate_step(fg_addrs: &[SocketAddr], conns: usize, workload: Wor
     ctx.warmed.wait().await;
     let before = version_sum(db).await?;
     let cpu_before = fg_cpu_ticks();
+    let pg_before = crate::pg_cpu::ticks();
     let start = Instant::now();
     ctx.measure_until.set(start + dur).expect("once");
     ctx.go.wait().await;
@@ -285,7 +289,9 @@ pub async fn fencegate_step(fg_addrs: &[SocketAddr], conns: usize, workload: Wor
     let elapsed = start.elapsed();
     let cpu_ticks = fg_cpu_ticks() - cpu_before;
     let db_applied = version_sum(db).await? - before;
-    Ok(FgRun { stats, elapsed, db_applied, cpu_ticks })
+    crate::pg_cpu::settle(db).await;
+    let pg_cpu_us = crate::pg_cpu::per_write(pg_before, crate::pg_cpu::ticks(), db_applied);
+    Ok(FgRun { stats, elapsed, db_applied, cpu_ticks, pg_cpu_us })
 }
 
 pub async fn scrape_metrics(addr: SocketAddr) -> Result<()> {

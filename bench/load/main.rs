@@ -35,6 +35,7 @@ mod database;
 mod keyspace;
 mod load_generator;
 mod machine;
+mod pg_cpu;
 mod pgbench;
 mod report;
 mod server;

@@ -104,6 +104,8 @@ pub struct PgRun {
     pub failed: u64,
     pub lat: Vec<u32>,
     pub db_applied: i64,
+    /// PostgreSQL's CPU per applied write (`pg_cpu`), in µs.
+    pub pg_cpu_us: Option<f64>,
 }
 
 /// `defines`: pgbench `-D name=value` variables for the script.
@@ -125,6 +127,7 @@ pub async fn pgbench_step(
         }
     }
     let before = version_sum(db).await?;
+    let pg_before = crate::pg_cpu::ticks();
     let out = tokio::time::timeout(
         dur + Duration::from_secs(120),
         Command::new(&s.pgbench)
@@ -151,6 +154,8 @@ pub async fn pgbench_step(
         bail!("pgbench failed ({}):\n{stdout}\n{stderr}", out.status);
     }
     let db_applied = version_sum(db).await? - before;
+    crate::pg_cpu::settle(db).await;
+    let pg_cpu_us = crate::pg_cpu::per_write(pg_before, crate::pg_cpu::ticks(), db_applied);
     let number = |marker: &str| -> Option<f64> {
         let line = stdout.lines().find(|l| l.contains(marker))?;
         line.split(marker).nth(1)?.split_whitespace().next()?.parse().ok()
@@ -175,6 +180,6 @@ pub async fn pgbench_step(
     if lat.is_empty() {
         bail!("pgbench wrote no per-transaction log lines (prefix {prefix} in {})", s.out_dir.display());
     }
-    Ok(PgRun { processed, tps, failed, lat, db_applied })
+    Ok(PgRun { processed, tps, failed, lat, db_applied, pg_cpu_us })
 }
 

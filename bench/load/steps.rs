@@ -78,6 +78,23 @@ pub async fn measure(
             fg_lat.p99 / pg.1.p99,
             mib(rss_kib(fg.pid).0)
         );
+        // The whole system's CPU per applied write: fencegate + PostgreSQL through fencegate,
+        // against PostgreSQL alone under pgbench (pgbench's own CPU, the client, not counted,
+        // as fencegate's load generator is not). Writes only: the mix's GETs apply nothing.
+        if workload != (Workload::Mix { read_pct: 90 }) {
+            match (r.pg_cpu_us, p.pg_cpu_us) {
+                (Some(fg_pg), Some(pg)) => {
+                    let fg_own = r.cpu_ticks as f64 * 10_000.0 / r.db_applied.max(1) as f64;
+                    println!(
+                        "  system CPU per write: through fencegate {:.1} µs (fencegate {fg_own:.1} + PostgreSQL {fg_pg:.1}), \
+                         straight to PostgreSQL {pg:.1} µs: {:.2}×\n",
+                        fg_own + fg_pg,
+                        (fg_own + fg_pg) / pg
+                    );
+                }
+                _ => println!("  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n"),
+            }
+        }
         rows.push(Row {
             workload: workload_name.to_owned(),
             conns,
