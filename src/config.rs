@@ -63,8 +63,8 @@ pub struct DatabaseSettings {
     pub migrate_on_start: bool,
     /// PostgreSQL: tasks that combine concurrent kv writes (unscoped and scoped), and GETs,
     /// into multi-row statements (0: one statement per request). Each holds a connection only
-    /// while its statement runs.
-    pub coalesce_workers: usize,
+    /// while its statement runs. Unset: [`DatabaseSettings::coalesce_workers`] picks.
+    pub coalesce_workers: Option<usize>,
     /// Most writes combined into one statement.
     pub coalesce_max_rows: usize,
     /// PostgreSQL: the schema holding every table of fencegate's, its migration history
@@ -84,6 +84,19 @@ impl DatabaseSettings {
         }
     }
 
+    /// The coalescing workers: as configured, else one per 4 CPUs (at least 1, at most
+    /// `max_connections`). Fewer workers make larger batches: fewer statements and commits per
+    /// write, and writes to one key in one statement's order. On 2 CPUs one worker carried
+    /// 17-72% more writes per second than four on every write step of the load bench, at less
+    /// CPU per write on both fencegate's and PostgreSQL's side (bench/RESULTS.md); a larger
+    /// machine gets more, so one PostgreSQL backend is not the ceiling.
+    pub fn coalesce_workers(&self) -> usize {
+        self.coalesce_workers.unwrap_or_else(|| {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cpus / 4).max(1).min(self.max_connections.max(1) as usize)
+        })
+    }
+
     pub fn is_sqlite(&self) -> bool {
         self.effective_url().starts_with("sqlite:")
     }
@@ -93,9 +106,9 @@ impl DatabaseSettings {
         if self.url.is_none() && self.sqlite_path.trim().is_empty() {
             bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
         }
-        if self.coalesce_workers > self.max_connections as usize {
+        if self.coalesce_workers() > self.max_connections as usize {
             bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
-                self.coalesce_workers, self.max_connections);
+                self.coalesce_workers(), self.max_connections);
         }
         validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
         if self.lock_timeout_ms == 0 {
@@ -130,7 +143,7 @@ impl Default for DatabaseSettings {
             acquire_timeout_ms: 2_000,
             max_lifetime_secs: 1_800,
             migrate_on_start: true,
-            coalesce_workers: 4,
+            coalesce_workers: None,
             coalesce_max_rows: 128,
             schema: "fencegate".into(),
             lock_timeout_ms: 5_000,

@@ -120,6 +120,12 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
     if bench_trust().is_some() {
         config_text.push_str(&format!("[kv]\nsticky_scope = {}\nmax_token_jump = {}\n", kv.sticky_scope, kv.max_token_jump));
     }
+    // More configuration for the measured server, as TOML (e.g. "[database]\ncoalesce_workers = 2"):
+    // to compare settings with one harness.
+    if let Ok(extra) = std::env::var("BENCH_FENCEGATE_TOML") {
+        config_text.push_str(&extra.replace("\\n", "\n"));
+        config_text.push('\n');
+    }
     let config = match config_text.is_empty() {
         true => None,
         false => {

@@ -39,7 +39,7 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
         acquire_timeout_ms: db.acquire_timeout_ms,
         max_lifetime_secs: db.max_lifetime_secs,
         migrate_on_start: db.migrate_on_start,
-        coalesce_workers: db.coalesce_workers,
+        coalesce_workers: db.coalesce_workers(),
         coalesce_max_rows: db.coalesce_max_rows,
         schema: db.schema.clone(),
         lock_timeout_ms: db.lock_timeout_ms,

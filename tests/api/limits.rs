@@ -96,7 +96,7 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
         s.server.request_timeout_ms = 1000;
         s.database.max_connections = 1;
         s.database.min_connections = 1;
-        s.database.coalesce_workers = 0;
+        s.database.coalesce_workers = Some(0);
         s.kv.fence_cache_capacity = 0;
     })
     .await;
@@ -151,7 +151,7 @@ async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_b
         spawn_app_on(db.clone(), |s| {
             s.database.max_connections = MAX_CONNECTIONS as u32;
             s.database.min_connections = 1;
-            s.database.coalesce_workers = 1;
+            s.database.coalesce_workers = Some(1);
         })
         .await,
     );
