@@ -32,6 +32,7 @@
 //! loading and its tables), `report` (figures and the table).
 
 mod database;
+mod h2c;
 mod keyspace;
 mod load_generator;
 mod machine;

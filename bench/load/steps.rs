@@ -106,6 +106,34 @@ pub async fn measure(
         });
     }
 
+    // HTTP/2: h2load, 4 connections x 16 streams, against pgbench's 64 clients (only when
+    // named in BENCH_ONLY: it needs h2load).
+    if s.only.as_ref().is_some_and(|only| only.iter().any(|o| o == "h2c")) {
+        reset_table(db, admin).await?;
+        let h = crate::h2c::h2c_step(fg.addr, s.step, &s.out_dir, db).await?;
+        println!(
+            "  fencegate  h2c     {}x{}  {:>8.0} ok/s   non-2xx {}   [db applied {}]\n             fencegate CPU {:.1} µs per ok request",
+            crate::h2c::CONNECTIONS,
+            crate::h2c::STREAMS,
+            h.rate,
+            h.non_2xx,
+            h.applied,
+            h.cpu_us
+        );
+        reset_table(db, admin).await?;
+        let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
+        let pg = report_pg("random", 64, &p, true);
+        println!("  ratio      fencegate (h2c)/pgbench: ok/s {:.2}×", h.rate / pg.0);
+        if let (Some(fg_pg), Some(pg_cpu)) = (h.pg_cpu_us, p.pg_cpu_us) {
+            println!(
+                "  system CPU per write: through fencegate {:.1} µs (fencegate {:.1} + PostgreSQL {fg_pg:.1}), straight to PostgreSQL {pg_cpu:.1} µs: {:.2}×\n",
+                h.cpu_us + fg_pg,
+                h.cpu_us,
+                (h.cpu_us + fg_pg) / pg_cpu
+            );
+        }
+    }
+
     // Soak: 64 connections of random-key PUTs, RSS sampled while it runs.
     if !s.runs("soak") {
         return Ok((rows, None));
