@@ -84,16 +84,18 @@ impl DatabaseSettings {
         }
     }
 
-    /// The coalescing workers: as configured, else one per 4 CPUs (at least 1, at most
-    /// `max_connections`). Fewer workers make larger batches: fewer statements and commits per
+    /// The coalescing workers: as configured, else one per 4 CPUs (at least 1, at most a
+    /// quarter of `max_connections`). Fewer workers make larger batches: fewer statements and commits per
     /// write, and writes to one key in one statement's order. On 2 CPUs one worker carried
     /// 17-72% more writes per second than four on every write step of the load bench, at less
     /// CPU per write on both fencegate's and PostgreSQL's side (bench/RESULTS.md); a larger
     /// machine gets more, so one PostgreSQL backend is not the ceiling.
     pub fn coalesce_workers(&self) -> usize {
         self.coalesce_workers.unwrap_or_else(|| {
+            // As many read workers run beside them: together at most half the connections, so
+            // claims, table writes and refusal explanations always find one.
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cpus / 4).max(1).min(self.max_connections.max(1) as usize)
+            (cpus / 4).min(self.max_connections as usize / 4).max(1)
         })
     }
 
@@ -106,10 +108,6 @@ impl DatabaseSettings {
         if self.url.is_none() && self.sqlite_path.trim().is_empty() {
             bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
         }
-        if self.coalesce_workers() > self.max_connections as usize {
-            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
-                self.coalesce_workers(), self.max_connections);
-        }
         validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
         if self.lock_timeout_ms == 0 {
             bail!("database.lock_timeout_ms must be at least 1");
@@ -119,6 +117,10 @@ impl DatabaseSettings {
         }
         if self.max_connections == 0 {
             bail!("database.max_connections must be at least 1");
+        }
+        if self.coalesce_workers() > self.max_connections as usize {
+            bail!("database.coalesce_workers ({}) must not exceed database.max_connections ({}): each needs a connection while it runs",
+                self.coalesce_workers(), self.max_connections);
         }
         if self.min_connections > self.max_connections {
             bail!("database.min_connections ({}) exceeds database.max_connections ({})",

@@ -28,6 +28,12 @@ impl Rule {
             Rule::Strict => presented > fence,
         }
     }
+
+    /// The rule a scope is claimed with for writes under several rules at once (a batch of
+    /// kv and table ops): strict if any of them is.
+    pub fn strictest(rules: impl IntoIterator<Item = Rule>) -> Rule {
+        if rules.into_iter().any(|r| r == Rule::Strict) { Rule::Strict } else { Rule::Inclusive }
+    }
 }
 
 /// Which high-water mark guards a write.
@@ -128,5 +134,12 @@ mod tests {
         assert!(!Rule::Strict.accepts(t(5), t(5)));
         assert!(Rule::Strict.accepts(t(6), t(5)));
         assert!(!Rule::Strict.accepts(t(4), t(5)));
+    }
+
+    #[test]
+    fn a_shared_scope_takes_the_strictest_rule() {
+        assert_eq!(Rule::strictest([Rule::Inclusive, Rule::Inclusive]), Rule::Inclusive);
+        assert_eq!(Rule::strictest([Rule::Inclusive, Rule::Strict]), Rule::Strict);
+        assert_eq!(Rule::strictest([]), Rule::Inclusive);
     }
 }

@@ -19,8 +19,9 @@
 //!
 //! A binding is decided from configuration alone ([`binding`]), before anything is read; a
 //! mismatch found there is reported only after steps 1-3 have been checked against the fence
-//! of the scope the write was *presented* under (the header's: that is the lock whose token
-//! the client holds; tokens of different scopes are never compared).
+//! of the scope the write was *presented* under (the header's, or for a batch without one its
+//! first bound op's: the lock whose token the client holds; tokens of different scopes are
+//! never compared).
 
 use super::{
     issued, Fenced, FencingToken, Guard, Jump, JumpCap, NotIssued, Outcome, Reserved, Rule, Scope, ScopeMismatch, ScopeRule,

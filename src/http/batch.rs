@@ -116,9 +116,11 @@ pub async fn batch(
     }
     if let Some(mismatch) = mismatch {
         // Refused in the verdict's order: the batch's scope's fence first, under the rule the
-        // batch would claim it with (the strictest of its ops').
-        let strict = state.kv.rule() == Rule::Strict || ops.iter().any(|op| matches!(op, Op::Row(r) if r.resource.rule == Rule::Strict));
-        let rule = if strict { Rule::Strict } else { Rule::Inclusive };
+        // store would claim it with (the strictest of its ops' rules, kv's only if it has kv ops).
+        let rule = Rule::strictest(ops.iter().map(|op| match op {
+            Op::Kv(_) => state.kv.rule(),
+            Op::Row(r) => r.resource.rule,
+        }));
         let guard = Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule };
         return Err(super::binding::refused(&state, &guard, mismatch).await);
     }

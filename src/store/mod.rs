@@ -99,9 +99,10 @@ pub(crate) struct Seen<'a> {
 }
 
 /// Why the writes of `keys` under `guard` were refused: [`crate::fence::verdict`] on what the
-/// database holds after the refused statement. Fences and lock counters never go down and a
-/// key's scope changes only under the rule that refused, so what is read still refuses the
-/// write; if nothing does, a concurrent change explains it (below).
+/// database holds after the refused statement. Fences and lock counters never go down (but for
+/// an audited admin reset) and a key's scope changes only under the rule that refused, so what
+/// is read still refuses the write; if nothing does, a concurrent change (a grant, a reset)
+/// explains it (below).
 pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: &Checks) -> Result<Refusal, StoreError> {
     let held = keys
         .iter()

@@ -1174,3 +1174,39 @@ async fn table_writes_are_refused_in_the_one_precedence() {
     assert_eq!((mismatch["scope"].clone(), mismatch["presented_scope"].clone()), (Value::Null, json!("s")));
     assert_eq!(app.fence("s").await.expect(200)["fence_token"], json!("20"), "a refused write moves no fence");
 }
+
+/// A batch of table ops only, under `kv.strict`, is claimed under its resources' rules (kv's
+/// does not count without kv ops), and a contradicting header is judged under that same rule:
+/// a token equal to the presented scope's fence is admitted by it, so the answer is the 409.
+#[tokio::test]
+async fn a_table_batch_is_judged_under_the_rule_it_would_be_claimed_with() {
+    let (url, _db) = legacy_database().await;
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![ResourceSettings { scope: Some("orders-lock".into()), ..orders() }];
+        s.kv.strict = true;
+        s.database.max_connections = 4;
+    })
+    .await;
+    app.claim("other", "10").await.expect(201);
+    let batch = json!({"ops": [{"op": "put", "resource": "orders", "key": "acme,41", "row": {"status": "new"}}]});
+    let body = app.batch(Some("10"), Some("other"), &batch).await.problem(409, "scope-mismatch");
+    assert_eq!(body["presented_scope"], json!("other"), "{body}");
+    app.batch(Some("9"), Some("other"), &batch).await.stale_scope("other", "9", "10");
+}
+
+/// A row that predates fencegate in column mode has no token (NULL): a token past the jump cap
+/// is 422 token-jump counted from 0, not a 500.
+#[tokio::test]
+async fn a_jump_over_a_row_without_a_token_is_422() {
+    let (url, db) = legacy_database().await;
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![accounts()];
+        s.kv.max_token_jump = 100;
+        s.database.max_connections = 4;
+    })
+    .await;
+    sqlx::query("INSERT INTO legacy.accounts (id, email) VALUES ($1::uuid, 'old@example.com')").bind(ACCOUNT).execute(&db).await.unwrap();
+    let body = put(&app, "accounts", ACCOUNT, "500", &json!({"email": "new@example.com"})).await.problem(422, "token-jump");
+    assert_eq!(body["current_token"], json!("0"), "{body}");
+    put(&app, "accounts", ACCOUNT, "50", &json!({"email": "new@example.com"})).await.expect(200);
+}

@@ -33,6 +33,11 @@ pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
         .await?;
     if !exists {
         create_schema(&mut conn, schema).await.map_err(|e| {
+            // Only a refusal by the database is about the role; anything else (the connection)
+            // is said as it is.
+            if !matches!(&e, sqlx::Error::Database(_)) {
+                return anyhow::anyhow!("cannot create fencegate's schema {schema:?}: {e}");
+            }
             anyhow::anyhow!(
                 "fencegate keeps its tables in the schema {schema:?}, which does not exist and cannot be created by \
                  this role ({e}). Create it for fencegate's role: CREATE SCHEMA {schema} AUTHORIZATION <role>; \
@@ -61,6 +66,9 @@ pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
 /// second fails on pg_namespace's unique index), so the check is made again under the lock.
 async fn create_schema(conn: &mut sqlx::PgConnection, schema: &str) -> Result<(), sqlx::Error> {
     let mut tx = conn.begin().await?;
+    // READ COMMITTED whatever default_transaction_isolation says: the re-check below must see a
+    // schema another process committed while this one waited for the lock.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(&mut *tx).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: create schema'))").execute(&mut *tx).await?;
     let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
         .bind(schema)

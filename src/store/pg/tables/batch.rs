@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Connection;
 
-use super::{explain::check_token_fits, rows::{fence_row, write_row}, strictest};
+use super::{explain::check_token_fits, rows::{fence_row, write_row}};
 use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
@@ -36,7 +36,7 @@ impl PgStore {
                 other => other,
             }
         };
-        let scope_rule = strictest(
+        let scope_rule = Rule::strictest(
             ops.iter().map(|(_, op)| op.resource.rule).chain((!kv.is_empty()).then_some(kv_rule)),
         );
         let guard_for = |rule: Rule| Guard {

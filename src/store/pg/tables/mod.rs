@@ -31,7 +31,7 @@ use self::{
 };
 use super::{catalog, sql_fence, PgStore};
 use crate::{
-    fence::{FencingToken, Guard, Outcome, Rule},
+    fence::{FencingToken, Guard, Outcome},
     store::{
         backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, StoreError, TableError,
     },
@@ -43,9 +43,6 @@ pub(super) const MAX_CANONICAL_KEY: usize = 2048;
 
 /// The most demanding rule among those given: a scope shared by several resources is claimed
 /// once, so it must satisfy each of them.
-fn strictest(rules: impl IntoIterator<Item = Rule>) -> Rule {
-    if rules.into_iter().any(|r| r == Rule::Strict) { Rule::Strict } else { Rule::Inclusive }
-}
 
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
@@ -141,18 +138,11 @@ impl TableStore for PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{sql::quote_ident, *};
+    use super::sql::quote_ident;
 
     #[test]
     fn identifiers_are_quoted() {
         assert_eq!(quote_ident("id"), "\"id\"");
         assert_eq!(quote_ident("id\"; DROP TABLE x; --"), "\"id\"\"; DROP TABLE x; --\"");
-    }
-
-    #[test]
-    fn a_shared_scope_takes_the_strictest_rule() {
-        assert_eq!(strictest([Rule::Inclusive, Rule::Inclusive]), Rule::Inclusive);
-        assert_eq!(strictest([Rule::Inclusive, Rule::Strict]), Rule::Strict);
-        assert_eq!(strictest([]), Rule::Inclusive);
     }
 }

@@ -180,7 +180,9 @@ pub(super) async fn fence_row(
     let admits: bool = row.try_get(1).map_err(StoreError::from)?;
     if !admits {
         // The ledger admitted the row's scope already: only its fence column is in question.
-        let fence = Some(token_from_db(row.try_get(0).map_err(StoreError::from)?)?);
+        // NULL: the row has no token yet, and only the jump cap (counted from 0) refused.
+        let fence: Option<i64> = row.try_get(0).map_err(StoreError::from)?;
+        let fence = fence.map(token_from_db).transpose()?;
         return explain(Held { fenced: fenced(), fence, remembered: None }, guard, checks);
     }
     Ok(Ok(true))
