@@ -324,6 +324,43 @@ async fn a_scoped_write_needs_write_on_the_scope_too() {
     get(&app, admin, "/v1/fences/payroll").await.problem(404, "not-found");
 }
 
+/// A header that contradicts a binding is answered from the presented scope's fence (412 for a
+/// stale token), so that fence is read only for an actor with `write` on that scope: one
+/// without it hears 403 and learns nothing of the fence; one with it hears what a plain write
+/// under that scope would tell it.
+#[tokio::test]
+async fn a_contradicting_header_reveals_no_fence_the_actor_may_not_write() {
+    let rights: &[&str] = &["read", "write"];
+    let (app, keys) = spawn_with_keys(
+        &[("billing", rights, &["billing/"], &[]), ("admin", &["admin"], &[], &[])],
+        |s| s.scopes = vec![fencegate::fence::ScopeBinding { name: "billing/lock".into(), keys: vec!["billing/bound-".into()] }],
+    )
+    .await;
+    let (billing, admin) = (keys.of("billing"), keys.of("admin"));
+    let claim = |scope: &'static str| {
+        let app = &app;
+        async move { app.send(bearer(app.req(Method::POST, &format!("/v1/fences/{scope}")), admin).header(TOKEN, "10")).await.expect(201) }
+    };
+    claim("payroll").await;
+    claim("billing%2Fother").await;
+    let key = unique("bound-");
+    // Stale against payroll's fence, but billing may not write payroll: 403, no current_token.
+    let refused = put_scoped(&app, billing, &format!("billing%2F{key}"), "5", "payroll").await;
+    forbidden(&refused, "write", "scope", "payroll");
+    let body = refused.problem(403, "forbidden");
+    assert!(body.get("current_token").is_none(), "{body}");
+    // Under a scope it may write: the 412 it would get from any write there.
+    let stale = put_scoped(&app, billing, &format!("billing%2F{key}"), "5", "billing%2Fother").await;
+    stale.stale_scope("billing/other", "5", "10");
+    // Admitted by that fence: the binding's 409. Nothing written.
+    put_scoped(&app, billing, &format!("billing%2F{key}"), "10", "billing%2Fother").await.mismatch(
+        &format!("billing/{key}"),
+        Some("billing/lock"),
+        Some("billing/other"),
+    );
+    get(&app, admin, &format!("/v1/kv/billing%2F{key}")).await.problem(404, "not-found");
+}
+
 #[tokio::test]
 async fn a_batch_with_one_foreign_key_applies_nothing() {
     let (app, keys) =
