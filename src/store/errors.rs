@@ -69,6 +69,14 @@ impl std::error::Error for Cause {
 }
 
 impl StoreError {
+    /// Whether this is PostgreSQL's refusal of a key that a write would create with a token
+    /// above the jump cap (the trigger `fencegate_kv_created`, `pg/sql.rs`): the statement was
+    /// aborted, nothing of it was committed, and the write is refused as a jump.
+    pub fn is_key_jump(&self) -> bool {
+        matches!(self, StoreError::Internal(Cause::Database(err))
+            if matches!(&**err, sqlx::Error::Database(db) if db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE)))
+    }
+
     /// Unavailable, in fencegate's words (the pool is closed, a worker is gone, ...).
     pub fn unavailable(why: impl Into<std::borrow::Cow<'static, str>>) -> StoreError {
         StoreError::Unavailable(Cause::Said(why.into()))

@@ -85,11 +85,12 @@ fn sql_reserved(reserved: &Reserved, scope: &str) -> String {
 /// The SQL spelling of [`JumpCap::admits`]: `token` does not exceed the fence `fence` (a column,
 /// or a scalar subquery; NULL: no fence, counted as 0) by more than the cap. Both operands are
 /// non-negative bigints, so the subtraction cannot overflow. The cap is a number from the
-/// validated configuration, never request text. PostgreSQL's statements check it twice: in the
-/// row they insert (on the statement's snapshot) and in the `DO UPDATE .. WHERE` on the row as
-/// locked, since an admin reset may lower a fence after the snapshot was taken (`pg/sql.rs`).
-/// SQLite's check it once, in the row to insert: there a writing statement reads under the
-/// database's one write lock, so its snapshot is the row as locked (`sqlite/sql.rs`).
+/// validated configuration, never request text. PostgreSQL's statements check a scope's cap
+/// twice: in the row they insert (on the statement's snapshot) and in the `DO UPDATE .. WHERE`
+/// on the row as locked, since an admin reset may lower a fence after the snapshot was taken;
+/// a key's cap on the row as locked, and for a key the write creates in a trigger
+/// (`pg/sql.rs`). SQLite's check it once, in the row to insert: there a writing statement reads
+/// under the database's one write lock, so its snapshot is the row as locked (`sqlite/sql.rs`).
 pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String {
     match jump {
         JumpCap(0) => "TRUE".to_owned(),

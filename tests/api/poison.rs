@@ -320,3 +320,47 @@ async fn concurrent_issued_and_unissued_writes_each_get_their_own_answer() {
     }
     assert_eq!(app.fence(&lock).await.expect(200)["fence_token"], json!(t.to_string()));
 }
+
+#[tokio::test]
+async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
+    // Writes that wait together share one statement; a key created above the cap aborts that
+    // statement in the database, and its writes are tried again one by one: the jumper alone
+    // is refused, every other write is applied, and nothing of the jumper is stored. With one
+    // coalescing worker and 40 writes in flight, most share a statement with the jumper.
+    for workers in [1, 0] {
+        let app = spawn_app_with(|s| {
+            s.kv.max_token_jump = 1000;
+            s.database.coalesce_workers = Some(workers);
+        })
+        .await;
+        app.kv_put("old", "900", &json!(0)).await.expect(201);
+        let app = &app;
+        let writes = (0..40).map(|n| {
+            async move {
+                let (key, token) = match n {
+                    13 => ("jumper".to_owned(), "1001".to_owned()),
+                    // An existing key's jump is measured from its fence (900), not from 0.
+                    27 => ("old".to_owned(), "1800".to_owned()),
+                    _ => (format!("fresh-{n}"), (500 + n).to_string()),
+                };
+                (key.clone(), token.clone(), app.kv_put(&key, &token, &json!(n)).await)
+            }
+        });
+        for (key, token, r) in futures::future::join_all(writes).await {
+            match key.as_str() {
+                "jumper" => {
+                    let body = jump(&r, "1001", "0", "1000");
+                    assert_eq!(body["key"], json!("jumper"), "{body}");
+                }
+                "old" => assert_eq!(r.status, 200, "workers {workers}: {}", r.text),
+                _ => assert_eq!(r.status, 201, "workers {workers}, {key} with {token}: {}", r.text),
+            }
+        }
+        app.assert_absent("jumper").await;
+        app.assert_value("old", &json!(27), "1800").await;
+        app.assert_value("fresh-0", &json!(0), "500").await;
+        app.assert_value("fresh-39", &json!(39), "539").await;
+        // The refusal leaves the key free for a token within the cap.
+        app.kv_put("jumper", "1000", &json!("ok")).await.expect(201);
+    }
+}

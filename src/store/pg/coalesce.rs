@@ -178,6 +178,15 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                 }
             }
         }
+        // A lone write that would create a key above the jump cap: the trigger aborted its
+        // statement, so nothing was committed; it is refused (and explained as a jump).
+        Err(err) if writes == 1 && err.is_key_jump() => {
+            for round in rounds {
+                for job in round.jobs {
+                    let _ = job.reply.send(Ok(None));
+                }
+            }
+        }
         // Only a statement the database refused is retried: then nothing of it was committed.
         // Any other failure (the connection, or decoding the reply of an autocommit statement
         // that did commit) may have applied the writes, and a retry could apply them twice or,

@@ -63,7 +63,12 @@ impl KvStore for PgStore {
                     query = query.bind(scope.as_str());
                 }
                 let mut conn = self.conns.take().await?;
-                let version = query.fetch_optional(&mut *conn).await?;
+                let version = match query.fetch_optional(&mut *conn).await.map_err(StoreError::from) {
+                    // A key this write would create, above the jump cap: nothing was written,
+                    // and the refusal below explains it (the key has no fence).
+                    Err(err) if err.is_key_jump() => None,
+                    version => version?,
+                };
                 conn.done();
                 version
             }
@@ -185,7 +190,7 @@ impl PgStore {
         }
         let sql = self.statements(guard.rule);
         let rows = match &guard.target {
-            Target::Key => sqlx::query(&sql.rows)
+            Target::Key => sqlx::query(&sql.batch_rows)
                 .bind(&keys)
                 .bind(&values)
                 .bind(&deleted)

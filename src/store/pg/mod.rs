@@ -43,6 +43,7 @@ use sqlx::{
 };
 
 pub use self::sql::KV_GET;
+pub(super) use self::sql::KEY_JUMP_SQLSTATE;
 use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
 use self::replication::Replication;
 use super::{backend::Backend, sql::ByRule, Checks, Settings, StoreError};

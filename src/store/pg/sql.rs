@@ -15,14 +15,23 @@
 //! - batch: the same statements over `unnest(..)` arrays; an unscoped batch runs in a
 //!   transaction that is rolled back if any key was refused (all or nothing).
 //!
-//! The jump cap is checked twice in each statement, where SQLite's (`sqlite/sql.rs`) check it
-//! once: in the row to insert, on the statement's snapshot, and again in the
+//! The jump cap of a scope is checked twice in each statement, where SQLite's (`sqlite/sql.rs`)
+//! check it once: in the row to insert, on the statement's snapshot, and again in the
 //! `DO UPDATE .. WHERE`, on the row as locked. Under READ COMMITTED the snapshot is taken when
 //! the statement starts, before it waits for the row lock, and an admin reset (the only thing
 //! that lowers a fence) may commit in between: the first check would then measure the jump from
 //! the old, higher fence and admit a token the lowered fence must refuse. The second sees the
 //! row as the reset left it. SQLite needs no second check: a writing statement there holds the
 //! database's one write lock from before it reads anything, so its snapshot is the locked row.
+//!
+//! A key's own jump cap is checked on the row as locked (`DO UPDATE .. WHERE`) and, for a key
+//! the write creates, by the trigger `fencegate_kv_created` (migration `kv_jump_on_insert`):
+//! a new key's fence counts as 0, so its token may not exceed the cap. The statement tells the
+//! trigger the cap ([`JUMP_CAP_SETTING`], transaction-local, set in the statement itself so
+//! that a pooler cannot lose it), and the trigger refuses with SQLSTATE [`KEY_JUMP_SQLSTATE`],
+//! which aborts the statement: nothing of it is committed. Checking new keys in the row to
+//! insert instead would look every key up once more before the upsert's own lookup, and that
+//! was most of what the cap cost a coalesced write (one index lookup per row).
 
 use sqlx::{types::Json, Row};
 
@@ -113,8 +122,12 @@ pub(super) struct Statements {
     /// $1 key, $2 value, $3 deleted, $4 token, $5 scope: one scoped write.
     pub put_scope: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 tokens: unscoped writes, each with its own
-    /// token (a coalesced round; a batch passes one token for every row).
+    /// token (a coalesced round). A key it would create above the jump cap aborts it (SQLSTATE
+    /// [`KEY_JUMP_SQLSTATE`]).
     pub rows: String,
+    /// As `rows`, for an unscoped batch (one token for every row): a key it would create above
+    /// the jump cap is left out (a missing row), and the transaction stays usable.
+    pub batch_rows: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 tokens, $5 scopes: a coalesced round of scoped
     /// writes, each scope with one token.
     pub scoped_rows: String,
@@ -154,29 +167,42 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
     format!("{} AND {}", kv_unbound(checks.scopes, key, scope), scope_gate(checks, scope, token))
 }
 
-/// The jump cap of an unscoped write of `key` with `token`, against the key's own fence.
-fn kv_jump(checks: &Checks, key: &str, token: &str) -> String {
-    sql_jump_check(checks.jump, &format!("(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = {key})"), token)
+/// The transaction-local setting through which an unscoped write tells the trigger
+/// `fencegate_kv_created` the jump cap of a key it creates (module docs).
+pub(super) const JUMP_CAP_SETTING: &str = "fencegate.kv_jump_cap";
+
+/// The SQLSTATE of the trigger's refusal: a write would create a key with a token above the
+/// jump cap. Nothing of the statement is committed; the write is refused as a jump.
+pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
+
+/// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
+/// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
+/// list; both empty without a cap. The one-row CTE sets [`JUMP_CAP_SETTING`] once, before the
+/// first row is read (`MATERIALIZED`). The cap is a number from the validated configuration,
+/// never request text.
+fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
+    match checks.jump {
+        JumpCap(0) => (String::new(), ""),
+        JumpCap(cap) => (format!("WITH cap AS MATERIALIZED (SELECT set_config('{JUMP_CAP_SETTING}', '{cap}', true)) "), ", cap"),
+    }
 }
 
 impl Statements {
     pub fn new(rule: Rule, checks: &Checks) -> Self {
         let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
         let scope_check = kv_scope_check(checks.scopes);
-        // The jump cap again on the row as locked (module docs: why here and not on SQLite).
+        // The jump cap of a key that exists, on the row as locked (module docs).
         let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // the fence admits the token, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
-        // The row to insert exists only if the jump cap admits the token.
-        let row = match checks.jump {
-            JumpCap(0) => "VALUES ($1, $2, $3, $4, $4, NULL)".to_owned(),
-            _ => format!(
-                "SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text WHERE {}",
-                kv_jump(checks, "$1::text", "$4::int8")
-            ),
+        // A key this creates is checked against the jump cap by the trigger (module docs).
+        let (cap, join) = key_jump_cte(checks);
+        let row = match join {
+            "" => "VALUES ($1, $2, $3, $4, $4, NULL)".to_owned(),
+            _ => "SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text FROM cap".to_owned(),
         };
         let put_key = format!(
-            "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+            "{cap}INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              {row}
              {KV_ON_CONFLICT}
              WHERE {admits} AND {scope_check} AND {key_jump}
@@ -214,7 +240,8 @@ impl Statements {
         Statements {
             put_key,
             put_scope,
-            rows: upsert_rows(rule, checks),
+            rows: upsert_rows(rule, checks, NewKeys::Trigger),
+            batch_rows: upsert_rows(rule, checks, NewKeys::Lookup),
             scoped_rows: upsert_scoped_rows(rule, checks),
             batch_scope,
             claim: scope_claim(rule, checks, "$1", "$2", true),
@@ -223,23 +250,45 @@ impl Statements {
     }
 }
 
+/// How an unscoped upsert checks the jump cap of the keys it creates (module docs).
+#[derive(Clone, Copy)]
+enum NewKeys {
+    /// The trigger refuses them, aborting the statement: for statements that answer per row
+    /// (the coalescer, a lone write), where an abort is retried write by write.
+    Trigger,
+    /// A lookup of every key before the insert leaves a refused one out of the rows, so it comes
+    /// back as a missing row and the transaction stays usable: for a batch, whose transaction
+    /// goes on to judge its table rows and decides all or nothing. One index lookup per row more.
+    Lookup,
+}
+
 /// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
-/// coalescer (per-row outcomes) and by unscoped batches (in a transaction, all or nothing).
+/// coalescer (per-row outcomes, `NewKeys::Trigger`) and by unscoped batches (in a transaction,
+/// all or nothing, `NewKeys::Lookup`).
 /// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
-fn upsert_rows(rule: Rule, checks: &Checks) -> String {
+fn upsert_rows(rule: Rule, checks: &Checks, new_keys: NewKeys) -> String {
     let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
     let scope_check = kv_scope_check(checks.scopes);
     let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
+    let (cap, join, filter) = match new_keys {
+        NewKeys::Trigger => {
+            let (cap, join) = key_jump_cte(checks);
+            (cap, join, String::new())
+        }
+        NewKeys::Lookup => {
+            let fence = "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = w.key)";
+            (String::new(), "", format!("WHERE {}", sql_jump_check(checks.jump, fence, "w.token")))
+        }
+    };
     format!(
-        "INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+        "{cap}INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
-         FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token)
-         WHERE {jump}
+         FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token){join}
+         {filter}
          ORDER BY w.key
          {KV_ON_CONFLICT}
          WHERE {admits} AND {scope_check} AND {key_jump}
-         RETURNING key, version",
-        jump = kv_jump(checks, "w.key", "w.token"),
+         RETURNING key, version"
     )
 }
 

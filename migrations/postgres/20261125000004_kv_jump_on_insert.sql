@@ -1,0 +1,23 @@
+-- kv.max_token_jump for a key that a write creates: its fence counts as 0, so its token may not
+-- exceed the cap. A key that exists is checked in the upsert's DO UPDATE .. WHERE, on the row as
+-- locked; this trigger fires only for rows actually inserted (an upsert that updates fires no
+-- INSERT trigger), so the upsert needs no lookup of its keys before the insert. fencegate's
+-- unscoped writes set the cap for their own transaction (set_config in the statement, so a
+-- pooler cannot lose it); without it (any other writer) there is nothing to check. Scoped writes
+-- leave the key's fence at 0 and are capped by their scope's fence instead: the WHEN skips them.
+-- The refusal, SQLSTATE FGJMP, aborts the statement: nothing of it is committed, and fencegate
+-- answers 422 token-jump.
+CREATE FUNCTION fencegate_kv_created() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    cap bigint := NULLIF(current_setting('fencegate.kv_jump_cap', true), '')::bigint;
+BEGIN
+    IF cap > 0 AND NEW.key_fence > cap THEN
+        RAISE EXCEPTION 'token % would create key % with a fence above kv.max_token_jump (%)', NEW.key_fence, NEW.key, cap
+            USING ERRCODE = 'FGJMP';
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER fencegate_kv_created AFTER INSERT ON fencegate_kv
+    FOR EACH ROW WHEN (NEW.key_fence > 0) EXECUTE FUNCTION fencegate_kv_created();
