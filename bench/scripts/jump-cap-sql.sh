@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # What kv.max_token_jump costs PostgreSQL per coalesced row, by how a statement checks it.
 # pgbench, one client, synchronous_commit=off (so the figure is the statement's execution, not
-# the commit's fsync), running a 64-row fenced upsert of existing keys in three shapes,
+# the commit's fsync), running a ROWS-row fenced upsert of existing keys in three shapes,
 # interleaved:
 #   off     no jump cap;
 #   lookup  the cap checked on the row as locked, and every key looked up once more before the
 #           insert (how a key created above the cap used to be caught);
 #   trigger the cap checked on the row as locked, and a key created above it refused by an
 #           AFTER INSERT trigger that fires only for rows actually inserted (what fencegate does).
-# Prints statements/s and µs of PostgreSQL time per row for each. Needs psql and pgbench.
-# usage: jump-cap-sql.sh [ROUNDS] [SECONDS]   (defaults: 4 rounds, 8 s)
+# Prints statements/s and µs of PostgreSQL time per row for each. The trigger and the function
+# that sets the cap are fencegate's own migration. Needs psql and pgbench.
+# usage: jump-cap-sql.sh [ROUNDS] [SECONDS] [ROWS]   (defaults: 4 rounds, 8 s, 64 rows per statement)
 set -euo pipefail
-rounds=${1:-4}; secs=${2:-8}
+rounds=${1:-4}; secs=${2:-8}; n=${3:-64}
+here=$(cd "$(dirname "$0")/../.." && pwd)
 url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 db=fg_jump_$$
 dir=$(mktemp -d)
@@ -20,34 +22,28 @@ trap cleanup EXIT
 psql -q "$url" -c "CREATE DATABASE $db"
 dburl=${url%/*}/$db
 psql -q "$dburl" <<'EOF'
-CREATE TABLE kv (key text PRIMARY KEY, value jsonb, deleted boolean NOT NULL DEFAULT false,
+CREATE TABLE fencegate_kv (key text PRIMARY KEY, value jsonb, deleted boolean NOT NULL DEFAULT false,
     key_fence bigint NOT NULL DEFAULT 0 CHECK (key_fence >= 0), fence_token bigint NOT NULL CHECK (fence_token >= 0),
     scope text, version bigint NOT NULL DEFAULT 1, updated_at timestamptz NOT NULL DEFAULT now()) WITH (fillfactor = 90);
-INSERT INTO kv (key, value, key_fence, fence_token)
+INSERT INTO fencegate_kv (key, value, key_fence, fence_token)
     SELECT 'bench-key-' || g, '{}', (extract(epoch FROM clock_timestamp()) * 1e6)::int8 - 60000000, 0 FROM generate_series(0, 9999) g;
-CREATE FUNCTION kv_created() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE cap bigint := NULLIF(current_setting('fencegate.kv_jump_cap', true), '')::bigint;
-BEGIN
-    IF cap > 0 AND NEW.key_fence > cap THEN RAISE EXCEPTION 'jump' USING ERRCODE = 'FGJMP'; END IF;
-    RETURN NULL;
-END $$;
-CREATE TRIGGER kv_created AFTER INSERT ON kv FOR EACH ROW WHEN (NEW.key_fence > 0) EXECUTE FUNCTION kv_created();
-VACUUM ANALYZE kv;
 EOF
-# 64 distinct existing keys per statement, each row's value parsed as jsonb, tokens from the clock.
+psql -q "$dburl" -f "$here/migrations/postgres/20261125000004_kv_jump_on_insert.sql"
+psql -q "$dburl" -c "VACUUM ANALYZE fencegate_kv"
+# $n distinct existing keys per statement, each row's value parsed as jsonb, tokens from the clock.
 rows="SELECT 'bench-key-' || ((:s + g * 137) % 10000) AS key, ('{\"n\": ' || g || ', \"by\": \"bench\"}')::jsonb AS value,
-    false AS deleted, (extract(epoch FROM clock_timestamp()) * 1e6)::int8 + g AS token FROM generate_series(1, 64) g"
+    false AS deleted, (extract(epoch FROM clock_timestamp()) * 1e6)::int8 + g AS token FROM generate_series(1, $n) g"
 set_="ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, deleted = EXCLUDED.deleted, fence_token = EXCLUDED.fence_token,
     scope = EXCLUDED.scope, key_fence = GREATEST(kv.key_fence, EXCLUDED.key_fence),
     version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END, updated_at = now()"
 cap=3600000000
 on_lock="kv.key_fence <= EXCLUDED.key_fence AND kv.scope IS NOT DISTINCT FROM EXCLUDED.scope"
 jump_on_lock="EXCLUDED.key_fence - COALESCE(kv.key_fence, 0) <= $cap"
-printf '\\set s random(0, 9999)\nINSERT INTO kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w ORDER BY w.key %s WHERE %s RETURNING key, version;\n' \
+printf '\\set s random(0, 9999)\nINSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w ORDER BY w.key %s WHERE %s RETURNING key, version;\n' \
   "$rows" "$set_" "$on_lock" > "$dir/off.sql"
-printf '\\set s random(0, 9999)\nINSERT INTO kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w WHERE w.token - COALESCE((SELECT key_fence FROM kv AS jf WHERE jf.key = w.key), 0) <= %s ORDER BY w.key %s WHERE %s AND %s RETURNING key, version;\n' \
+printf '\\set s random(0, 9999)\nINSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w WHERE w.token - COALESCE((SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = w.key), 0) <= %s ORDER BY w.key %s WHERE %s AND %s RETURNING key, version;\n' \
   "$rows" "$cap" "$set_" "$on_lock" "$jump_on_lock" > "$dir/lookup.sql"
-printf '\\set s random(0, 9999)\nWITH cap AS MATERIALIZED (SELECT set_config('"'"'fencegate.kv_jump_cap'"'"', '"'"'%s'"'"', true)) INSERT INTO kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w, cap ORDER BY w.key %s WHERE %s AND %s RETURNING key, version;\n' \
+printf '\\set s random(0, 9999)\nWITH cap AS MATERIALIZED (SELECT pg_catalog.set_config('"'"'fencegate.kv_jump_cap'"'"', '"'"'%s'"'"', true) FROM pg_catalog.pg_trigger WHERE tgrelid = '"'"'fencegate_kv'"'"'::regclass AND tgname = '"'"'fencegate_kv_created'"'"' AND tgenabled = '"'"'A'"'"') INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w, cap ORDER BY w.key %s WHERE %s AND %s RETURNING key, version;\n' \
   "$cap" "$rows" "$set_" "$on_lock" "$jump_on_lock" > "$dir/trigger.sql"
 tps() { PGOPTIONS='-c synchronous_commit=off' pgbench -M prepared -n -c1 -T "$secs" -f "$dir/$1.sql" "$dburl" 2>/dev/null | awk '/^tps/{print $3}'; }
 echo "| round | off: statements/s (µs/row) | lookup | trigger |"
@@ -56,7 +52,7 @@ for r in $(seq 1 "$rounds"); do
   line="| $r |"
   for shape in off lookup trigger; do
     t=$(tps $shape)
-    line+=$(printf ' %.0f (%.1f) |' "$t" "$(echo "1000000 / ($t * 64)" | bc -l)")
+    line+=$(printf ' %.0f (%.1f) |' "$t" "$(echo "1000000 / ($t * $n)" | bc -l)")
   done
   echo "$line"
 done

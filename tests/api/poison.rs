@@ -339,6 +339,7 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
             async move {
                 let (key, token) = match n {
                     13 => ("jumper".to_owned(), "1001".to_owned()),
+                    31 => ("jumper-2".to_owned(), "5000".to_owned()),
                     // An existing key's jump is measured from its fence (900), not from 0.
                     27 => ("old".to_owned(), "1800".to_owned()),
                     _ => (format!("fresh-{n}"), (500 + n).to_string()),
@@ -352,15 +353,49 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
                     let body = jump(&r, "1001", "0", "1000");
                     assert_eq!(body["key"], json!("jumper"), "{body}");
                 }
+                "jumper-2" => {
+                    jump(&r, "5000", "0", "1000");
+                }
                 "old" => assert_eq!(r.status, 200, "workers {workers}: {}", r.text),
                 _ => assert_eq!(r.status, 201, "workers {workers}, {key} with {token}: {}", r.text),
             }
         }
         app.assert_absent("jumper").await;
+        app.assert_absent("jumper-2").await;
         app.assert_value("old", &json!(27), "1800").await;
         app.assert_value("fresh-0", &json!(0), "500").await;
         app.assert_value("fresh-39", &json!(39), "539").await;
         // The refusal leaves the key free for a token within the cap.
         app.kv_put("jumper", "1000", &json!("ok")).await.expect(201);
     }
+}
+
+#[tokio::test]
+async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() {
+    // The check of new keys against the jump cap lives in a trigger; a write must not go out
+    // unchecked because someone disabled or dropped it (or set session_replication_role).
+    use sqlx::Connection;
+    let db = crate::pg::fresh_database().await;
+    let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
+    app.kv_put("there", "10", &json!(1)).await.expect(201);
+    let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
+    for off in ["DISABLE TRIGGER fencegate_kv_created", "ENABLE TRIGGER fencegate_kv_created"] {
+        sqlx::query(&format!("ALTER TABLE fencegate.fencegate_kv {off}")).execute(&mut sql).await.unwrap();
+        // A new key far above the cap, one within it, and a write of an existing key: none is
+        // written. The first is explained as the jump it is; the others are 503 (nothing in
+        // the database explains why they were not written; the server's state does not
+        // admit them).
+        jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
+        for (key, token) in [("fine", "500"), ("there", "20")] {
+            let r = app.kv_put(key, token, &json!("x")).await;
+            assert_eq!(r.status, 503, "{off}: {key} with {token}: {}", r.text);
+        }
+        app.assert_absent("poison").await;
+        app.assert_absent("fine").await;
+        app.assert_value("there", &json!(1), "10").await;
+    }
+    sqlx::query("ALTER TABLE fencegate.fencegate_kv ENABLE ALWAYS TRIGGER fencegate_kv_created").execute(&mut sql).await.unwrap();
+    jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
+    app.kv_put("fine", "500", &json!("x")).await.expect(201);
+    app.kv_put("there", "20", &json!("x")).await.expect(200);
 }

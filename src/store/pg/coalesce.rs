@@ -178,12 +178,35 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                 }
             }
         }
-        // A lone write that would create a key above the jump cap: the trigger aborted its
-        // statement, so nothing was committed; it is refused (and explained as a jump).
-        Err(err) if writes == 1 && err.is_key_jump() => {
-            for round in rounds {
-                for job in round.jobs {
-                    let _ = job.reply.send(Ok(None));
+        // A write would create a key above the jump cap: the trigger aborted the statement, so
+        // nothing was committed. That write is refused (and explained as a jump); the others go
+        // out again together, not one by one, so a client sending such writes cannot make
+        // everyone's writes cost a statement each. Each pass answers at least one write.
+        Err(err) if err.is_key_jump() => {
+            tracing::debug!(error = %err, writes, "a coalesced write would create a key above the jump cap");
+            let mut rest = rounds;
+            match take_jumper(&mut rest, &err) {
+                Some(refused) => {
+                    for job in refused {
+                        let _ = job.reply.send(Ok(None));
+                    }
+                    if !rest.is_empty() {
+                        Box::pin(settle(conns, sql, rest)).await;
+                    }
+                }
+                // The detail names no waiting write: a lone write is the one refused; several are
+                // tried one by one, as any other refused statement's.
+                None if writes == 1 => {
+                    for job in rest.into_iter().flat_map(|round| round.jobs) {
+                        let _ = job.reply.send(Ok(None));
+                    }
+                }
+                None => {
+                    for round in rest {
+                        for job in round.jobs {
+                            Box::pin(settle(conns, sql, vec![Round { rule: round.rule, jobs: vec![job] }])).await;
+                        }
+                    }
                 }
             }
         }
@@ -212,6 +235,36 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
             }
         }
     }
+}
+
+/// Splits off the writes a key-jump refusal names (the trigger's DETAIL: the token, a space, the
+/// key): the write of that key with that token, in every round it is in. `None` if the detail
+/// names none of them (it could not be read).
+fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
+    let (token, key) = key_jump_detail(err)?;
+    let mut refused = Vec::new();
+    for round in rounds.iter_mut() {
+        let jobs = std::mem::take(&mut round.jobs);
+        let (out, kept): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|job| job.token.get() == token && job.key.as_str() == key);
+        refused.extend(out);
+        round.jobs = kept;
+    }
+    rounds.retain(|round| !round.jobs.is_empty());
+    (!refused.is_empty()).then_some(refused)
+}
+
+/// The token and key named by a key-jump refusal's DETAIL.
+fn key_jump_detail(err: &StoreError) -> Option<(i64, String)> {
+    let StoreError::Internal(crate::store::errors::Cause::Database(cause)) = err else {
+        return None;
+    };
+    let sqlx::Error::Database(db) = &**cause else {
+        return None;
+    };
+    let detail = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
+    let (token, key) = detail.split_once(' ')?;
+    Some((token.parse().ok()?, key.to_owned()))
 }
 
 /// Whether the database refused the combined statement itself (so nothing of it was

@@ -27,9 +27,11 @@
 //! A key's own jump cap is checked on the row as locked (`DO UPDATE .. WHERE`) and, for a key
 //! the write creates, by the trigger `fencegate_kv_created` (migration `kv_jump_on_insert`):
 //! a new key's fence counts as 0, so its token may not exceed the cap. The statement tells the
-//! trigger the cap ([`JUMP_CAP_SETTING`], transaction-local, set in the statement itself so
-//! that a pooler cannot lose it), and the trigger refuses with SQLSTATE [`KEY_JUMP_SQLSTATE`],
-//! which aborts the statement: nothing of it is committed. Checking new keys in the row to
+//! trigger the cap (the setting `fencegate.kv_jump_cap`, transaction-local, set in the statement itself so
+//! that a pooler cannot lose it, and only if the trigger is there and enabled: otherwise the
+//! statement writes nothing), and the trigger refuses with SQLSTATE [`KEY_JUMP_SQLSTATE`] (DETAIL:
+//! the token, a space, the key), which aborts the statement: nothing of it is committed; the
+//! coalescer answers that write and applies the others again. Checking new keys in the row to
 //! insert instead would look every key up once more before the upsert's own lookup, and that
 //! was most of what the cap cost a coalesced write (one index lookup per row).
 
@@ -167,23 +169,30 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
     format!("{} AND {}", kv_unbound(checks.scopes, key, scope), scope_gate(checks, scope, token))
 }
 
-/// The transaction-local setting through which an unscoped write tells the trigger
-/// `fencegate_kv_created` the jump cap of a key it creates (module docs).
-pub(super) const JUMP_CAP_SETTING: &str = "fencegate.kv_jump_cap";
-
 /// The SQLSTATE of the trigger's refusal: a write would create a key with a token above the
 /// jump cap. Nothing of the statement is committed; the write is refused as a jump.
 pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
 /// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
-/// list; both empty without a cap. The one-row CTE sets [`JUMP_CAP_SETTING`] once, before the
-/// first row is read (`MATERIALIZED`). The cap is a number from the validated configuration,
-/// never request text.
+/// list; both empty without a cap. The one-row CTE sets `fencegate.kv_jump_cap` once, before the
+/// first row is read (`MATERIALIZED`), and only if the trigger is there and enabled ALWAYS:
+/// if it was dropped or disabled, or the migration is not applied, the CTE is empty and so is
+/// the statement's row source, so nothing is written (fail closed; the writes are answered 503,
+/// and nothing explains them). The statement holds its lock on `fencegate_kv` from before this
+/// reads the catalog, and `DISABLE TRIGGER` must wait for it. The cap is a number from the
+/// validated configuration, never request text.
 fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
     match checks.jump {
         JumpCap(0) => (String::new(), ""),
-        JumpCap(cap) => (format!("WITH cap AS MATERIALIZED (SELECT set_config('{JUMP_CAP_SETTING}', '{cap}', true)) "), ", cap"),
+        JumpCap(cap) => (
+            format!(
+                "WITH cap AS MATERIALIZED (
+                     SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM pg_catalog.pg_trigger
+                     WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created' AND tgenabled = 'A') "
+            ),
+            ", cap",
+        ),
     }
 }
 
