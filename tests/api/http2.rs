@@ -307,10 +307,13 @@ async fn a_settings_and_ping_flood_that_reads_nothing_is_closed() {
         flood.extend(frame(PING, 0, 0, &[1; 8]));
     }
     // Flood until our writes block: the server stopped reading, its acknowledgements unread.
+    // Blocked for 2 s, not less: a server that is only slow (a loaded machine) blocks us for a
+    // moment and then reads on, its send buffer (up to 4 MiB on Linux) not yet full; stopping
+    // the flood then leaves it idle with nothing to write, and nothing to time out.
     let started = Instant::now();
     loop {
-        assert!(started.elapsed() < Duration::from_secs(20), "the server kept reading a flood it could not answer");
-        match tokio::time::timeout(Duration::from_millis(500), stream.write_all(&flood)).await {
+        assert!(started.elapsed() < Duration::from_secs(30), "the server kept reading a flood it could not answer");
+        match tokio::time::timeout(Duration::from_millis(2000), stream.write_all(&flood)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => break, // closed already
             Err(_) => break,     // blocked
@@ -318,7 +321,7 @@ async fn a_settings_and_ping_flood_that_reads_nothing_is_closed() {
     }
     // Read nothing past the write timeout; then the connection must be gone: draining what was
     // sent ends in EOF or a reset, not in the server answering the rest of the flood.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let mut sink = vec![0u8; 1 << 20];
     let closed = tokio::time::timeout(Duration::from_secs(3), async {
         loop {

@@ -391,13 +391,13 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
     for off in ["DISABLE TRIGGER fencegate_kv_created", "ENABLE TRIGGER fencegate_kv_created"] {
         sqlx::query(&format!("ALTER TABLE fencegate.fencegate_kv {off}")).execute(&mut sql).await.unwrap();
         // A new key far above the cap, one within it, and a write of an existing key: none is
-        // written. The first is explained as the jump it is; the others are 503 (nothing in
-        // the database explains why they were not written; the server's state does not
-        // admit them).
+        // written. The first is explained as the jump it is; the others are 503, naming the
+        // trigger to enable.
         jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
         for (key, token) in [("fine", "500"), ("there", "20")] {
             let r = app.kv_put(key, token, &json!("x")).await;
             assert_eq!(r.status, 503, "{off}: {key} with {token}: {}", r.text);
+            assert!(r.text.contains("fencegate_kv_created"), "the answer names the trigger: {}", r.text);
         }
         app.assert_absent("poison").await;
         app.assert_absent("fine").await;

@@ -16,7 +16,7 @@ use super::{
     PgStore,
 };
 use crate::{
-    fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
+    fence::{FencingToken, Guard, JumpCap, Key, Outcome, Rule, Scope, Target},
     store::{
         backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
         Written, SCOPE_STATE,
@@ -253,7 +253,34 @@ impl PgStore {
             (seen.scope_fence, seen.latest_issued) = scope_state(&mut conn, scope).await?;
             conn.done();
         }
-        explain_refusal(keys, &seen, guard, &self.checks)
+        let explained = explain_refusal(keys, &seen, guard, &self.checks);
+        // Nothing explains an unscoped write that was not written: with a jump cap, that is also
+        // what a missing or disabled new-key trigger does (its statement writes nothing, see
+        // `sql.rs`). Say so, to the client and the operator, rather than "raced".
+        if matches!(explained, Err(StoreError::Raced(_))) && self.checks.jump != JumpCap(0) && guard.scope().is_none() {
+            if let Some(why) = self.new_key_check_missing().await? {
+                tracing::error!("{why}");
+                return Err(StoreError::NotReady(why));
+            }
+        }
+        explained
+    }
+
+    /// `Some(what to do)` if the trigger that applies the jump cap to new keys is missing or
+    /// not enabled ALWAYS, so that unscoped writes with a jump cap write nothing.
+    async fn new_key_check_missing(&self) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let enabled: Option<String> = sqlx::query_scalar(sql::NEW_KEY_TRIGGER_STATE).fetch_optional(&mut *conn).await?;
+        conn.done();
+        Ok(match enabled.as_deref() {
+            Some("A") => None,
+            state => Some(format!(
+                "the trigger fencegate_kv_created on fencegate's kv table is {}: without it kv.max_token_jump cannot be \
+                 applied to new keys, so unscoped writes are not written; enable it: ALTER TABLE fencegate_kv ENABLE \
+                 ALWAYS TRIGGER fencegate_kv_created (in fencegate's schema), or apply fencegate's migrations",
+                if state.is_some() { "not enabled ALWAYS" } else { "missing" }
+            )),
+        })
     }
 }
 

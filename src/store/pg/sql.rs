@@ -173,13 +173,18 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
 /// jump cap. Nothing of the statement is committed; the write is refused as a jump.
 pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
+/// `tgenabled` of the trigger that applies the jump cap to new keys (no row: missing): what
+/// explains an unscoped write that was not written and that nothing else refuses.
+pub(super) const NEW_KEY_TRIGGER_STATE: &str = "SELECT tgenabled::text FROM pg_catalog.pg_trigger
+     WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created'";
+
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
 /// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
 /// list; both empty without a cap. The one-row CTE sets `fencegate.kv_jump_cap` once, before the
 /// first row is read (`MATERIALIZED`), and only if the trigger is there and enabled ALWAYS:
 /// if it was dropped or disabled, or the migration is not applied, the CTE is empty and so is
 /// the statement's row source, so nothing is written (fail closed; the writes are answered 503,
-/// and nothing explains them). The statement holds its lock on `fencegate_kv` from before this
+/// naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on `fencegate_kv` from before this
 /// reads the catalog, and `DISABLE TRIGGER` must wait for it. The cap is a number from the
 /// validated configuration, never request text.
 fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
