@@ -73,8 +73,18 @@ impl StoreError {
     /// above the jump cap (the trigger `fencegate_kv_created`, `pg/sql.rs`): the statement was
     /// aborted, nothing of it was committed, and the write is refused as a jump.
     pub fn is_key_jump(&self) -> bool {
-        matches!(self, StoreError::Internal(Cause::Database(err))
-            if matches!(&**err, sqlx::Error::Database(db) if db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE)))
+        self.database_error().is_some_and(|db| db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE))
+    }
+
+    /// The database's own error under an internal one (SQLSTATE, message, detail), if any.
+    pub fn database_error(&self) -> Option<&(dyn sqlx::error::DatabaseError + 'static)> {
+        match self {
+            StoreError::Internal(Cause::Database(err)) => match &**err {
+                sqlx::Error::Database(db) => Some(&**db),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// Unavailable, in fencegate's words (the pool is closed, a worker is gone, ...).

@@ -256,13 +256,7 @@ fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
 
 /// The token and key named by a key-jump refusal's DETAIL.
 fn key_jump_detail(err: &StoreError) -> Option<(i64, String)> {
-    let StoreError::Internal(crate::store::errors::Cause::Database(cause)) = err else {
-        return None;
-    };
-    let sqlx::Error::Database(db) = &**cause else {
-        return None;
-    };
-    let detail = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
+    let detail = err.database_error()?.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
     let (token, key) = detail.split_once(' ')?;
     Some((token.parse().ok()?, key.to_owned()))
 }

@@ -27,13 +27,14 @@
 //! A key's own jump cap is checked on the row as locked (`DO UPDATE .. WHERE`) and, for a key
 //! the write creates, by the trigger `fencegate_kv_created` (migration `kv_jump_on_insert`):
 //! a new key's fence counts as 0, so its token may not exceed the cap. The statement tells the
-//! trigger the cap (the setting `fencegate.kv_jump_cap`, transaction-local, set in the statement itself so
-//! that a pooler cannot lose it, and only if the trigger is there and enabled: otherwise the
-//! statement writes nothing), and the trigger refuses with SQLSTATE [`KEY_JUMP_SQLSTATE`] (DETAIL:
-//! the token, a space, the key), which aborts the statement: nothing of it is committed; the
-//! coalescer answers that write and applies the others again. Checking new keys in the row to
-//! insert instead would look every key up once more before the upsert's own lookup, and that
-//! was most of what the cap cost a coalesced write (one index lookup per row).
+//! trigger the cap (the setting `fencegate.kv_jump_cap`, transaction-local, set in the
+//! statement itself so that a pooler cannot lose it, and only if the trigger is there and
+//! enabled: otherwise the statement writes nothing), and the trigger refuses with SQLSTATE
+//! [`KEY_JUMP_SQLSTATE`] (DETAIL: the token, a space, the key), which aborts the statement:
+//! nothing of it is committed; the coalescer answers that write and applies the others again.
+//! Checking new keys in the row to insert instead would look every key up once more before the
+//! upsert's own lookup, and that was most of what the cap cost a coalesced write (one index
+//! lookup per row).
 
 use sqlx::{types::Json, Row};
 
@@ -173,10 +174,17 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
 /// jump cap. Nothing of the statement is committed; the write is refused as a jump.
 pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
+/// The `pg_catalog.pg_trigger` row of the trigger that applies the jump cap to new keys: read by
+/// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_TRIGGER_STATE`].
+macro_rules! new_key_trigger {
+    () => {
+        "pg_catalog.pg_trigger WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created'"
+    };
+}
+
 /// `tgenabled` of the trigger that applies the jump cap to new keys (no row: missing): what
 /// explains an unscoped write that was not written and that nothing else refuses.
-pub(super) const NEW_KEY_TRIGGER_STATE: &str = "SELECT tgenabled::text FROM pg_catalog.pg_trigger
-     WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created'";
+pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
 
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
 /// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
@@ -184,17 +192,17 @@ pub(super) const NEW_KEY_TRIGGER_STATE: &str = "SELECT tgenabled::text FROM pg_c
 /// first row is read (`MATERIALIZED`), and only if the trigger is there and enabled ALWAYS:
 /// if it was dropped or disabled, or the migration is not applied, the CTE is empty and so is
 /// the statement's row source, so nothing is written (fail closed; the writes are answered 503,
-/// naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on `fencegate_kv` from before this
-/// reads the catalog, and `DISABLE TRIGGER` must wait for it. The cap is a number from the
-/// validated configuration, never request text.
+/// naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on `fencegate_kv` from
+/// before this reads the catalog, and `DISABLE TRIGGER` must wait for it. The cap is a number
+/// from the validated configuration, never request text.
 fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
     match checks.jump {
         JumpCap(0) => (String::new(), ""),
         JumpCap(cap) => (
             format!(
                 "WITH cap AS MATERIALIZED (
-                     SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM pg_catalog.pg_trigger
-                     WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created' AND tgenabled = 'A') "
+                     SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM {trigger} AND tgenabled = 'A') ",
+                trigger = new_key_trigger!()
             ),
             ", cap",
         ),
