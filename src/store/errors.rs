@@ -76,6 +76,17 @@ impl StoreError {
         self.database_error().is_some_and(|db| db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE))
     }
 
+    /// The token and key a key-jump refusal names (the trigger's DETAIL: the token, a space, the
+    /// key), if it can be read.
+    pub fn key_jump_detail(&self) -> Option<(i64, String)> {
+        if !self.is_key_jump() {
+            return None;
+        }
+        let detail = self.database_error()?.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
+        let (token, key) = detail.split_once(' ')?;
+        Some((token.parse().ok()?, key.to_owned()))
+    }
+
     /// The database's own error under an internal one (SQLSTATE, message, detail), if any.
     pub fn database_error(&self) -> Option<&(dyn sqlx::error::DatabaseError + 'static)> {
         match self {

@@ -408,3 +408,127 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
     app.kv_put("fine", "500", &json!("x")).await.expect(201);
     app.kv_put("there", "20", &json!("x")).await.expect(200);
 }
+
+/// Waits until a backend of database `db` waits for a lock: the statement under test is blocked.
+async fn until_blocked_on_a_lock(sql: &mut sqlx::PgConnection, db: &str) {
+    let name = db.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+        )
+        .bind(&name)
+        .fetch_one(&mut *sql)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the batch never waited for the deleted row's lock");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
+    // A batch checks the keys it would create against the jump cap on its statement's snapshot.
+    // If an operator's DELETE of such a key commits while the batch waits for that row, the
+    // batch creates the key afresh: its fence then counts from 0, and a token far above the cap
+    // must still be refused (the new-key trigger), with the whole batch, kv keys and table rows.
+    use sqlx::Connection;
+    if crate::BACKEND == crate::pg::Backend::Sqlite {
+        // One writer at a time: a batch's snapshot is the rows as locked. The plain case holds.
+        let app = spawn_app_with(|s| s.kv.max_token_jump = 1000).await;
+        app.kv_put("k", "1000", &json!("before")).await.expect(201);
+        let ops = json!({"ops": [{"op": "put", "key": "k", "value": 1}, {"op": "put", "key": "new", "value": 1}]});
+        jump(&app.batch(Some("1900"), None, &ops).await, "1900", "0", "1000");
+        app.assert_value("k", &json!("before"), "1000").await;
+        return;
+    }
+    let db = crate::pg::fresh_database().await;
+    let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
+    sqlx::query("CREATE TABLE public.jobs (id integer PRIMARY KEY, state text)").execute(&mut sql).await.unwrap();
+    let jobs = fencegate::tables::ResourceSettings {
+        name: "jobs".into(),
+        table: "public.jobs".into(),
+        key: vec!["id".into()],
+        fence: fencegate::tables::FenceMode::Ledger,
+        fence_column: None,
+        strict: false,
+        scope: None,
+        guard: None,
+    };
+    let app = crate::helpers::spawn_app_on(db.clone(), |s| {
+        s.kv.max_token_jump = 1000;
+        s.resources = vec![jobs];
+    })
+    .await;
+    let kv_only = json!({"ops": [{"op": "put", "key": "k", "value": "batch"}, {"op": "put", "key": "also", "value": "batch"}]});
+    let mixed = json!({"ops": [
+        {"op": "put", "key": "k", "value": "batch"},
+        {"op": "put", "resource": "jobs", "key": "1", "row": {"state": "batch"}},
+    ]});
+    for (round, ops) in [kv_only, mixed].iter().enumerate() {
+        app.kv_put("k", "1000", &json!("before")).await.expect(201);
+        app.kv_put("also", "1000", &json!("before")).await;
+        let mut dba = sqlx::PgConnection::connect(&db).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut dba).await.unwrap();
+        sqlx::query("DELETE FROM fencegate.fencegate_kv WHERE key = 'k'").execute(&mut dba).await.unwrap();
+        // 1900 is within the cap of k's fence (1000) as the batch's snapshot shows it, and far
+        // above it from 0, which is what k's fence is once the delete commits.
+        let batch = app.batch(Some("1900"), None, ops);
+        let commit = async {
+            until_blocked_on_a_lock(&mut sql, &db).await;
+            sqlx::query("COMMIT").execute(&mut dba).await.unwrap();
+        };
+        let (r, ()) = tokio::join!(batch, commit);
+        let body = jump(&r, "1900", "0", "1000");
+        assert_eq!(body["key"], json!("k"), "round {round}: {body}");
+        app.assert_absent("k").await;
+        app.assert_value("also", &json!("before"), "1000").await;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.jobs").fetch_one(&mut sql).await.unwrap();
+        assert_eq!(rows, 0, "round {round}: the batch's table row was not written either");
+    }
+    // Within the cap, the same batch goes through.
+    app.batch(Some("1000"), None, &json!({"ops": [{"op": "put", "key": "k", "value": "ok"}]})).await.expect(200);
+}
+
+#[tokio::test]
+async fn a_value_of_the_cap_setting_left_on_the_role_or_database_is_named_not_raced() {
+    // fencegate tells the new-key trigger the cap per statement (`fencegate.kv_jump_cap`). A value
+    // an operator sets for the database or role would be applied to statements that set none;
+    // the writes it stops must be answered 503 naming the setting, never "raced, retry" forever,
+    // and a write fencegate sets the cap for must not be judged by it.
+    use sqlx::Connection;
+    if crate::BACKEND == crate::pg::Backend::Sqlite {
+        // No such setting, no trigger: SQLite checks new keys in the statement itself.
+        let app = spawn_app().await;
+        app.kv_put("k", "999999", &json!(1)).await.expect(201);
+        return;
+    }
+    let db = crate::pg::fresh_database().await;
+    let name = db.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
+    let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
+    // Migrate first (the first app), then set the value: new connections get it.
+    drop(crate::helpers::spawn_app_on(db.clone(), |_| {}).await.get("/readyz").await);
+    sqlx::query(&format!("ALTER DATABASE {name} SET fencegate.kv_jump_cap = '5'")).execute(&mut sql).await.unwrap();
+
+    // No cap configured: a new key above 5, alone, coalesced, and in a batch.
+    let app = crate::helpers::spawn_app_on(db.clone(), |_| {}).await;
+    app.kv_put("low", "5", &json!(1)).await.expect(201);
+    let r = app.kv_put("high", "6", &json!(1)).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert!(r.text.contains("fencegate.kv_jump_cap"), "the answer names the setting: {}", r.text);
+    let r = app.batch(Some("7"), None, &json!({"ops": [{"op": "put", "key": "high", "value": 1}]})).await;
+    assert_eq!(r.status, 503, "{}", r.text);
+    assert!(r.text.contains("ALTER DATABASE"), "the answer says how to remove it: {}", r.text);
+    app.assert_absent("high").await;
+    // Scoped writes leave the key's fence at 0: the trigger skips them.
+    app.kv_put_scoped("scoped", "99", "s", &json!(1)).await.expect(201);
+
+    // A cap configured: fencegate's own value, set in the statement, is the one applied.
+    let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
+    app.kv_put("high", "900", &json!(1)).await.expect(201);
+    app.batch(Some("950"), None, &json!({"ops": [{"op": "put", "key": "high-2", "value": 1}]})).await.expect(200);
+    jump(&app.kv_put("higher", "1001", &json!(1)).await, "1001", "0", "1000");
+}

@@ -241,7 +241,7 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
 /// key): the write of that key with that token, in every round it is in. `None` if the detail
 /// names none of them (it could not be read).
 fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
-    let (token, key) = key_jump_detail(err)?;
+    let (token, key) = err.key_jump_detail()?;
     let mut refused = Vec::new();
     for round in rounds.iter_mut() {
         let jobs = std::mem::take(&mut round.jobs);
@@ -252,13 +252,6 @@ fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
     }
     rounds.retain(|round| !round.jobs.is_empty());
     (!refused.is_empty()).then_some(refused)
-}
-
-/// The token and key named by a key-jump refusal's DETAIL.
-fn key_jump_detail(err: &StoreError) -> Option<(i64, String)> {
-    let detail = err.database_error()?.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
-    let (token, key) = detail.split_once(' ')?;
-    Some((token.parse().ok()?, key.to_owned()))
 }
 
 /// Whether the database refused the combined statement itself (so nothing of it was

@@ -23,6 +23,17 @@ use crate::{
     },
 };
 
+/// What the kv part of a batch did (`PgStore::batch_in`).
+pub(super) enum BatchKv {
+    Written(Vec<Written>),
+    /// These keys were refused, and the transaction is still usable (a batch with table rows goes
+    /// on to judge them, to report every stale one); it must not be committed.
+    Refused(Vec<Key>),
+    /// These keys were refused by aborting the statement (the new-key trigger): the transaction
+    /// can only be rolled back.
+    Aborted(Vec<Key>),
+}
+
 impl KvStore for PgStore {
     /// With coalescing on (`database.coalesce_workers > 0`), a coalescer worker runs every
     /// write's statement (see `write`).
@@ -84,13 +95,13 @@ impl KvStore for PgStore {
         let mut tx = conn.begin().await?;
         let outcome = self.batch_in(&mut tx, writes, guard).await?;
         match &outcome {
-            Ok(_) => tx.commit().await?,
-            Err(_) => tx.rollback().await?,
+            BatchKv::Written(_) => tx.commit().await?,
+            BatchKv::Refused(_) | BatchKv::Aborted(_) => tx.rollback().await?,
         }
         conn.done();
         match outcome {
-            Ok(written) => Ok(Outcome::Accepted(written)),
-            Err(refused) => Ok(self.refusal(&refused, guard).await?.outcome()),
+            BatchKv::Written(written) => Ok(Outcome::Accepted(written)),
+            BatchKv::Refused(refused) | BatchKv::Aborted(refused) => Ok(self.refusal(&refused, guard).await?.outcome()),
         }
     }
 
@@ -159,13 +170,13 @@ impl PgStore {
     }
 
     /// The kv part of a batch, inside the caller's transaction (a batch may also write legacy
-    /// tables, see `tables`). `Err` lists the refused keys: nothing may then be committed.
+    /// tables, see `tables`). Unless every key was written, nothing may be committed.
     pub(super) async fn batch_in(
         &self,
         tx: &mut sqlx::PgConnection,
         writes: &[Write],
         guard: &Guard,
-    ) -> Result<Result<Vec<Written>, Vec<Key>>, StoreError> {
+    ) -> Result<BatchKv, StoreError> {
         // One row per key (ON CONFLICT cannot touch a row twice in a statement): the last
         // write to a key is its effect on the store. BTreeMap also sorts keys for lock order.
         let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
@@ -190,13 +201,30 @@ impl PgStore {
         }
         let sql = self.statements(guard.rule);
         let rows = match &guard.target {
-            Target::Key => sqlx::query(&sql.batch_rows)
-                .bind(&keys)
-                .bind(&values)
-                .bind(&deleted)
-                .bind(vec![guard.token.get(); keys.len()])
-                .fetch_all(&mut *tx)
-                .await?,
+            Target::Key => {
+                let rows = sqlx::query(&sql.batch_rows)
+                    .bind(&keys)
+                    .bind(&values)
+                    .bind(&deleted)
+                    .bind(vec![guard.token.get(); keys.len()])
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(StoreError::from);
+                match rows {
+                    // A key deleted after the statement's lookup, created again above the jump
+                    // cap (`sql.rs`, `batch_rows`): the trigger aborted the transaction. That key
+                    // is refused (explained as a jump); if its name cannot be read, every key is
+                    // (and whatever explains none of them is answered "raced, retry").
+                    Err(err) if err.is_key_jump() => {
+                        let named = err.key_jump_detail().and_then(|(_, key)| last.keys().find(|k| k.as_str() == key));
+                        return Ok(BatchKv::Aborted(match named {
+                            Some(key) => vec![(*key).clone()],
+                            None => last.keys().map(|k| (*k).clone()).collect(),
+                        }));
+                    }
+                    rows => rows?,
+                }
+            }
             Target::Scope(scope) => sqlx::query(&sql.batch_scope)
                 .bind(&keys)
                 .bind(&values)
@@ -213,7 +241,7 @@ impl PgStore {
             }
             let refused: Vec<Key> =
                 last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
-            return Ok(Err(refused));
+            return Ok(BatchKv::Refused(refused));
         }
         // Rows come back in no guaranteed order: map each to its key by name, not by position.
         let by_name: HashMap<&str, &Key> = last.keys().map(|k| (k.as_str(), *k)).collect();
@@ -227,7 +255,7 @@ impl PgStore {
                 .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
             written.push(Written { key, was_live: version != 1, version });
         }
-        Ok(Ok(written))
+        Ok(BatchKv::Written(written))
     }
 
     /// Explains a refusal: reads the refused keys (their scope and own fence) and, for a scoped
@@ -254,11 +282,11 @@ impl PgStore {
             conn.done();
         }
         let explained = explain_refusal(keys, &seen, guard, &self.checks);
-        // Nothing explains an unscoped write that was not written: with a jump cap, that is also
-        // what a missing or disabled new-key trigger does (its statement writes nothing, see
-        // `sql.rs`). Say so, to the client and the operator, rather than "raced".
-        if matches!(explained, Err(StoreError::Raced(_))) && self.checks.jump != JumpCap(0) && guard.scope().is_none() {
-            if let Some(why) = self.new_key_check_missing().await? {
+        // Nothing explains an unscoped write that was not written: the new-key trigger may be
+        // broken (see `new_key_check_broken`). Say so, to the client and the operator, rather
+        // than "raced".
+        if matches!(explained, Err(StoreError::Raced(_))) && guard.scope().is_none() {
+            if let Some(why) = self.new_key_check_broken().await? {
                 tracing::error!("{why}");
                 return Err(StoreError::NotReady(why));
             }
@@ -266,12 +294,27 @@ impl PgStore {
         explained
     }
 
-    /// `Some(what to do)` if the trigger that applies the jump cap to new keys is missing or
-    /// not enabled ALWAYS, so that unscoped writes with a jump cap write nothing.
-    async fn new_key_check_missing(&self) -> Result<Option<String>, StoreError> {
+    /// `Some(what to do)` if the jump cap's new-key trigger (`sql.rs`) keeps unscoped writes from
+    /// being written: with a cap, it is missing or not enabled ALWAYS (the statements then write
+    /// nothing); with or without one, the setting it reads, `fencegate.kv_jump_cap`, has a value
+    /// of its own on fencegate's connections (`ALTER ROLE/DATABASE .. SET`, postgresql.conf),
+    /// which the trigger applies to statements that set none, or cannot read.
+    async fn new_key_check_broken(&self) -> Result<Option<String>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let enabled: Option<String> = sqlx::query_scalar(sql::NEW_KEY_TRIGGER_STATE).fetch_optional(&mut *conn).await?;
+        let (enabled, stray): (Option<String>, Option<String>) =
+            sqlx::query_as(sql::NEW_KEY_CHECK_STATE).fetch_one(&mut *conn).await?;
         conn.done();
+        if let Some(value) = stray.filter(|v| !v.is_empty()) {
+            return Ok(Some(format!(
+                "fencegate.kv_jump_cap is set to {value:?} outside fencegate's statements (for its role or database, or \
+                 in postgresql.conf): fencegate sets it itself, per statement, from kv.max_token_jump, and this value \
+                 refuses or breaks its writes; remove it: ALTER ROLE <role> RESET fencegate.kv_jump_cap, ALTER \
+                 DATABASE <db> RESET fencegate.kv_jump_cap (then reconnect), or remove it from postgresql.conf"
+            )));
+        }
+        if self.checks.jump == JumpCap(0) {
+            return Ok(None);
+        }
         Ok(match enabled.as_deref() {
             Some("A") => None,
             state => Some(format!(

@@ -129,7 +129,8 @@ pub(super) struct Statements {
     /// [`KEY_JUMP_SQLSTATE`]).
     pub rows: String,
     /// As `rows`, for an unscoped batch (one token for every row): a key it would create above
-    /// the jump cap is left out (a missing row), and the transaction stays usable.
+    /// the jump cap is left out (a missing row), and the transaction stays usable; unless the
+    /// key was deleted concurrently, after the statement's snapshot: then it aborts, as `rows`.
     pub batch_rows: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 tokens, $5 scopes: a coalesced round of scoped
     /// writes, each scope with one token.
@@ -175,16 +176,20 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
 pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
 /// The `pg_catalog.pg_trigger` row of the trigger that applies the jump cap to new keys: read by
-/// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_TRIGGER_STATE`].
+/// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_CHECK_STATE`].
 macro_rules! new_key_trigger {
     () => {
         "pg_catalog.pg_trigger WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created'"
     };
 }
 
-/// `tgenabled` of the trigger that applies the jump cap to new keys (no row: missing): what
-/// explains an unscoped write that was not written and that nothing else refuses.
-pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
+/// `tgenabled` of the trigger that applies the jump cap to new keys (NULL: missing), and the
+/// value the trigger's setting has outside any of fencegate's statements (NULL or empty: none):
+/// what explains an unscoped write that was not written and that nothing else refuses.
+pub(super) const NEW_KEY_CHECK_STATE: &str = concat!(
+    "SELECT (SELECT tgenabled::text FROM ", new_key_trigger!(), "), ",
+    "pg_catalog.current_setting('fencegate.kv_jump_cap', true)"
+);
 
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
 /// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
@@ -263,7 +268,7 @@ impl Statements {
             put_key,
             put_scope,
             rows: upsert_rows(rule, checks, NewKeys::Trigger),
-            batch_rows: upsert_rows(rule, checks, NewKeys::Lookup),
+            batch_rows: upsert_rows(rule, checks, NewKeys::LookupThenTrigger),
             scoped_rows: upsert_scoped_rows(rule, checks),
             batch_scope,
             claim: scope_claim(rule, checks, "$1", "$2", true),
@@ -281,25 +286,26 @@ enum NewKeys {
     /// A lookup of every key before the insert leaves a refused one out of the rows, so it comes
     /// back as a missing row and the transaction stays usable: for a batch, whose transaction
     /// goes on to judge its table rows and decides all or nothing. One index lookup per row more.
-    Lookup,
+    /// The lookup reads the statement's snapshot: a key it sees that another transaction deletes
+    /// before the insert is created after all, and the trigger refuses it (aborting the batch's
+    /// transaction, which is then refused whole).
+    LookupThenTrigger,
 }
 
 /// The fenced multi-row upsert of unscoped writes, each row with its own token: used by the
 /// coalescer (per-row outcomes, `NewKeys::Trigger`) and by unscoped batches (in a transaction,
-/// all or nothing, `NewKeys::Lookup`).
+/// all or nothing, `NewKeys::LookupThenTrigger`).
 /// ORDER BY key: concurrent statements lock rows in the same order, so they cannot deadlock.
 fn upsert_rows(rule: Rule, checks: &Checks, new_keys: NewKeys) -> String {
     let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
     let scope_check = kv_scope_check(checks.scopes);
     let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
-    let (cap, join, filter) = match new_keys {
-        NewKeys::Trigger => {
-            let (cap, join) = key_jump_cte(checks);
-            (cap, join, String::new())
-        }
-        NewKeys::Lookup => {
+    let (cap, join) = key_jump_cte(checks);
+    let filter = match new_keys {
+        NewKeys::Trigger => String::new(),
+        NewKeys::LookupThenTrigger => {
             let fence = "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = w.key)";
-            (String::new(), "", format!("WHERE {}", sql_jump_check(checks.jump, fence, "w.token")))
+            format!("WHERE {}", sql_jump_check(checks.jump, fence, "w.token"))
         }
     };
     format!(

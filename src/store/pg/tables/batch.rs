@@ -8,7 +8,7 @@ use super::{explain::check_token_fits, rows::{fence_row, write_row}};
 use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
-        pg::PgStore, BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
+        pg::{kv::BatchKv, PgStore}, BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
     },
     tables::{RowWrite, TableOp},
 };
@@ -58,13 +58,15 @@ impl PgStore {
         if !kv.is_empty() {
             // A scoped kv batch claims the scope itself (with `scope_rule`).
             match self.batch_in(&mut tx, &kv, &kv_guard).await? {
-                Ok(written) => kv_written = written,
-                Err(refused) if scope.is_some() => {
+                BatchKv::Written(written) => kv_written = written,
+                BatchKv::Refused(refused) if scope.is_none() => kv_refused = refused,
+                // Scoped: the scope's claim was refused, or undone with the key. Aborted: the
+                // transaction cannot go on to judge the rows (any stale ones go unreported).
+                BatchKv::Refused(refused) | BatchKv::Aborted(refused) => {
                     tx.rollback().await.map_err(StoreError::from)?;
                     conn.done();
                     return Ok(self.refusal(&refused, &kv_guard).await?.outcome());
                 }
-                Err(refused) => kv_refused = refused,
             }
         } else if let Some(scope) = scope {
             if let Err(refusal) = self.claim_scope(&mut tx, scope, token, scope_rule).await? {
