@@ -494,11 +494,11 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
 }
 
 #[tokio::test]
-async fn a_value_of_the_cap_setting_left_on_the_role_or_database_is_named_not_raced() {
-    // fencegate tells the new-key trigger the cap per statement (`fencegate.kv_jump_cap`). A value
-    // an operator sets for the database or role would be applied to statements that set none;
-    // the writes it stops must be answered 503 naming the setting, never "raced, retry" forever,
-    // and a write fencegate sets the cap for must not be judged by it.
+async fn a_value_of_the_cap_setting_left_on_the_database_does_not_apply_to_fencegates_writes() {
+    // fencegate tells the new-key trigger the cap in each unscoped statement, through the setting
+    // `fencegate.kv_jump_cap`. A value an operator leaves on the database or role (a number, or
+    // something the trigger cannot read) must not judge fencegate's writes: every one of its
+    // statements sets the setting itself, to nothing without a cap.
     use sqlx::Connection;
     if crate::BACKEND == crate::pg::Backend::Sqlite {
         // No such setting, no trigger: SQLite checks new keys in the statement itself.
@@ -511,24 +511,31 @@ async fn a_value_of_the_cap_setting_left_on_the_role_or_database_is_named_not_ra
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
     // Migrate first (the first app), then set the value: new connections get it.
     drop(crate::helpers::spawn_app_on(db.clone(), |_| {}).await.get("/readyz").await);
-    sqlx::query(&format!("ALTER DATABASE {name} SET fencegate.kv_jump_cap = '5'")).execute(&mut sql).await.unwrap();
+    for (n, stray) in ["5", "off"].into_iter().enumerate() {
+        sqlx::query(&format!("ALTER DATABASE {name} SET fencegate.kv_jump_cap = '{stray}'")).execute(&mut sql).await.unwrap();
+        // The value is live on new connections: a writer that sets none is judged by it.
+        let mut other = sqlx::PgConnection::connect(&db).await.unwrap();
+        let direct = sqlx::query("INSERT INTO fencegate.fencegate_kv (key, value, key_fence, fence_token) VALUES ('direct', '1', 6, 6)")
+            .execute(&mut other)
+            .await;
+        assert!(direct.is_err(), "{stray}: the trigger applies the stray value to a writer that sets none");
 
-    // No cap configured: a new key above 5, alone, coalesced, and in a batch.
-    let app = crate::helpers::spawn_app_on(db.clone(), |_| {}).await;
-    app.kv_put("low", "5", &json!(1)).await.expect(201);
-    let r = app.kv_put("high", "6", &json!(1)).await;
-    assert_eq!(r.status, 503, "{}", r.text);
-    assert!(r.text.contains("fencegate.kv_jump_cap"), "the answer names the setting: {}", r.text);
-    let r = app.batch(Some("7"), None, &json!({"ops": [{"op": "put", "key": "high", "value": 1}]})).await;
-    assert_eq!(r.status, 503, "{}", r.text);
-    assert!(r.text.contains("ALTER DATABASE"), "the answer says how to remove it: {}", r.text);
-    app.assert_absent("high").await;
-    // Scoped writes leave the key's fence at 0: the trigger skips them.
-    app.kv_put_scoped("scoped", "99", "s", &json!(1)).await.expect(201);
+        // No cap configured: new keys far above 5, alone, coalesced, and in a batch.
+        let app = crate::helpers::spawn_app_on(db.clone(), |_| {}).await;
+        app.kv_put(&format!("alone-{n}"), "999", &json!(1)).await.expect(201);
+        let app = &app;
+        let writes = (0..20).map(|i| async move { app.kv_put(&format!("many-{n}-{i}"), "1000", &json!(i)).await });
+        for r in futures::future::join_all(writes).await {
+            r.expect(201);
+        }
+        let ops = json!({"ops": [{"op": "put", "key": format!("batch-{n}"), "value": 1}]});
+        app.batch(Some("1001"), None, &ops).await.expect(200);
 
-    // A cap configured: fencegate's own value, set in the statement, is the one applied.
-    let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
-    app.kv_put("high", "900", &json!(1)).await.expect(201);
-    app.batch(Some("950"), None, &json!({"ops": [{"op": "put", "key": "high-2", "value": 1}]})).await.expect(200);
-    jump(&app.kv_put("higher", "1001", &json!(1)).await, "1001", "0", "1000");
+        // A cap configured: fencegate's own value is the one applied.
+        let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
+        app.kv_put(&format!("capped-{n}"), "900", &json!(1)).await.expect(201);
+        let ops = json!({"ops": [{"op": "put", "key": format!("capped-batch-{n}"), "value": 1}]});
+        app.batch(Some("950"), None, &ops).await.expect(200);
+        jump(&app.kv_put(&format!("higher-{n}"), "1001", &json!(1)).await, "1001", "0", "1000");
+    }
 }

@@ -282,11 +282,11 @@ impl PgStore {
             conn.done();
         }
         let explained = explain_refusal(keys, &seen, guard, &self.checks);
-        // Nothing explains an unscoped write that was not written: the new-key trigger may be
-        // broken (see `new_key_check_broken`). Say so, to the client and the operator, rather
-        // than "raced".
+        // Nothing explains an unscoped write that was not written: with a jump cap, that is also
+        // what a missing or disabled new-key trigger does (its statement writes nothing, see
+        // `sql.rs`). Say so, to the client and the operator, rather than "raced".
         if matches!(explained, Err(StoreError::Raced(_))) && guard.scope().is_none() {
-            if let Some(why) = self.new_key_check_broken().await? {
+            if let Some(why) = self.new_key_check_missing().await? {
                 tracing::error!("{why}");
                 return Err(StoreError::NotReady(why));
             }
@@ -294,27 +294,15 @@ impl PgStore {
         explained
     }
 
-    /// `Some(what to do)` if the jump cap's new-key trigger (`sql.rs`) keeps unscoped writes from
-    /// being written: with a cap, it is missing or not enabled ALWAYS (the statements then write
-    /// nothing); with or without one, the setting it reads, `fencegate.kv_jump_cap`, has a value
-    /// of its own on fencegate's connections (`ALTER ROLE/DATABASE .. SET`, postgresql.conf),
-    /// which the trigger applies to statements that set none, or cannot read.
-    async fn new_key_check_broken(&self) -> Result<Option<String>, StoreError> {
-        let mut conn = self.conns.take().await?;
-        let (enabled, stray): (Option<String>, Option<String>) =
-            sqlx::query_as(sql::NEW_KEY_CHECK_STATE).fetch_one(&mut *conn).await?;
-        conn.done();
-        if let Some(value) = stray.filter(|v| !v.is_empty()) {
-            return Ok(Some(format!(
-                "fencegate.kv_jump_cap is set to {value:?} outside fencegate's statements (for its role or database, or \
-                 in postgresql.conf): fencegate sets it itself, per statement, from kv.max_token_jump, and this value \
-                 refuses or breaks its writes; remove it: ALTER ROLE <role> RESET fencegate.kv_jump_cap, ALTER \
-                 DATABASE <db> RESET fencegate.kv_jump_cap (then reconnect), or remove it from postgresql.conf"
-            )));
-        }
+    /// `Some(what to do)` if the trigger that applies the jump cap to new keys is missing or
+    /// not enabled ALWAYS, so that unscoped writes with a jump cap write nothing.
+    async fn new_key_check_missing(&self) -> Result<Option<String>, StoreError> {
         if self.checks.jump == JumpCap(0) {
             return Ok(None);
         }
+        let mut conn = self.conns.take().await?;
+        let enabled: Option<String> = sqlx::query_scalar(sql::NEW_KEY_TRIGGER_STATE).fetch_optional(&mut *conn).await?;
+        conn.done();
         Ok(match enabled.as_deref() {
             Some("A") => None,
             state => Some(format!(

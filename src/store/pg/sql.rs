@@ -176,42 +176,38 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
 pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
 /// The `pg_catalog.pg_trigger` row of the trigger that applies the jump cap to new keys: read by
-/// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_CHECK_STATE`].
+/// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_TRIGGER_STATE`].
 macro_rules! new_key_trigger {
     () => {
         "pg_catalog.pg_trigger WHERE tgrelid = 'fencegate_kv'::regclass AND tgname = 'fencegate_kv_created'"
     };
 }
 
-/// `tgenabled` of the trigger that applies the jump cap to new keys (NULL: missing), and the
-/// value the trigger's setting has outside any of fencegate's statements (NULL or empty: none):
-/// what explains an unscoped write that was not written and that nothing else refuses.
-pub(super) const NEW_KEY_CHECK_STATE: &str = concat!(
-    "SELECT (SELECT tgenabled::text FROM ", new_key_trigger!(), "), ",
-    "pg_catalog.current_setting('fencegate.kv_jump_cap', true)"
-);
+/// `tgenabled` of the trigger that applies the jump cap to new keys (no row: missing): what
+/// explains an unscoped write that was not written and that nothing else refuses.
+pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
 
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
 /// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
-/// list; both empty without a cap. The one-row CTE sets `fencegate.kv_jump_cap` once, before the
-/// first row is read (`MATERIALIZED`), and only if the trigger is there and enabled ALWAYS:
-/// if it was dropped or disabled, or the migration is not applied, the CTE is empty and so is
-/// the statement's row source, so nothing is written (fail closed; the writes are answered 503,
-/// naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on `fencegate_kv` from
-/// before this reads the catalog, and `DISABLE TRIGGER` must wait for it. The cap is a number
-/// from the validated configuration, never request text.
+/// list. The one-row CTE sets `fencegate.kv_jump_cap` once, before the first row is read
+/// (`MATERIALIZED`). Every unscoped statement sets it, to nothing without a cap: a value the
+/// setting has for fencegate's role or database (`ALTER ROLE .. SET`) never applies to
+/// fencegate's writes. With a cap, the CTE yields its row only if the trigger is there and
+/// enabled ALWAYS: if it was dropped or disabled, or the migration is not applied, the CTE is
+/// empty and so is the statement's row source, so nothing is written (fail closed; the writes
+/// are answered 503, naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on
+/// `fencegate_kv` from before this reads the catalog, and `DISABLE TRIGGER` must wait for it.
+/// The cap is a number from the validated configuration, never request text.
 fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
-    match checks.jump {
-        JumpCap(0) => (String::new(), ""),
-        JumpCap(cap) => (
-            format!(
-                "WITH cap AS MATERIALIZED (
-                     SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM {trigger} AND tgenabled = 'A') ",
-                trigger = new_key_trigger!()
-            ),
-            ", cap",
+    let cte = match checks.jump {
+        JumpCap(0) => "WITH cap AS MATERIALIZED (SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '', true)) ".to_owned(),
+        JumpCap(cap) => format!(
+            "WITH cap AS MATERIALIZED (
+                 SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM {trigger} AND tgenabled = 'A') ",
+            trigger = new_key_trigger!()
         ),
-    }
+    };
+    (cte, ", cap")
 }
 
 impl Statements {
@@ -223,14 +219,10 @@ impl Statements {
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // the fence admits the token, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
         // A key this creates is checked against the jump cap by the trigger (module docs).
-        let (cap, join) = key_jump_cte(checks);
-        let row = match join {
-            "" => "VALUES ($1, $2, $3, $4, $4, NULL)".to_owned(),
-            _ => "SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text FROM cap".to_owned(),
-        };
+        let (cap, _) = key_jump_cte(checks);
         let put_key = format!(
             "{cap}INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
-             {row}
+             SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text FROM cap
              {KV_ON_CONFLICT}
              WHERE {admits} AND {scope_check} AND {key_jump}
              RETURNING version"
