@@ -29,7 +29,8 @@
 //! a new key's fence counts as 0, so its token may not exceed the cap. The statement tells the
 //! trigger the cap (the setting `fencegate.kv_jump_cap`, transaction-local, set in the
 //! statement itself so that a pooler cannot lose it, and only if the trigger is there and
-//! enabled: otherwise the statement writes nothing), and the trigger refuses with SQLSTATE
+//! enabled: otherwise the statement writes nothing; without a cap, set to nothing, so that a
+//! value left on the role or database never applies), and the trigger refuses with SQLSTATE
 //! [`KEY_JUMP_SQLSTATE`] (DETAIL: the token, a space, the key), which aborts the statement:
 //! nothing of it is committed; the coalescer answers that write and applies the others again.
 //! Checking new keys in the row to insert instead would look every key up once more before the
