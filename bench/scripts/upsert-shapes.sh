@@ -4,7 +4,8 @@
 # existing keys per statement, shapes interleaved:
 #   rowsonly  only the rows (generated in SQL, jsonb parsed): subtract it from the others;
 #   current   fencegate's unscoped coalesced upsert (fence and scope checked in DO UPDATE .. WHERE,
-#             ORDER BY key, RETURNING key, version), without a jump cap;
+#             ORDER BY key, RETURNING key, version), without the one-row CTE that sets the jump
+#             cap's setting (measured apart: bench/scripts/jump-cap-sql.sh);
 #   noreturn  the same without RETURNING;   noorder  without ORDER BY;   nowhere  without the WHERE;
 #   minimal   ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, nothing else;
 #   update    UPDATE .. FROM the rows (existing keys only), for comparison.

@@ -409,19 +409,18 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
     app.kv_put("there", "20", &json!("x")).await.expect(200);
 }
 
-/// Waits until a backend of database `db` waits for a lock: the statement under test is blocked.
-async fn until_blocked_on_a_lock(sql: &mut sqlx::PgConnection, db: &str) {
-    let name = db.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
+/// Waits until some backend is blocked by the session `holder` (its transaction holds a lock
+/// another statement waits for): the statement under test is waiting on it.
+async fn until_blocked_by(sql: &mut sqlx::PgConnection, holder: i32) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
-        )
-        .bind(&name)
-        .fetch_one(&mut *sql)
-        .await
-        .unwrap();
-        if waiting > 0 {
+        let blocked: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
+                .bind(holder)
+                .fetch_one(&mut *sql)
+                .await
+                .unwrap();
+        if blocked > 0 {
             return;
         }
         assert!(std::time::Instant::now() < deadline, "the batch never waited for the deleted row's lock");
@@ -472,13 +471,14 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
         app.kv_put("k", "1000", &json!("before")).await.expect(201);
         app.kv_put("also", "1000", &json!("before")).await;
         let mut dba = sqlx::PgConnection::connect(&db).await.unwrap();
+        let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut dba).await.unwrap();
         sqlx::query("BEGIN").execute(&mut dba).await.unwrap();
         sqlx::query("DELETE FROM fencegate.fencegate_kv WHERE key = 'k'").execute(&mut dba).await.unwrap();
         // 1900 is within the cap of k's fence (1000) as the batch's snapshot shows it, and far
         // above it from 0, which is what k's fence is once the delete commits.
         let batch = app.batch(Some("1900"), None, ops);
         let commit = async {
-            until_blocked_on_a_lock(&mut sql, &db).await;
+            until_blocked_by(&mut sql, holder).await;
             sqlx::query("COMMIT").execute(&mut dba).await.unwrap();
         };
         let (r, ()) = tokio::join!(batch, commit);
@@ -507,8 +507,8 @@ async fn a_value_of_the_cap_setting_left_on_the_database_does_not_apply_to_fence
         return;
     }
     let db = crate::pg::fresh_database().await;
-    let name = db.rsplit('/').next().unwrap().split('?').next().unwrap().to_owned();
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
+    let name: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&mut sql).await.unwrap();
     // Migrate first (the first app), then set the value: new connections get it.
     drop(crate::helpers::spawn_app_on(db.clone(), |_| {}).await.get("/readyz").await);
     for (n, stray) in ["5", "off"].into_iter().enumerate() {
@@ -520,7 +520,7 @@ async fn a_value_of_the_cap_setting_left_on_the_database_does_not_apply_to_fence
             .await;
         assert!(direct.is_err(), "{stray}: the trigger applies the stray value to a writer that sets none");
 
-        // No cap configured: new keys far above 5, alone, coalesced, and in a batch.
+        // No cap configured: new keys far above 5, alone, concurrently (coalesced), in a batch.
         let app = crate::helpers::spawn_app_on(db.clone(), |_| {}).await;
         app.kv_put(&format!("alone-{n}"), "999", &json!(1)).await.expect(201);
         let app = &app;

@@ -188,9 +188,9 @@ macro_rules! new_key_trigger {
 /// explains an unscoped write that was not written and that nothing else refuses.
 pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
 
-/// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs):
-/// `(cte, join)`, a `WITH` to put before the `INSERT` and the item to add to its rows' `FROM`
-/// list. The one-row CTE sets `fencegate.kv_jump_cap` once, before the first row is read
+/// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs): a
+/// `WITH` to put before the `INSERT`, whose one-row CTE `cap` the statement's rows must be
+/// selected `FROM`. It sets `fencegate.kv_jump_cap` once, before the first row is read
 /// (`MATERIALIZED`). Every unscoped statement sets it, to nothing without a cap: a value the
 /// setting has for fencegate's role or database (`ALTER ROLE .. SET`) never applies to
 /// fencegate's writes. With a cap, the CTE yields its row only if the trigger is there and
@@ -199,16 +199,15 @@ pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text F
 /// are answered 503, naming the trigger: `kv.rs`, `refusal`). The statement holds its lock on
 /// `fencegate_kv` from before this reads the catalog, and `DISABLE TRIGGER` must wait for it.
 /// The cap is a number from the validated configuration, never request text.
-fn key_jump_cte(checks: &Checks) -> (String, &'static str) {
-    let cte = match checks.jump {
+fn key_jump_cte(checks: &Checks) -> String {
+    match checks.jump {
         JumpCap(0) => "WITH cap AS MATERIALIZED (SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '', true)) ".to_owned(),
         JumpCap(cap) => format!(
             "WITH cap AS MATERIALIZED (
                  SELECT pg_catalog.set_config('fencegate.kv_jump_cap', '{cap}', true) FROM {trigger} AND tgenabled = 'A') ",
             trigger = new_key_trigger!()
         ),
-    };
-    (cte, ", cap")
+    }
 }
 
 impl Statements {
@@ -220,7 +219,7 @@ impl Statements {
         // In an unscoped write, key_fence is set to the token: the WHERE admits it only when
         // the fence admits the token, so GREATEST in KV_ON_CONFLICT keeps it monotone either way.
         // A key this creates is checked against the jump cap by the trigger (module docs).
-        let (cap, _) = key_jump_cte(checks);
+        let cap = key_jump_cte(checks);
         let put_key = format!(
             "{cap}INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
              SELECT $1::text, $2::jsonb, $3::bool, $4::int8, $4::int8, NULL::text FROM cap
@@ -273,8 +272,9 @@ impl Statements {
 /// How an unscoped upsert checks the jump cap of the keys it creates (module docs).
 #[derive(Clone, Copy)]
 enum NewKeys {
-    /// The trigger refuses them, aborting the statement: for statements that answer per row
-    /// (the coalescer, a lone write), where an abort is retried write by write.
+    /// The trigger refuses them, aborting the statement: for the coalescer's statements, which
+    /// answer per row (an abort answers the write it names and applies the others again). A lone
+    /// write's statement (`put_key`) checks new keys the same way.
     Trigger,
     /// A lookup of every key before the insert leaves a refused one out of the rows, so it comes
     /// back as a missing row and the transaction stays usable: for a batch, whose transaction
@@ -293,7 +293,7 @@ fn upsert_rows(rule: Rule, checks: &Checks, new_keys: NewKeys) -> String {
     let admits = fence_admits(rule, "kv.key_fence", "EXCLUDED.key_fence");
     let scope_check = kv_scope_check(checks.scopes);
     let key_jump = sql_jump_check(checks.jump, "kv.key_fence", "EXCLUDED.key_fence");
-    let (cap, join) = key_jump_cte(checks);
+    let cap = key_jump_cte(checks);
     let filter = match new_keys {
         NewKeys::Trigger => String::new(),
         NewKeys::LookupThenTrigger => {
@@ -304,7 +304,7 @@ fn upsert_rows(rule: Rule, checks: &Checks, new_keys: NewKeys) -> String {
     format!(
         "{cap}INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT w.key, w.value, w.deleted, w.token, w.token, NULL
-         FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token){join}
+         FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[]) AS w(key, value, deleted, token), cap
          {filter}
          ORDER BY w.key
          {KV_ON_CONFLICT}
