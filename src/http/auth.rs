@@ -42,6 +42,9 @@ impl Named {
 /// the credential lacks it. The actor goes into the request's extensions, for the handler, and
 /// its name onto the request's span. Called by the gate ([`super::gate`]) on every route whose
 /// [`Access`](super::routes::Access) asks for a credential; never with auth off.
+// The refusal is the response itself, built once, on the refusal path only: boxing it would
+// cost every caller an indirection for nothing.
+#[allow(clippy::result_large_err)]
 pub fn authenticate(auth: &Authenticator, need: Credential, req: &mut Request) -> Result<Actor, Response> {
     let cert = req.extensions().get::<std::sync::Arc<ClientCert>>().map(|c| &**c);
     let mut values = req.headers().get_all(AUTHORIZATION).iter();

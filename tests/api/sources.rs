@@ -161,9 +161,11 @@ async fn reserved_lock_scopes_refuse_unissued_tokens_before_the_first_grant() {
 
 #[tokio::test]
 async fn reserved_names_and_issuers_may_not_share_a_scope() {
-    let mut settings = fencegate::config::Settings::default();
-    settings.issuers = vec![issuer()];
-    settings.locks.names = vec!["signed/nightly".into()];
+    let mut settings = fencegate::config::Settings {
+        issuers: vec![issuer()],
+        locks: fencegate::locks::LockSettings { names: vec!["signed/nightly".into()], ..Default::default() },
+        ..Default::default()
+    };
     let err = settings.validate().unwrap_err().to_string();
     assert!(err.contains("locks.names") && err.contains("redis"), "{err}");
     settings.locks.names = vec!["jobs/".into()];

@@ -41,9 +41,6 @@ use crate::{
 /// A canonical key longer than this is refused: it is a btree index key in the ledger.
 pub(super) const MAX_CANONICAL_KEY: usize = 2048;
 
-/// The most demanding rule among those given: a scope shared by several resources is claimed
-/// once, so it must satisfy each of them.
-
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
