@@ -14,30 +14,9 @@
 set -euo pipefail
 rounds=${1:-4}; secs=${2:-8}; n=${3:-64}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-db=fg_jump_$$
-dir=$(mktemp -d)
-cleanup() { psql -q "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true; rm -rf "$dir"; }
-trap cleanup EXIT
-psql -q "$url" -c "CREATE DATABASE $db"
-dburl=${url%/*}/$db
-psql -q "$dburl" <<'EOF'
-CREATE TABLE fencegate_kv (key text PRIMARY KEY, value jsonb, deleted boolean NOT NULL DEFAULT false,
-    key_fence bigint NOT NULL DEFAULT 0 CHECK (key_fence >= 0), fence_token bigint NOT NULL CHECK (fence_token >= 0),
-    scope text, version bigint NOT NULL DEFAULT 1, updated_at timestamptz NOT NULL DEFAULT now()) WITH (fillfactor = 90);
-INSERT INTO fencegate_kv (key, value, key_fence, fence_token)
-    SELECT 'bench-key-' || g, '{}', (extract(epoch FROM clock_timestamp()) * 1e6)::int8 - 60000000, 0 FROM generate_series(0, 9999) g;
-EOF
+. "$(dirname "$0")/kv-bench-db.sh" fg_jump
 psql -q "$dburl" -f "$here/migrations/postgres/20261125000004_kv_jump_on_insert.sql"
-psql -q "$dburl" -c "VACUUM ANALYZE fencegate_kv"
-# $n distinct existing keys per statement, each row's value parsed as jsonb, tokens from the clock.
-rows="SELECT 'bench-key-' || ((:s + g * 137) % 10000) AS key, ('{\"n\": ' || g || ', \"by\": \"bench\"}')::jsonb AS value,
-    false AS deleted, (extract(epoch FROM clock_timestamp()) * 1e6)::int8 + g AS token FROM generate_series(1, $n) g"
-set_="ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, deleted = EXCLUDED.deleted, fence_token = EXCLUDED.fence_token,
-    scope = EXCLUDED.scope, key_fence = GREATEST(kv.key_fence, EXCLUDED.key_fence),
-    version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END, updated_at = now()"
 cap=3600000000
-on_lock="kv.key_fence <= EXCLUDED.key_fence AND kv.scope IS NOT DISTINCT FROM EXCLUDED.scope"
 jump_on_lock="EXCLUDED.key_fence - COALESCE(kv.key_fence, 0) <= $cap"
 printf '\\set s random(0, 9999)\nINSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM (%s) w ORDER BY w.key %s WHERE %s RETURNING key, version;\n' \
   "$rows" "$set_" "$on_lock" > "$dir/off.sql"

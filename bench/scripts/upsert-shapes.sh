@@ -13,27 +13,7 @@
 # usage: upsert-shapes.sh [ROUNDS] [SECONDS] [ROWS]   (defaults: 2 rounds, 5 s, 64 rows); SHAPES="a b" picks
 set -euo pipefail
 rounds=${1:-2}; secs=${2:-5}; n=${3:-64}
-url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-db=fg_shapes_$$
-dir=$(mktemp -d)
-cleanup() { psql -q "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" || true; rm -rf "$dir"; }
-trap cleanup EXIT
-psql -q "$url" -c "CREATE DATABASE $db"
-dburl=${url%/*}/$db
-psql -q "$dburl" <<'EOF'
-CREATE TABLE fencegate_kv (key text PRIMARY KEY, value jsonb, deleted boolean NOT NULL DEFAULT false,
-    key_fence bigint NOT NULL DEFAULT 0 CHECK (key_fence >= 0), fence_token bigint NOT NULL CHECK (fence_token >= 0),
-    scope text, version bigint NOT NULL DEFAULT 1, updated_at timestamptz NOT NULL DEFAULT now()) WITH (fillfactor = 90);
-INSERT INTO fencegate_kv (key, value, key_fence, fence_token)
-    SELECT 'bench-key-' || g, '{}', (extract(epoch FROM clock_timestamp()) * 1e6)::int8 - 60000000, 0 FROM generate_series(0, 9999) g;
-VACUUM ANALYZE fencegate_kv;
-EOF
-rows="SELECT 'bench-key-' || ((:s + g * 137) % 10000) AS key, ('{\"n\": ' || g || ', \"by\": \"bench\"}')::jsonb AS value,
-    false AS deleted, (extract(epoch FROM clock_timestamp()) * 1e6)::int8 + g AS token FROM generate_series(1, $n) g"
-set_="ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, deleted = EXCLUDED.deleted, fence_token = EXCLUDED.fence_token,
-    scope = EXCLUDED.scope, key_fence = GREATEST(kv.key_fence, EXCLUDED.key_fence),
-    version = CASE WHEN kv.deleted THEN 1 ELSE kv.version + 1 END, updated_at = now()"
-on_lock="kv.key_fence <= EXCLUDED.key_fence AND kv.scope IS NOT DISTINCT FROM EXCLUDED.scope"
+. "$(dirname "$0")/kv-bench-db.sh" fg_shapes
 ins="INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope) SELECT w.key, w.value, w.deleted, w.token, w.token, NULL FROM ($rows) w"
 printf '\\set s random(0, 9999)\nSELECT count(*) FROM (%s) w;\n' "$rows" > $dir/rowsonly.sql
 printf '\\set s random(0, 9999)\n%s ORDER BY w.key %s WHERE %s RETURNING key, version;\n' "$ins" "$set_" "$on_lock" > $dir/current.sql

@@ -23,16 +23,7 @@ async fn tables_need_the_right_and_the_resource() {
             .await
             .unwrap();
     }
-    let resource = |name: &str| fencegate::tables::ResourceSettings {
-        name: name.into(),
-        table: name.into(),
-        key: vec!["id".into()],
-        fence: fencegate::tables::FenceMode::Ledger,
-        fence_column: None,
-        strict: false,
-        scope: None,
-        guard: None,
-    };
+    let resource = |name: &str| crate::helpers::ledger_table(name, name);
     let all: &[&str] = &[""];
     let orders: &[&str] = &["orders"];
     let keys: Vec<KeySpec<'_>> =

@@ -509,3 +509,17 @@ impl BinApp {
         (status, stderr)
     }
 }
+
+/// A legacy table `table` fenced through the ledger, keyed by its column `id`, as resource `name`.
+pub fn ledger_table(name: &str, table: &str) -> fencegate::tables::ResourceSettings {
+    fencegate::tables::ResourceSettings {
+        name: name.into(),
+        table: table.into(),
+        key: vec!["id".into()],
+        fence: fencegate::tables::FenceMode::Ledger,
+        fence_column: None,
+        strict: false,
+        scope: None,
+        guard: None,
+    }
+}

@@ -168,16 +168,7 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
         sqlx::query(sql).execute(&mut conn).await.unwrap();
     }
     let app = spawn_app_on(db.clone(), |s| {
-        s.resources = vec![fencegate::tables::ResourceSettings {
-            name: "notes".into(),
-            table: "notes".into(),
-            key: vec!["id".into()],
-            fence: fencegate::tables::FenceMode::Ledger,
-            fence_column: None,
-            strict: false,
-            scope: None,
-            guard: None,
-        }]
+        s.resources = vec![crate::helpers::ledger_table("notes", "notes")]
     })
     .await;
     app.get("/readyz").await.expect(200);

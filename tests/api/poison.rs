@@ -447,16 +447,7 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
     let db = crate::pg::fresh_database().await;
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
     sqlx::query("CREATE TABLE public.jobs (id integer PRIMARY KEY, state text)").execute(&mut sql).await.unwrap();
-    let jobs = fencegate::tables::ResourceSettings {
-        name: "jobs".into(),
-        table: "public.jobs".into(),
-        key: vec!["id".into()],
-        fence: fencegate::tables::FenceMode::Ledger,
-        fence_column: None,
-        strict: false,
-        scope: None,
-        guard: None,
-    };
+    let jobs = crate::helpers::ledger_table("jobs", "public.jobs");
     let app = crate::helpers::spawn_app_on(db.clone(), |s| {
         s.kv.max_token_jump = 1000;
         s.resources = vec![jobs];
