@@ -340,11 +340,13 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
                 let (key, token) = match n {
                     13 => ("jumper".to_owned(), "1001".to_owned()),
                     31 => ("jumper-2".to_owned(), "5000".to_owned()),
+                    // The refusal names token and key, split at the first space: a key may hold spaces.
+                    7 => ("3000 jumper 3".to_owned(), "3000".to_owned()),
                     // An existing key's jump is measured from its fence (900), not from 0.
                     27 => ("old".to_owned(), "1800".to_owned()),
                     _ => (format!("fresh-{n}"), (500 + n).to_string()),
                 };
-                (key.clone(), token.clone(), app.kv_put(&key, &token, &json!(n)).await)
+                (key.clone(), token.clone(), app.kv_put(&crate::helpers::enc(&key), &token, &json!(n)).await)
             }
         });
         for (key, token, r) in futures::future::join_all(writes).await {
@@ -356,12 +358,17 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
                 "jumper-2" => {
                     jump(&r, "5000", "0", "1000");
                 }
+                "3000 jumper 3" => {
+                    let body = jump(&r, "3000", "0", "1000");
+                    assert_eq!(body["key"], json!("3000 jumper 3"), "{body}");
+                }
                 "old" => assert_eq!(r.status, 200, "workers {workers}: {}", r.text),
                 _ => assert_eq!(r.status, 201, "workers {workers}, {key} with {token}: {}", r.text),
             }
         }
         app.assert_absent("jumper").await;
         app.assert_absent("jumper-2").await;
+        app.assert_absent(&crate::helpers::enc("3000 jumper 3")).await;
         app.assert_value("old", &json!(27), "1800").await;
         app.assert_value("fresh-0", &json!(0), "500").await;
         app.assert_value("fresh-39", &json!(39), "539").await;
@@ -399,6 +406,11 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
             assert_eq!(r.status, 503, "{off}: {key} with {token}: {}", r.text);
             assert!(r.text.contains("fencegate_kv_created"), "the answer names the trigger: {}", r.text);
         }
+        // A batch within the cap is not written either, and says the same.
+        let ops = json!({"ops": [{"op": "put", "key": "fine", "value": 1}, {"op": "put", "key": "there", "value": 1}]});
+        let r = app.batch(Some("30"), None, &ops).await;
+        assert_eq!(r.status, 503, "{off}: batch: {}", r.text);
+        assert!(r.text.contains("fencegate_kv_created"), "the answer names the trigger: {}", r.text);
         app.assert_absent("poison").await;
         app.assert_absent("fine").await;
         app.assert_value("there", &json!(1), "10").await;
