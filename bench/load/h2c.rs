@@ -25,6 +25,8 @@ pub struct H2Run {
     pub applied: i64,
     pub non_2xx: u64,
     pub cpu_us: f64,
+    /// Of `cpu_us`, fencegate's system time.
+    pub kernel_us: f64,
     pub pg_cpu_us: Option<f64>,
 }
 
@@ -83,7 +85,8 @@ pub async fn h2c_step(addr: SocketAddr, dur: Duration, out_dir: &Path, db: &mut 
         rate: ok as f64 / dur.as_secs_f64(),
         applied,
         non_2xx,
-        cpu_us: cpu_ticks as f64 * 10_000.0 / ok.max(1) as f64,
+        cpu_us: cpu_ticks.per(ok).0,
+        kernel_us: cpu_ticks.per(ok).1,
         pg_cpu_us,
     })
 }

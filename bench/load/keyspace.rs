@@ -246,7 +246,7 @@ pub async fn measure(
         let fg_db = db_cost(&before, &counters(db).await?);
         let (fg_rate, fg) = report_fg(&name, CONNS, &r);
         print_db(&fg_db);
-        let fg_cpu_us = r.cpu_ticks as f64 * 10_000.0 / (r.stats.put_ok.max(1)) as f64;
+        let fg_cpu_us = r.cpu_ticks.per(r.stats.put_ok).0;
         let fg_after = sizes(db).await?.table;
         // Reloaded, not just vacuumed: fencegate's run left dead row versions (and, where an
         // update was not HOT, rows moved off their pages), and pgbench would find the room.

@@ -26,7 +26,7 @@ use tokio::{net::TcpStream, sync::Barrier, time::error::Elapsed};
 
 use crate::{
     database::version_sum,
-    server::{bench_issuer, bench_key, fg_cpu_ticks, proof_of},
+    server::{bench_issuer, bench_key, fg_cpu_ticks, proof_of, CpuTicks},
     settings::Settings,
     HOT_KEY, HOT_SCOPE, KEYS, MAX_REQUESTS_PER_TASK, REQUEST_TIMEOUT, SCOPE_KEYS, VALUE,
 };
@@ -229,8 +229,8 @@ pub struct FgRun {
     pub stats: Stats,
     pub elapsed: Duration,
     pub db_applied: i64,
-    /// fencegate's own CPU time over the measured window, in 1/100 s.
-    pub cpu_ticks: u64,
+    /// fencegate's own CPU time over the measured window.
+    pub cpu_ticks: CpuTicks,
     /// PostgreSQL's CPU per applied write over the same window plus the step's VACUUM and
     /// CHECKPOINT, in µs (`pg_cpu`; None: no local server to read).
     pub pg_cpu_us: Option<f64>,

@@ -39,6 +39,9 @@ pub struct Row {
     pub fg: Lat,
     pub fg_errors: String,
     pub pg: Option<(f64, Lat, String)>,
+    /// One connection only: pgbench through a byte-copying relay ÷ pgbench direct (`relay`);
+    /// `Some(None)`: not measured (no haproxy).
+    pub relay: Option<Option<f64>>,
 }
 
 fn fmt_rate(r: f64) -> String {
@@ -83,7 +86,8 @@ pub fn report_fg(name: &str, conns: usize, r: &FgRun) -> (f64, Lat) {
         r.db_applied,
     );
     // Only a few requests can finish within a tick, so this is steadier than ok/s on a busy host.
-    println!("             fencegate CPU {:.1} µs per ok request", r.cpu_ticks as f64 * 10_000.0 / ok.max(1) as f64);
+    let (cpu, kernel) = r.cpu_ticks.per(ok);
+    println!("             fencegate CPU {cpu:.1} µs per ok request (kernel {kernel:.1})");
     if s.get_ok > 0 {
         let g = lat(s.get_lat.clone());
         let p = lat(s.put_lat.clone());
@@ -198,6 +202,23 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&
         );
     }
     let _ = writeln!(t);
+    for r in rows {
+        match (r.relay, &r.pg) {
+            (Some(Some(floor)), Some((pg, ..))) => {
+                let _ = writeln!(
+                    t,
+                    "At {} connection, pgbench through a relay that only copies bytes (haproxy, `mode tcp`) kept {floor:.2}× \
+                     of its direct writes/s: the floor of any proxy's hop, against fencegate's {:.2}×.  ",
+                    r.conns,
+                    r.fg_rate / pg
+                );
+            }
+            (Some(None), _) => {
+                let _ = writeln!(t, "The relay floor at {} connection was not measured: haproxy is not installed.  ", r.conns);
+            }
+            _ => {}
+        }
+    }
     if !more.is_empty() {
         t.push_str(more);
         let _ = writeln!(t);

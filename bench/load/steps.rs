@@ -82,19 +82,13 @@ pub async fn measure(
         // against PostgreSQL alone under pgbench (pgbench's own CPU, the client, not counted,
         // as fencegate's load generator is not). Writes only: the mix's GETs apply nothing.
         if workload != (Workload::Mix { read_pct: 90 }) {
-            match (r.pg_cpu_us, p.pg_cpu_us) {
-                (Some(fg_pg), Some(pg)) => {
-                    let fg_own = r.cpu_ticks as f64 * 10_000.0 / r.db_applied.max(1) as f64;
-                    println!(
-                        "  system CPU per write: through fencegate {:.1} µs (fencegate {fg_own:.1} + PostgreSQL {fg_pg:.1}), \
-                         straight to PostgreSQL {pg:.1} µs: {:.2}×\n",
-                        fg_own + fg_pg,
-                        (fg_own + fg_pg) / pg
-                    );
-                }
-                _ => println!("  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n"),
-            }
+            let (fg_own, fg_kernel) = r.cpu_ticks.per(r.db_applied.max(0) as u64);
+            system_cpu(fg_own, fg_kernel, r.pg_cpu_us, p.pg_cpu_us);
         }
+        let relay = match conns {
+            1 => Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate).await?),
+            _ => None,
+        };
         rows.push(Row {
             workload: workload_name.to_owned(),
             conns,
@@ -103,6 +97,7 @@ pub async fn measure(
             fg: fg_lat,
             fg_errors: errors_cell(&r.stats),
             pg: Some(pg),
+            relay,
         });
     }
 
@@ -124,14 +119,7 @@ pub async fn measure(
         let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
         let pg = report_pg("random", 64, &p, true);
         println!("  ratio      fencegate (h2c)/pgbench: ok/s {:.2}×", h.rate / pg.0);
-        if let (Some(fg_pg), Some(pg_cpu)) = (h.pg_cpu_us, p.pg_cpu_us) {
-            println!(
-                "  system CPU per write: through fencegate {:.1} µs (fencegate {:.1} + PostgreSQL {fg_pg:.1}), straight to PostgreSQL {pg_cpu:.1} µs: {:.2}×\n",
-                h.cpu_us + fg_pg,
-                h.cpu_us,
-                (h.cpu_us + fg_pg) / pg_cpu
-            );
-        }
+        system_cpu(h.cpu_us, h.kernel_us, h.pg_cpu_us, p.pg_cpu_us);
     }
 
     // Soak: 64 connections of random-key PUTs, RSS sampled while it runs.
@@ -191,3 +179,58 @@ pub async fn measure(
     Ok((rows, Some(soak)))
 }
 
+
+/// Prints the whole system's CPU per write through fencegate against PostgreSQL's alone under
+/// pgbench (µs), and its floor: PostgreSQL's part plus fencegate's kernel time, which no change
+/// to fencegate's own code could go below. `None`: PostgreSQL's CPU is not readable here.
+fn system_cpu(fg_us: f64, fg_kernel_us: f64, fg_pg: Option<f64>, pg: Option<f64>) {
+    let (Some(fg_pg), Some(pg)) = (fg_pg, pg) else {
+        println!("  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n");
+        return;
+    };
+    println!(
+        "  system CPU per write: through fencegate {:.1} µs (fencegate {fg_us:.1} + PostgreSQL {fg_pg:.1}), \
+         straight to PostgreSQL {pg:.1} µs: {:.2}×",
+        fg_us + fg_pg,
+        (fg_us + fg_pg) / pg
+    );
+    println!(
+        "                        without fencegate's user-space work (its kernel {fg_kernel_us:.1} + PostgreSQL {fg_pg:.1}): {:.2}×\n",
+        (fg_kernel_us + fg_pg) / pg
+    );
+}
+
+/// The one-connection step's floor: pgbench through a relay that only copies bytes, on a
+/// freshly reset table as the other sides (`relay`). Returns (relay ÷ direct), or `None` when
+/// haproxy is not installed (said in the output, and in the table's notes).
+#[allow(clippy::too_many_arguments)]
+async fn relay_floor(
+    s: &Settings,
+    script: &Path,
+    db_url: &str,
+    db: &mut PgConnection,
+    admin: &mut PgConnection,
+    direct: f64,
+    fg_rate: f64,
+) -> Result<Option<f64>> {
+    let Some(haproxy) = crate::relay::find_haproxy() else {
+        println!("  relay      not measured: haproxy is not installed (apt-get install haproxy)\n");
+        return Ok(None);
+    };
+    let relay = crate::relay::start(&haproxy, db_url, &s.out_dir).await?;
+    reset_table(db, admin).await?;
+    let p = pgbench_step(s, "relay_c1", 1, script, &[], &relay.url, s.step, db).await?;
+    drop(relay);
+    let rate = report_pg("relay", 1, &p, true).0;
+    // Each side's time per write beyond pgbench straight to PostgreSQL.
+    let added = |r: f64| (1e6 / r - 1e6 / direct).max(0.0);
+    println!(
+        "  floor      pgbench through a byte-copying relay (haproxy): {:.2}× of direct, fencegate {:.2}×; \
+         per write the relay's hop adds {:.0} µs, fencegate's {:.0} µs\n",
+        rate / direct,
+        fg_rate / direct,
+        added(rate),
+        added(fg_rate)
+    );
+    Ok(Some(rate / direct))
+}

@@ -1,0 +1,70 @@
+//! The floor of one more hop, measured in the run itself: pgbench through a relay that only
+//! copies bytes (haproxy, `mode tcp`, one thread), beside pgbench straight to PostgreSQL.
+//!
+//! Whatever a proxy does, fencegate included, it pays at least this: two more sleeps and
+//! wake-ups per request on the loopback, and the relay's own turn. At one connection that hop,
+//! not the proxy's work, is most of what separates it from a client talking to PostgreSQL
+//! directly, and its cost moves with the machine (0.86-0.93× of direct on 2-core VMs of one
+//! kind), so the one-connection figure is read against the floor of the same run. TLS stays
+//! end to end through the relay, as pgbench negotiates it with PostgreSQL.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use tokio::process::{Child, Command};
+
+/// haproxy on PATH, if installed (Debian `haproxy`).
+pub fn find_haproxy() -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("haproxy")).find(|p| p.is_file())
+}
+
+/// A running relay to the database of `db_url`; killed when dropped.
+pub struct Relay {
+    _child: Child,
+    /// `db_url` with the relay's address in place of the server's.
+    pub url: String,
+}
+
+/// Starts haproxy in the foreground on a free loopback port, relaying to `db_url`'s server.
+pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
+    let mut url = url::Url::parse(db_url).context("the bench database URL")?;
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()).map(str::to_owned) else {
+        bail!("the relay floor needs a database reached over TCP (a host in DATABASE_URL), not a socket");
+    };
+    let server = format!("{host}:{}", url.port().unwrap_or(5432));
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let config = dir.join("relay-haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n  maxconn 200\n  nbthread 1\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 120s\n  \
+             timeout server 120s\nlisten pg\n  bind 127.0.0.1:{port}\n  server pg {server}\n"
+        ),
+    )?;
+    let child = Command::new(haproxy)
+        .arg("-db") // foreground: the child is haproxy itself, and killing it stops the relay
+        .arg("-f")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting haproxy")?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("haproxy did not listen on {addr} within 10 s (config {})", config.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    url.set_host(Some("127.0.0.1")).context("relay URL")?;
+    url.set_port(Some(port)).map_err(|()| anyhow::anyhow!("relay URL: cannot set the port"))?;
+    Ok(Relay { _child: child, url: url.into() })
+}
