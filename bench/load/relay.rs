@@ -33,8 +33,11 @@ pub struct Relay {
 /// Starts haproxy in the foreground on a free loopback port, relaying to `db_url`'s server.
 pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     let mut url = url::Url::parse(db_url).context("the bench database URL")?;
-    let Some(host) = url.host_str().filter(|h| !h.is_empty()).map(str::to_owned) else {
-        bail!("the relay floor needs a database reached over TCP (a host in DATABASE_URL), not a socket");
+    // A socket directory can stand in the host, percent-encoded, or in a `host` parameter.
+    let socket = |h: &str| h.starts_with('/') || h.to_ascii_lowercase().starts_with("%2f");
+    let host = url.host_str().filter(|h| !h.is_empty() && !socket(h)).map(str::to_owned);
+    let Some(host) = host.filter(|_| !url.query_pairs().any(|(k, v)| k == "host" && socket(&v))) else {
+        bail!("the relay needs a database reached over TCP (a host name or address in DATABASE_URL), not a socket");
     };
     let server = format!("{host}:{}", url.port().unwrap_or(5432));
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -46,7 +49,7 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
              timeout server 120s\nlisten pg\n  bind 127.0.0.1:{port}\n  server pg {server}\n"
         ),
     )?;
-    let child = Command::new(haproxy)
+    let mut child = Command::new(haproxy)
         .arg("-db") // foreground: the child is haproxy itself, and killing it stops the relay
         .arg("-f")
         .arg(&config)
@@ -59,6 +62,9 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("haproxy exited ({status}) instead of listening on {addr} (config {})", config.display());
+        }
         if Instant::now() > deadline {
             bail!("haproxy did not listen on {addr} within 10 s (config {})", config.display());
         }

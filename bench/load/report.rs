@@ -40,7 +40,7 @@ pub struct Row {
     pub fg_errors: String,
     pub pg: Option<(f64, Lat, String)>,
     /// One connection only: pgbench through a byte-copying relay ÷ pgbench direct (`relay`);
-    /// `Some(None)`: not measured (no haproxy).
+    /// `Some(None)`: not measured (no haproxy, or it could not start).
     pub relay: Option<Option<f64>>,
 }
 
@@ -214,7 +214,7 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&
                 );
             }
             (Some(None), _) => {
-                let _ = writeln!(t, "The relay floor at {} connection was not measured: haproxy is not installed.  ", r.conns);
+                let _ = writeln!(t, "The relay floor at {} connection was not measured (see the run's output for why).  ", r.conns);
             }
             _ => {}
         }

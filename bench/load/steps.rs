@@ -202,7 +202,8 @@ fn system_cpu(fg_us: f64, fg_kernel_us: f64, fg_pg: Option<f64>, pg: Option<f64>
 
 /// The one-connection step's floor: pgbench through a relay that only copies bytes, on a
 /// freshly reset table as the other sides (`relay`). Returns (relay ÷ direct), or `None` when
-/// haproxy is not installed (said in the output, and in the table's notes).
+/// haproxy is not installed or the relay could not start (said in the output, and in the
+/// table's notes).
 #[allow(clippy::too_many_arguments)]
 async fn relay_floor(
     s: &Settings,
@@ -217,7 +218,14 @@ async fn relay_floor(
         println!("  relay      not measured: haproxy is not installed (apt-get install haproxy)\n");
         return Ok(None);
     };
-    let relay = crate::relay::start(&haproxy, db_url, &s.out_dir).await?;
+    // A relay that cannot start (a socket-only DATABASE_URL, say) costs this figure, not the run.
+    let relay = match crate::relay::start(&haproxy, db_url, &s.out_dir).await {
+        Ok(relay) => relay,
+        Err(e) => {
+            println!("  relay      not measured: {e:#}\n");
+            return Ok(None);
+        }
+    };
     reset_table(db, admin).await?;
     let p = pgbench_step(s, "relay_c1", 1, script, &[], &relay.url, s.step, db).await?;
     drop(relay);
