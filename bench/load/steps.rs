@@ -107,13 +107,14 @@ pub async fn measure(
         reset_table(db, admin).await?;
         let h = crate::h2c::h2c_step(fg.addr, s.step, &s.out_dir, db).await?;
         println!(
-            "  fencegate  h2c     {}x{}  {:>8.0} ok/s   non-2xx {}   [db applied {}]\n             fencegate CPU {:.1} µs per ok request",
+            "  fencegate  h2c     {}x{}  {:>8.0} ok/s   non-2xx {}   [db applied {}]\n             fencegate CPU {:.1} µs per ok request (kernel {:.1})",
             crate::h2c::CONNECTIONS,
             crate::h2c::STREAMS,
             h.rate,
             h.non_2xx,
             h.applied,
-            h.cpu_us
+            h.cpu_us,
+            h.kernel_us
         );
         reset_table(db, admin).await?;
         let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
