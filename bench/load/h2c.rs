@@ -13,7 +13,7 @@ use tokio::process::Command;
 use crate::{
     database::version_sum,
     load_generator::TOKENS,
-    server::fg_cpu_ticks,
+    server::{fg_cpu_ticks, CpuTicks},
     KEYS, VALUE,
 };
 
@@ -27,6 +27,8 @@ pub struct H2Run {
     pub cpu_us: f64,
     /// Of `cpu_us`, fencegate's system time.
     pub kernel_us: f64,
+    /// fencegate's CPU time over the measured window.
+    pub cpu: CpuTicks,
     pub pg_cpu_us: Option<f64>,
 }
 
@@ -87,6 +89,7 @@ pub async fn h2c_step(addr: SocketAddr, dur: Duration, out_dir: &Path, db: &mut 
         non_2xx,
         cpu_us: cpu_ticks.per(ok).0,
         kernel_us: cpu_ticks.per(ok).1,
+        cpu: cpu_ticks,
         pg_cpu_us,
     })
 }

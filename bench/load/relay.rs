@@ -4,7 +4,7 @@
 //! Whatever a proxy does, fencegate included, it pays at least this: two more sleeps and
 //! wake-ups per request on the loopback, and the relay's own turn. At one connection that hop,
 //! not the proxy's work, is most of what separates it from a client talking to PostgreSQL
-//! directly, and its cost moves with the machine (0.86-0.93× of direct on 2-core VMs of one
+//! directly, and its cost moves with the machine (0.86-0.97× of direct on 2-core VMs of one
 //! kind), so the one-connection figure is read against the floor of the same run. TLS stays
 //! end to end through the relay, as pgbench negotiates it with PostgreSQL.
 
@@ -33,15 +33,40 @@ pub struct Relay {
 /// Starts haproxy in the foreground on a free loopback port, relaying to `db_url`'s server.
 pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     let mut url = url::Url::parse(db_url).context("the bench database URL")?;
-    // A socket directory can stand in the host, percent-encoded, or in a `host` parameter.
+    // libpq takes the server from the URL's authority unless `host`, `hostaddr` or `port`
+    // parameters override it: the relay forwards to whichever wins, and those parameters are
+    // dropped from the relay's URL, or pgbench would go around the relay. A socket directory
+    // (a host that is a path, percent-encoded or not) cannot be relayed over TCP.
+    let param = |name: &str| url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned());
     let socket = |h: &str| h.starts_with('/') || h.to_ascii_lowercase().starts_with("%2f");
-    let host = url.host_str().filter(|h| !h.is_empty() && !socket(h)).map(str::to_owned);
-    let Some(host) = host.filter(|_| !url.query_pairs().any(|(k, v)| k == "host" && socket(&v))) else {
+    let host = param("hostaddr")
+        .or_else(|| param("host"))
+        .or_else(|| url.host_str().map(str::to_owned))
+        .filter(|h| !h.is_empty() && !socket(h));
+    let Some(host) = host else {
         bail!("the relay needs a database reached over TCP (a host name or address in DATABASE_URL), not a socket");
     };
-    let server = format!("{host}:{}", url.port().unwrap_or(5432));
+    let db_port = match param("port") {
+        Some(p) => p.parse::<u16>().with_context(|| format!("the port parameter {p:?} of the bench database URL"))?,
+        None => url.port().unwrap_or(5432),
+    };
+    // An IPv6 address goes in brackets in haproxy's `server` line as in a URL.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let server = match host.contains(':') {
+        true => format!("[{host}]:{db_port}"),
+        false => format!("{host}:{db_port}"),
+    };
+    let kept: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| !matches!(k.as_ref(), "host" | "hostaddr" | "port"))
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    url.set_query(None);
+    if !kept.is_empty() {
+        url.query_pairs_mut().extend_pairs(kept);
+    }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let config = dir.join("relay-haproxy.cfg");
+    let (config, log) = (dir.join("relay-haproxy.cfg"), dir.join("relay-haproxy.stderr.log"));
     std::fs::write(
         &config,
         format!(
@@ -55,7 +80,7 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
         .arg(&config)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).context("haproxy's log file")?)
         .kill_on_drop(true)
         .spawn()
         .context("starting haproxy")?;
@@ -63,7 +88,8 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         if let Some(status) = child.try_wait()? {
-            bail!("haproxy exited ({status}) instead of listening on {addr} (config {})", config.display());
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            bail!("haproxy exited ({status}) instead of listening on {addr} (config {}): {}", config.display(), said.trim());
         }
         if Instant::now() > deadline {
             bail!("haproxy did not listen on {addr} within 10 s (config {})", config.display());
