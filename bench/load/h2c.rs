@@ -22,11 +22,10 @@ pub const STREAMS: usize = 16;
 
 pub struct H2Run {
     pub rate: f64,
+    /// 2xx responses.
+    pub ok: u64,
     pub applied: i64,
     pub non_2xx: u64,
-    pub cpu_us: f64,
-    /// Of `cpu_us`, fencegate's system time.
-    pub kernel_us: f64,
     /// fencegate's CPU time over the measured window.
     pub cpu: CpuTicks,
     pub pg_cpu_us: Option<f64>,
@@ -85,10 +84,9 @@ pub async fn h2c_step(addr: SocketAddr, dur: Duration, out_dir: &Path, db: &mut 
     let non_2xx = count("3xx") + count("4xx") + count("5xx");
     Ok(H2Run {
         rate: ok as f64 / dur.as_secs_f64(),
+        ok,
         applied,
         non_2xx,
-        cpu_us: cpu_ticks.per(ok).0,
-        kernel_us: cpu_ticks.per(ok).1,
         cpu: cpu_ticks,
         pg_cpu_us,
     })

@@ -106,15 +106,14 @@ pub async fn measure(
     if s.only.as_ref().is_some_and(|only| only.iter().any(|o| o == "h2c")) {
         reset_table(db, admin).await?;
         let h = crate::h2c::h2c_step(fg.addr, s.step, &s.out_dir, db).await?;
+        let (cpu_us, kernel_us) = h.cpu.per(h.ok);
         println!(
-            "  fencegate  h2c     {}x{}  {:>8.0} ok/s   non-2xx {}   [db applied {}]\n             fencegate CPU {:.1} µs per ok request (kernel {:.1})",
+            "  fencegate  h2c     {}x{}  {:>8.0} ok/s   non-2xx {}   [db applied {}]\n             fencegate CPU {cpu_us:.1} µs per ok request (kernel {kernel_us:.1})",
             crate::h2c::CONNECTIONS,
             crate::h2c::STREAMS,
             h.rate,
             h.non_2xx,
             h.applied,
-            h.cpu_us,
-            h.kernel_us
         );
         reset_table(db, admin).await?;
         let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
