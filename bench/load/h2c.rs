@@ -33,7 +33,7 @@ pub struct H2Run {
 
 /// One timed h2load run against `addr`.
 pub async fn h2c_step(addr: SocketAddr, dur: Duration, out_dir: &Path, db: &mut PgConnection) -> Result<H2Run> {
-    let h2load = which("h2load").context("the h2c step needs h2load: apt-get install nghttp2-client")?;
+    let h2load = crate::settings::on_path("h2load").context("the h2c step needs h2load: apt-get install nghttp2-client")?;
     // 5,000 URIs of random keys out of KEYS (an LCG, so every run asks the same keys).
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
     let uris: Vec<String> = (0..5_000)
@@ -90,8 +90,4 @@ pub async fn h2c_step(addr: SocketAddr, dur: Duration, out_dir: &Path, db: &mut 
         cpu: cpu_ticks,
         pg_cpu_us,
     })
-}
-
-fn which(tool: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(tool)).find(|p| p.is_file())
 }

@@ -27,7 +27,8 @@
 //!
 //! The modules, in the order a run uses them: `settings` (the environment), `machine` (facts
 //! printed with the table), `database` (admin connection, table reset), `pgbench` (its scripts
-//! and runs), `relay` (pgbench through a byte-copying relay: the floor of one more hop), `server` (fencegate, the process under test), `load_generator` (the HTTP clients),
+//! and runs), `relay` (pgbench through a byte-copying relay: the floor of one more hop),
+//! `server` (fencegate, the process under test), `load_generator` (the HTTP clients),
 //! `steps` (the sequence of measured steps and the soak), `keyspace` (the keyspace step, its
 //! loading and its tables), `report` (figures and the table).
 

@@ -10,18 +10,13 @@
 
 use std::{
     net::{SocketAddr, TcpListener},
-    path::{Path, PathBuf},
+    path::Path,
     process::Stdio,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 use tokio::process::{Child, Command};
-
-/// haproxy on PATH, if installed (Debian `haproxy`).
-pub fn find_haproxy() -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("haproxy")).find(|p| p.is_file())
-}
 
 /// A running relay to the database of `db_url`; killed when dropped.
 pub struct Relay {

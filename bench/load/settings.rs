@@ -100,6 +100,11 @@ fn env_secs(name: &str, default: u64) -> Result<u64> {
     }
 }
 
+/// `tool` in a directory of PATH, if it is there (h2load, haproxy).
+pub fn on_path(tool: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(tool)).find(|p| p.is_file())
+}
+
 fn find_pgbench() -> Result<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(p) = std::env::var("PGBENCH") {

@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 
 use crate::{
     database::reset_table,
-    server::{rss_kib, Fencegate},
+    server::{rss_kib, CpuTicks, Fencegate},
     load_generator::{fencegate_step, scrape_metrics, Workload, TOKENS},
     pgbench::{pgbench_step, Scripts},
     report::{errors_cell, mib, report_fg, report_pg, Row},
@@ -82,8 +82,7 @@ pub async fn measure(
         // against PostgreSQL alone under pgbench (pgbench's own CPU, the client, not counted,
         // as fencegate's load generator is not). Writes only: the mix's GETs apply nothing.
         if workload != (Workload::Mix { read_pct: 90 }) {
-            let (fg_own, fg_kernel) = r.cpu_ticks.per(r.db_applied.max(0) as u64);
-            system_cpu(fg_own, fg_kernel, r.pg_cpu_us, p.pg_cpu_us);
+            system_cpu(r.cpu_ticks, r.db_applied, r.pg_cpu_us, p.pg_cpu_us);
         }
         let relay = match conns {
             1 => Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate).await?),
@@ -119,9 +118,7 @@ pub async fn measure(
         let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
         let pg = report_pg("random", 64, &p, true);
         println!("  ratio      fencegate (h2c)/pgbench: ok/s {:.2}×", h.rate / pg.0);
-        // Per applied write on both sides, as the HTTP/1.1 steps (the CPU line above: per ok request).
-        let (fg_us, fg_kernel_us) = h.cpu.per(h.applied.max(0) as u64);
-        system_cpu(fg_us, fg_kernel_us, h.pg_cpu_us, p.pg_cpu_us);
+        system_cpu(h.cpu, h.applied, h.pg_cpu_us, p.pg_cpu_us);
     }
 
     // Soak: 64 connections of random-key PUTs, RSS sampled while it runs.
@@ -181,12 +178,14 @@ pub async fn measure(
     Ok((rows, Some(soak)))
 }
 
-
-/// Prints the whole system's CPU per write through fencegate against PostgreSQL's alone under
-/// pgbench (µs), and its floor if fencegate's user-space work cost nothing: PostgreSQL's part
-/// plus fencegate's kernel time, with fencegate's syscalls as they are. `None`: PostgreSQL's
-/// CPU is not readable here.
-fn system_cpu(fg_us: f64, fg_kernel_us: f64, fg_pg: Option<f64>, pg: Option<f64>) {
+/// Prints the whole system's CPU per applied write through fencegate (`fg`: fencegate's CPU
+/// over the window in which the database applied `applied` writes; `fg_pg`: PostgreSQL's per
+/// write then) against PostgreSQL's alone under pgbench (`pg`), and its floor if fencegate's
+/// user-space work cost nothing: PostgreSQL's part plus fencegate's kernel time, with
+/// fencegate's syscalls as they are. Per applied write on both sides (the "fencegate CPU" line
+/// above it is per ok request). `None`: PostgreSQL's CPU is not readable here.
+fn system_cpu(fg: CpuTicks, applied: i64, fg_pg: Option<f64>, pg: Option<f64>) {
+    let (fg_us, fg_kernel_us) = fg.per(applied.max(0) as u64);
     let (Some(fg_pg), Some(pg)) = (fg_pg, pg) else {
         println!("  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n");
         return;
@@ -217,7 +216,7 @@ async fn relay_floor(
     direct: f64,
     fg_rate: f64,
 ) -> Result<Option<f64>> {
-    let Some(haproxy) = crate::relay::find_haproxy() else {
+    let Some(haproxy) = crate::settings::on_path("haproxy") else {
         println!("  relay      not measured: haproxy is not installed (apt-get install haproxy)\n");
         return Ok(None);
     };
