@@ -51,7 +51,11 @@ fn main() {
         println!("bench/abuse.rs: run it with `cargo bench --bench abuse`");
         return;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
     if let Err(err) = runtime.block_on(run()) {
         eprintln!("\nabuse bench FAILED: {err:#}");
         std::process::exit(1);
@@ -59,23 +63,35 @@ fn main() {
 }
 
 fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 async fn run() -> Result<()> {
-    let admin_url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let secs = Duration::from_secs(env_num("BENCH_SECONDS", 10));
     let clients = env_num("ABUSE_CLIENTS", 16) as usize;
     let db_name = format!("fencegate_abuse_{}", std::process::id());
-    let mut admin = PgConnection::connect(&admin_url).await.context("connect to DATABASE_URL (admin)")?;
-    admin.execute(format!("DROP DATABASE IF EXISTS {db_name}").as_str()).await?;
-    admin.execute(format!("CREATE DATABASE {db_name}").as_str()).await?;
+    let mut admin = PgConnection::connect(&admin_url)
+        .await
+        .context("connect to DATABASE_URL (admin)")?;
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {db_name}").as_str())
+        .await?;
+    admin
+        .execute(format!("CREATE DATABASE {db_name}").as_str())
+        .await?;
     let db_url = match admin_url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{db_name}"),
         None => bail!("DATABASE_URL has no database part"),
     };
     let outcome = bench(&db_url, secs, clients).await;
-    admin.execute(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)").as_str()).await?;
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)").as_str())
+        .await?;
     outcome
 }
 
@@ -105,8 +121,14 @@ async fn start(db_url: &str) -> Result<Fencegate> {
     let mut child = cmd.spawn()?;
     let pid = child.id().context("exited")?;
     let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await??.context("no output")?;
-    let addr = line.strip_prefix("listening on ").context("no `listening on`")?.trim().parse()?;
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await??
+        .context("no output")?;
+    let addr = line
+        .strip_prefix("listening on ")
+        .context("no `listening on`")?
+        .trim()
+        .parse()?;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok(Fencegate { child, pid, addr })
 }
@@ -173,7 +195,11 @@ struct Tally {
 static TOKEN: AtomicU64 = AtomicU64::new(1);
 
 /// `clients` well-behaved connections for `dur`.
-async fn well_behaved(addr: SocketAddr, clients: usize, dur: Duration) -> (f64, f64, BTreeMap<String, u64>) {
+async fn well_behaved(
+    addr: SocketAddr,
+    clients: usize,
+    dur: Duration,
+) -> (f64, f64, BTreeMap<String, u64>) {
     let until = Instant::now() + dur;
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -195,9 +221,17 @@ async fn well_behaved(addr: SocketAddr, clients: usize, dur: Duration) -> (f64, 
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                let req = put(rng % 10_000 + 1, TOKEN.fetch_add(1, Ordering::Relaxed), VALUE);
+                let req = put(
+                    rng % 10_000 + 1,
+                    TOKEN.fetch_add(1, Ordering::Relaxed),
+                    VALUE,
+                );
                 let started = Instant::now();
-                let res = tokio::time::timeout(Duration::from_secs(10), request(conn.as_mut().unwrap(), &req)).await;
+                let res = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    request(conn.as_mut().unwrap(), &req),
+                )
+                .await;
                 match res {
                     Ok(Ok(s)) if (200..300).contains(&s) => {
                         t.ok += 1;
@@ -229,7 +263,12 @@ async fn well_behaved(addr: SocketAddr, clients: usize, dur: Duration) -> (f64, 
     }
     let elapsed = started.elapsed().max(dur);
     all.lat_us.sort_unstable();
-    let p99 = all.lat_us.get(all.lat_us.len().saturating_sub(1) * 99 / 100).copied().unwrap_or(0) as f64 / 1000.0;
+    let p99 = all
+        .lat_us
+        .get(all.lat_us.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or(0) as f64
+        / 1000.0;
     (all.ok as f64 / elapsed.as_secs_f64(), p99, all.other)
 }
 
@@ -243,7 +282,11 @@ struct Attack {
     non_reader_cut: AtomicU64,
 }
 
-fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Attack>) -> Vec<tokio::task::JoinHandle<()>> {
+fn attack(
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    counts: Arc<Attack>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for i in 0..SLOW_HEADERS {
         let (stop, counts) = (stop.clone(), counts.clone());
@@ -297,7 +340,8 @@ fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Attack>) -> Vec<t
         let (stop, counts) = (stop.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
             let mut conn: Option<BufReader<TcpStream>> = None;
-            let mut pace = (per_sec > 0).then(|| tokio::time::interval(Duration::from_secs(1) / per_sec as u32));
+            let mut pace = (per_sec > 0)
+                .then(|| tokio::time::interval(Duration::from_secs(1) / per_sec as u32));
             while !stop.load(Ordering::Relaxed) {
                 if let Some(pace) = pace.as_mut() {
                     pace.tick().await;
@@ -308,7 +352,11 @@ fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Attack>) -> Vec<t
                         continue;
                     }
                 }
-                let body = if i % 2 == 0 { r#"{"n": 1e131071}"# } else { r#"{"n": 1e999999}"# };
+                let body = if i % 2 == 0 {
+                    r#"{"n": 1e131071}"#
+                } else {
+                    r#"{"n": 1e999999}"#
+                };
                 counts.amplification_sent.fetch_add(1, Ordering::Relaxed);
                 match request(conn.as_mut().unwrap(), &put(900_000 + i, 1, body)).await {
                     Ok(400) => {
@@ -325,7 +373,9 @@ fn attack(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Attack>) -> Vec<t
         tasks.push(tokio::spawn(async move {
             let gets = "GET /v1/kv/big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(64);
             while !stop.load(Ordering::Relaxed) {
-                let Ok(mut s) = TcpStream::connect(addr).await else { continue };
+                let Ok(mut s) = TcpStream::connect(addr).await else {
+                    continue;
+                };
                 let _ = s.write_all(gets.as_bytes()).await;
                 // Never read; wait until the server gives up on us (the write timeout).
                 let mut closed = false;
@@ -346,7 +396,11 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
     let mut fg = start(db_url).await?;
     let addr = fg.addr;
     println!("fencegate abuse bench: {} s per phase, {clients} well-behaved connections (random-key PUTs)", secs.as_secs());
-    println!("  binary {} pid {} on {addr}", env!("CARGO_BIN_EXE_fencegate"), fg.pid);
+    println!(
+        "  binary {} pid {} on {addr}",
+        env!("CARGO_BIN_EXE_fencegate"),
+        fg.pid
+    );
     if let Ok(extra) = std::env::var("ABUSE_MALLOC_ENV") {
         println!("  fencegate environment: {extra}");
     }
@@ -363,14 +417,20 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
     let (base_rate, base_p99, base_other) = well_behaved(addr, clients, secs).await;
     println!("| phase | well-behaved ok/s | p99 ms | other outcomes | fencegate RSS |");
     println!("|---|--:|--:|---|--:|");
-    println!("| baseline | {base_rate:.0} | {base_p99:.2} | {base_other:?} | {:.1} MiB |", rss_mib(fg.pid));
+    println!(
+        "| baseline | {base_rate:.0} | {base_p99:.2} | {base_other:?} | {:.1} MiB |",
+        rss_mib(fg.pid)
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Attack::default());
     let attackers = {
         let (stop, counts) = (stop.clone(), counts.clone());
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("attack runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("attack runtime");
             rt.block_on(async move {
                 let tasks = attack(addr, stop.clone(), counts);
                 while !stop.load(Ordering::Relaxed) {
@@ -385,9 +445,13 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await; // let the attack build up
     let (abuse_rate, abuse_p99, abuse_other) = well_behaved(addr, clients, secs).await;
     let rss_attack = rss_mib(fg.pid);
-    let open = std::fs::read_dir(format!("/proc/{}/fd", fg.pid)).map(|d| d.count()).unwrap_or(0);
+    let open = std::fs::read_dir(format!("/proc/{}/fd", fg.pid))
+        .map(|d| d.count())
+        .unwrap_or(0);
     stop.store(true, Ordering::Relaxed);
-    tokio::task::spawn_blocking(move || attackers.join()).await?.map_err(|_| anyhow::anyhow!("attackers panicked"))?;
+    tokio::task::spawn_blocking(move || attackers.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("attackers panicked"))?;
     println!("| under attack | {abuse_rate:.0} | {abuse_p99:.2} | {abuse_other:?} | {rss_attack:.1} MiB |");
     println!();
     println!(
@@ -444,7 +508,10 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
         "memory: 256 parallel 1 MiB PUTs ({statuses:?}): RSS before {before:.1} MiB, peak {:.1} MiB, 2 s after {after2:.1} MiB, 10 s after {after10:.1} MiB",
         peak.load(Ordering::Relaxed) as f64 / 1024.0
     );
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(fg.pid as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(fg.pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await;
     Ok(())
 }

@@ -68,7 +68,10 @@ fn main() {
         println!("bench/idle.rs: run it with `cargo bench --bench idle`");
         return;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     if let Err(err) = runtime.block_on(run()) {
         eprintln!("\nidle bench FAILED: {err:#}");
         std::process::exit(1);
@@ -112,10 +115,19 @@ fn settings() -> Result<Settings> {
         Ok(v) => v
             .split([',', ' '])
             .filter(|r| !r.is_empty())
-            .map(|r| r.parse::<u64>().with_context(|| format!("IDLE_OPEN_RATE={v:?}: connections a second, comma-separated; 0: at once")))
+            .map(|r| {
+                r.parse::<u64>().with_context(|| {
+                    format!(
+                        "IDLE_OPEN_RATE={v:?}: connections a second, comma-separated; 0: at once"
+                    )
+                })
+            })
             .collect::<Result<_>>()?,
     };
-    ensure!(!rates.is_empty(), "IDLE_OPEN_RATE is empty: give at least one rate (0: at once)");
+    ensure!(
+        !rates.is_empty(),
+        "IDLE_OPEN_RATE is empty: give at least one rate (0: at once)"
+    );
     let fencegate_env = std::env::var("IDLE_FENCEGATE_ENV")
         .unwrap_or_default()
         .split_whitespace()
@@ -125,7 +137,8 @@ fn settings() -> Result<Settings> {
         })
         .collect::<Result<_>>()?;
     Ok(Settings {
-        admin_url: std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+        admin_url: std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into()),
         connections: number("IDLE_CONNECTIONS", 10_000, 1..=1_000_000)? as usize,
         rates,
         idle: Duration::from_secs(number("IDLE_SECONDS", 10, 2..=600)?),
@@ -145,27 +158,36 @@ async fn run() -> Result<()> {
         s.connections
     );
     let db_name = format!("fencegate_idle_{}", std::process::id());
-    let mut admin = PgConnection::connect(&s.admin_url).await.context("connecting to DATABASE_URL (admin)")?;
-    admin.execute(format!("DROP DATABASE IF EXISTS {db_name}").as_str()).await?;
+    let mut admin = PgConnection::connect(&s.admin_url)
+        .await
+        .context("connecting to DATABASE_URL (admin)")?;
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS {db_name}").as_str())
+        .await?;
     admin
         .execute(format!("CREATE DATABASE {db_name}").as_str())
         .await
         .context("CREATE DATABASE (the DATABASE_URL role needs CREATEDB)")?;
     let outcome = bench(&s, &db_url::with_database(&s.admin_url, &db_name)).await;
     // Always clean up the database, also after a failure.
-    if let Err(e) = admin.execute(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)").as_str()).await {
+    if let Err(e) = admin
+        .execute(format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)").as_str())
+        .await
+    {
         eprintln!("warning: could not drop database {db_name}: {e}");
     }
     outcome
 }
-
 
 async fn start(s: &Settings, db_url: &str, out_dir: &Path) -> Result<Fencegate> {
     std::fs::create_dir_all(out_dir)?;
     let config = out_dir.join("idle.toml");
     std::fs::write(
         &config,
-        format!("[server]\nmax_connections = {}\nidle_timeout_ms = {IDLE_TIMEOUT_MS}\n", s.connections + 100),
+        format!(
+            "[server]\nmax_connections = {}\nidle_timeout_ms = {IDLE_TIMEOUT_MS}\n",
+            s.connections + 100
+        ),
     )?;
     let mut cmd = process::command(env!("CARGO_BIN_EXE_fencegate"), db_url, Some(&config));
     cmd.envs(s.fencegate_env.iter().map(|(k, v)| (k, v)));
@@ -187,7 +209,13 @@ fn memory(pid: u32) -> Memory {
 
 impl std::fmt::Display for Memory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VmRSS {:.1} MiB (RssAnon {:.1}), VmHWM {:.1} MiB", mib(self.rss), mib(self.anon), mib(self.hwm))
+        write!(
+            f,
+            "VmRSS {:.1} MiB (RssAnon {:.1}), VmHWM {:.1} MiB",
+            mib(self.rss),
+            mib(self.anon),
+            mib(self.hwm)
+        )
     }
 }
 
@@ -230,7 +258,9 @@ async fn exchange(stream: &mut TcpStream, request: &[u8]) -> Result<u16> {
         let n = stream.read(&mut chunk).await?;
         ensure!(n > 0, "fencegate closed the connection before answering");
         buf.extend_from_slice(&chunk[..n]);
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
         let head = std::str::from_utf8(&buf[..end])?.to_ascii_lowercase();
         let status: u16 = head.split(' ').nth(1).context("no status line")?.parse()?;
         let length: usize = head
@@ -239,7 +269,10 @@ async fn exchange(stream: &mut TcpStream, request: &[u8]) -> Result<u16> {
             .context("a response without content-length")?
             .trim()
             .parse()?;
-        ensure!(!head.contains("\nconnection: close"), "fencegate answered {status} and closes the connection");
+        ensure!(
+            !head.contains("\nconnection: close"),
+            "fencegate answered {status} and closes the connection"
+        );
         if buf.len() >= end + 4 + length {
             return Ok(status);
         }
@@ -249,10 +282,16 @@ async fn exchange(stream: &mut TcpStream, request: &[u8]) -> Result<u16> {
 /// Opens a connection and makes request `n` on it; the connection stays open.
 async fn open(addr: SocketAddr, kind: Kind, round: usize, n: u64) -> Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await.context("connect")?;
-    let status = tokio::time::timeout(Duration::from_secs(30), exchange(&mut stream, &request(kind, round, n)))
-        .await
-        .context("no response within 30 s")??;
-    ensure!((200..300).contains(&status), "request {n} answered {status}");
+    let status = tokio::time::timeout(
+        Duration::from_secs(30),
+        exchange(&mut stream, &request(kind, round, n)),
+    )
+    .await
+    .context("no response within 30 s")??;
+    ensure!(
+        (200..300).contains(&status),
+        "request {n} answered {status}"
+    );
     Ok(stream)
 }
 
@@ -272,18 +311,29 @@ struct Row {
 
 async fn bench(s: &Settings, db_url: &str) -> Result<()> {
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-idle");
-    let allocator = if cfg!(feature = "jemalloc") { "jemalloc (default)" } else { "glibc malloc (--no-default-features)" };
+    let allocator = if cfg!(feature = "jemalloc") {
+        "jemalloc (default)"
+    } else {
+        "glibc malloc (--no-default-features)"
+    };
     let kind = match s.kind {
         Kind::Put => "PUT /v1/kv/idle-{round}-{i} (24-byte JSON value)",
         Kind::Healthz => "GET /healthz",
     };
-    let env: Vec<String> = s.fencegate_env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let env: Vec<String> = s
+        .fencegate_env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     println!(
         "fencegate idle-connection bench: {} connections, one request each, then idle {} s; a fresh fencegate per opening rate",
         s.connections,
         s.idle.as_secs()
     );
-    println!("  binary    {} ({allocator})", env!("CARGO_BIN_EXE_fencegate"));
+    println!(
+        "  binary    {} ({allocator})",
+        env!("CARGO_BIN_EXE_fencegate")
+    );
     if !env.is_empty() {
         println!("  env       {}", env.join(" "));
     }
@@ -303,7 +353,13 @@ async fn bench(s: &Settings, db_url: &str) -> Result<()> {
 
     let allocator = match env.is_empty() {
         true => allocator.to_owned(),
-        false => format!("{allocator}, {}", env.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(" ")),
+        false => format!(
+            "{allocator}, {}",
+            env.iter()
+                .map(|e| format!("`{e}`"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
     };
     println!();
     println!("| allocator | idle connections | opened | RSS before | RSS all idle | delta | per idle connection | VmHWM | RSS after closing |");
@@ -324,7 +380,8 @@ async fn bench(s: &Settings, db_url: &str) -> Result<()> {
     }
     println!();
     for r in &rows {
-        let per_connection = r.idle.rss.saturating_sub(r.before.rss) as f64 * 1024.0 / r.connections as f64;
+        let per_connection =
+            r.idle.rss.saturating_sub(r.before.rss) as f64 * 1024.0 / r.connections as f64;
         let projected = per_connection * 10_000.0 / MIB;
         println!(
             "target: 10,000 idle connections within 100 MiB of RSS; opened {:.0}/s, at {:.1} KiB each: {projected:.1} MiB, {}",
@@ -337,7 +394,13 @@ async fn bench(s: &Settings, db_url: &str) -> Result<()> {
 }
 
 /// Warm-up, baseline, `s.connections` opened `rate` a second (0: at once), idle, closed.
-async fn measure(s: &Settings, fg: &Fencegate, round: usize, rate: u64, out_dir: &Path) -> Result<Row> {
+async fn measure(
+    s: &Settings,
+    fg: &Fencegate,
+    round: usize,
+    rate: u64,
+    out_dir: &Path,
+) -> Result<Row> {
     let pid = fg.pid;
     let pace = match rate {
         0 => "as fast as fencegate answers".to_owned(),
@@ -350,7 +413,10 @@ async fn measure(s: &Settings, fg: &Fencegate, round: usize, rate: u64, out_dir:
     let mut warm = TcpStream::connect(fg.addr).await?;
     for i in 0..WARMUP_REQUESTS {
         let status = exchange(&mut warm, &request(s.kind, round, 1_000_000 + i)).await?;
-        ensure!((200..300).contains(&status), "warm-up request answered {status}");
+        ensure!(
+            (200..300).contains(&status),
+            "warm-up request answered {status}"
+        );
     }
     drop(warm);
     let fds_before = settle_fds(pid, None).await;
@@ -363,7 +429,10 @@ async fn measure(s: &Settings, fg: &Fencegate, round: usize, rate: u64, out_dir:
     let streams: Vec<TcpStream> = stream::iter(0..s.connections as u64)
         .map(|n| async move {
             if rate > 0 {
-                tokio::time::sleep_until((opening + Duration::from_secs_f64(n as f64 / rate as f64)).into()).await;
+                tokio::time::sleep_until(
+                    (opening + Duration::from_secs_f64(n as f64 / rate as f64)).into(),
+                )
+                .await;
             }
             open(addr, kind, round, n).await
         })
@@ -388,8 +457,19 @@ async fn measure(s: &Settings, fg: &Fencegate, round: usize, rate: u64, out_dir:
     let idle = memory(pid);
     let fds_idle = open_fds(pid);
     let closed = streams.iter().filter(|c| !still_open(c)).count();
-    ensure!(closed == 0, "{closed} of {n} idle connections were closed by fencegate (see its log in {})", out_dir.display());
-    println!("  idle RSS  every 1 s (MiB): {}", samples.iter().map(|m| format!("{:.1}", mib(m.rss))).collect::<Vec<_>>().join(" "));
+    ensure!(
+        closed == 0,
+        "{closed} of {n} idle connections were closed by fencegate (see its log in {})",
+        out_dir.display()
+    );
+    println!(
+        "  idle RSS  every 1 s (MiB): {}",
+        samples
+            .iter()
+            .map(|m| format!("{:.1}", mib(m.rss)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     println!("  all idle  {idle}; all {n} connections still open, fencegate holds {fds_idle} fds");
 
     drop(streams);
@@ -398,8 +478,16 @@ async fn measure(s: &Settings, fg: &Fencegate, round: usize, rate: u64, out_dir:
     let closed_in = closing.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = memory(pid);
-    println!("  closed    fencegate back to {fds_after} fds in {closed_in:.1} s; 2 s later {after}");
-    Ok(Row { rate: n as f64 / opened_in.as_secs_f64(), connections: n, before, idle, after })
+    println!(
+        "  closed    fencegate back to {fds_after} fds in {closed_in:.1} s; 2 s later {after}"
+    );
+    Ok(Row {
+        rate: n as f64 / opened_in.as_secs_f64(),
+        connections: n,
+        before,
+        idle,
+        after,
+    })
 }
 
 /// Waits (up to 30 s) until fencegate's open fds fall to `target`, or else stop changing.

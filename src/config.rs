@@ -123,11 +123,17 @@ impl DatabaseSettings {
                 self.coalesce_workers(), self.max_connections);
         }
         if self.min_connections > self.max_connections {
-            bail!("database.min_connections ({}) exceeds database.max_connections ({})",
-                self.min_connections, self.max_connections);
+            bail!(
+                "database.min_connections ({}) exceeds database.max_connections ({})",
+                self.min_connections,
+                self.max_connections
+            );
         }
         if let Some(url) = &self.url {
-            if !(url.starts_with("postgres://") || url.starts_with("postgresql://") || url.starts_with("sqlite:")) {
+            if !(url.starts_with("postgres://")
+                || url.starts_with("postgresql://")
+                || url.starts_with("sqlite:"))
+            {
                 bail!("the database URL must start with postgres://, postgresql:// or sqlite: (got {})", redact_url(url));
             }
         }
@@ -176,7 +182,9 @@ impl fmt::Debug for DatabaseSettings {
 /// into `search_path` and DDL unquoted), not a system schema.
 fn validate_schema(schema: &str) -> Result<(), String> {
     let mut chars = schema.chars();
-    let plain = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         && schema.len() <= 63;
     if !plain {
@@ -200,7 +208,11 @@ impl Settings {
     /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_LOG_FORMAT`,
     /// `FENCEGATE_DATABASE_SCHEMA`), then
     /// command-line flags.
-    pub fn load(file: Option<&Path>, env: impl Fn(&str) -> Option<String>, cli: Overrides) -> anyhow::Result<Self> {
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        cli: Overrides,
+    ) -> anyhow::Result<Self> {
         let mut settings = match file {
             Some(path) => Self::from_file(path)?,
             None => Settings::default(),
@@ -249,7 +261,11 @@ impl Settings {
         // lock service's too.
         for name in &self.locks.names {
             for issuer in &self.issuers {
-                if let Some(prefix) = issuer.scopes.iter().find(|p| p.starts_with(name.as_str()) || name.starts_with(p.as_str())) {
+                if let Some(prefix) = issuer
+                    .scopes
+                    .iter()
+                    .find(|p| p.starts_with(name.as_str()) || name.starts_with(p.as_str()))
+                {
                     bail!(
                         "locks.names {name:?} overlaps the scopes {prefix:?} of issuer {:?}: a scope has one source of tokens, \
                          the built-in locks or that issuer; remove one of the two",
@@ -258,9 +274,19 @@ impl Settings {
                 }
             }
         }
-        crate::tables::validate(&self.resources, !self.database.is_sqlite(), self.kv.max_key_bytes)?;
+        crate::tables::validate(
+            &self.resources,
+            !self.database.is_sqlite(),
+            self.kv.max_key_bytes,
+        )?;
         self.bindings()?;
-        if !self.auth.certs.is_empty() && self.server.tls.as_ref().is_none_or(|tls| tls.client_ca_file.is_none()) {
+        if !self.auth.certs.is_empty()
+            && self
+                .server
+                .tls
+                .as_ref()
+                .is_none_or(|tls| tls.client_ca_file.is_none())
+        {
             bail!(
                 "[[auth.certs]] needs client certificates: set server.tls.cert_file, key_file and client_ca_file (the CA \
                  that issues the clients' certificates)"
@@ -313,7 +339,16 @@ mod tests {
         for ok in ["fencegate", "fg_2", "_x", "public"] {
             assert!(validate_schema(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Fencegate", "fence-gate", "a;drop", "pg_catalog", "information_schema", "1x", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "Fencegate",
+            "fence-gate",
+            "a;drop",
+            "pg_catalog",
+            "information_schema",
+            "1x",
+            &"x".repeat(64),
+        ] {
             assert!(validate_schema(bad).is_err(), "{bad:?}");
         }
     }
@@ -338,12 +373,19 @@ mod tests {
     fn precedence_is_file_then_env_then_cli() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
-        std::fs::write(&path, "[server]\nlisten = \"127.0.0.1:1\"\n[database]\nurl = \"postgres://file/db\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "[server]\nlisten = \"127.0.0.1:1\"\n[database]\nurl = \"postgres://file/db\"\n",
+        )
+        .unwrap();
         let env = |k: &str| (k == "FENCEGATE_LISTEN").then(|| "127.0.0.1:2".to_string());
         let s = Settings::load(Some(&path), env, Overrides::default()).unwrap();
         assert_eq!(s.server.listen, "127.0.0.1:2");
         assert_eq!(s.database.url.as_deref(), Some("postgres://file/db"));
-        let cli = Overrides { listen: Some("127.0.0.1:3".into()), database_url: Some("postgres://cli/db".into()) };
+        let cli = Overrides {
+            listen: Some("127.0.0.1:3".into()),
+            database_url: Some("postgres://cli/db".into()),
+        };
         let s = Settings::load(Some(&path), env, cli).unwrap();
         assert_eq!(s.server.listen, "127.0.0.1:3");
         assert_eq!(s.database.url.as_deref(), Some("postgres://cli/db"));
@@ -354,9 +396,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "[kv]\nstirct = true\n").unwrap();
-        let err = format!("{:#}", Settings::load(Some(&path), no_env, Overrides::default()).unwrap_err());
+        let err = format!(
+            "{:#}",
+            Settings::load(Some(&path), no_env, Overrides::default()).unwrap_err()
+        );
         assert!(err.contains("stirct"), "{err}");
-        let cli = Overrides { listen: Some("nonsense".into()), ..Default::default() };
+        let cli = Overrides {
+            listen: Some("nonsense".into()),
+            ..Default::default()
+        };
         let err = format!("{:#}", Settings::load(None, no_env, cli).unwrap_err());
         assert!(err.contains("--listen"), "{err}");
     }
@@ -369,13 +417,17 @@ mod tests {
             std::fs::write(&path, text).unwrap();
             Settings::load(Some(&path), no_env, Overrides::default())
         };
-        let ok = load("[[scopes]]\nname = \"billing\"\nkeys = [\"invoice-\", \"billing/\"]\n").unwrap();
+        let ok =
+            load("[[scopes]]\nname = \"billing\"\nkeys = [\"invoice-\", \"billing/\"]\n").unwrap();
         let bound = ok.bindings().unwrap();
         assert_eq!(bound.of("invoice-7").map(|s| s.as_str()), Some("billing"));
         let overlap = "[[scopes]]\nname = \"a\"\nkeys = [\"inv\"]\n[[scopes]]\nname = \"b\"\nkeys = [\"invoice\"]\n";
         let err = format!("{:#}", load(overlap).unwrap_err());
         assert!(err.contains("overlaps"), "{err}");
-        let err = format!("{:#}", load("[[scopes]]\nname = \"\"\nkeys = [\"x\"]\n").unwrap_err());
+        let err = format!(
+            "{:#}",
+            load("[[scopes]]\nname = \"\"\nkeys = [\"x\"]\n").unwrap_err()
+        );
         assert!(err.contains("scopes[0]"), "{err}");
     }
 

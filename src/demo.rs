@@ -69,16 +69,28 @@ struct Scratch {
 impl Scratch {
     fn new(configured: Option<&str>, run_id: u128, starts_server: bool) -> anyhow::Result<Scratch> {
         match configured {
-            Some(url) if !url.starts_with("sqlite:") => {
-                Ok(Scratch { url: Some(url.to_owned()), schema: Some(format!("fencegate_demo_{run_id}")), dir: None })
-            }
+            Some(url) if !url.starts_with("sqlite:") => Ok(Scratch {
+                url: Some(url.to_owned()),
+                schema: Some(format!("fencegate_demo_{run_id}")),
+                dir: None,
+            }),
             // The user's own SQLite file is never the demo's: a scratch file instead.
             _ if starts_server => {
-                let dir = std::env::temp_dir().join(format!("fencegate-demo-{run_id}-{}", std::process::id()));
-                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-                Ok(Scratch { url: Some(format!("sqlite://{}", dir.join("demo.sqlite").display())), schema: None, dir: Some(dir) })
+                let dir = std::env::temp_dir()
+                    .join(format!("fencegate-demo-{run_id}-{}", std::process::id()));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                Ok(Scratch {
+                    url: Some(format!("sqlite://{}", dir.join("demo.sqlite").display())),
+                    schema: None,
+                    dir: Some(dir),
+                })
             }
-            _ => Ok(Scratch { url: None, schema: None, dir: None }),
+            _ => Ok(Scratch {
+                url: None,
+                schema: None,
+                dir: None,
+            }),
         }
     }
 
@@ -86,7 +98,11 @@ impl Scratch {
         if let (Some(url), Some(schema)) = (&self.url, &self.schema) {
             match <sqlx::PgConnection as sqlx::Connection>::connect(url).await {
                 Ok(mut conn) => {
-                    if let Err(err) = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(&mut conn).await {
+                    if let Err(err) =
+                        sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                            .execute(&mut conn)
+                            .await
+                    {
                         eprintln!("could not drop the demo's scratch schema {schema}: {err}");
                     }
                 }
@@ -107,7 +123,11 @@ struct Style {
 
 impl Style {
     fn paint(&self, code: &str, text: &str) -> String {
-        if self.on { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
+        if self.on {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
     }
 }
 
@@ -137,15 +157,28 @@ impl Timeline {
 
 /// Runs the demo; returns whether fencing prevented the lost update.
 pub async fn run(options: DemoOptions) -> anyhow::Result<bool> {
-    let style = Style { on: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none() };
-    let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
-    let scratch = Scratch::new(options.database_url.as_deref(), run_id, options.url.is_none())?;
+    let style = Style {
+        on: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+    };
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let scratch = Scratch::new(
+        options.database_url.as_deref(),
+        run_id,
+        options.url.is_none(),
+    )?;
     let result = run_in(&options, &scratch, run_id, &style).await;
     scratch.remove().await;
     result
 }
 
-async fn run_in(options: &DemoOptions, scratch: &Scratch, run_id: u128, style: &Style) -> anyhow::Result<bool> {
+async fn run_in(
+    options: &DemoOptions,
+    scratch: &Scratch,
+    run_id: u128,
+    style: &Style,
+) -> anyhow::Result<bool> {
     let mut server = None;
     let url = match &options.url {
         Some(url) => url.trim_end_matches('/').to_owned(),
@@ -155,9 +188,23 @@ async fn run_in(options: &DemoOptions, scratch: &Scratch, run_id: u128, style: &
             format!("http://{addr}")
         }
     };
-    println!("{}", style.paint("1", "fencegate demo: a zombie writer, fenced and unfenced"));
-    println!("fencegate: {url}{}", if server.is_some() { " (started by the demo)" } else { "" });
-    println!("lease: {} ms; worker A is frozen with SIGSTOP for {} ms\n", options.lease_ms, options.lease_ms + 500);
+    println!(
+        "{}",
+        style.paint("1", "fencegate demo: a zombie writer, fenced and unfenced")
+    );
+    println!(
+        "fencegate: {url}{}",
+        if server.is_some() {
+            " (started by the demo)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "lease: {} ms; worker A is frozen with SIGSTOP for {} ms\n",
+        options.lease_ms,
+        options.lease_ms + 500
+    );
 
     let fenced = scenario(&url, None, run_id, options, style).await;
     let unfenced = match &scratch.url {
@@ -180,12 +227,21 @@ async fn run_in(options: &DemoOptions, scratch: &Scratch, run_id: u128, style: &
         ),
         (true, Some(u)) => style.paint(
             "32;1",
-            &format!("verdict: PASS. Fenced, the zombie was rejected (unfenced ended with {}).", u.final_list),
+            &format!(
+                "verdict: PASS. Fenced, the zombie was rejected (unfenced ended with {}).",
+                u.final_list
+            ),
         ),
-        (true, None) => style.paint("32;1", "verdict: PASS. Fenced, the zombie's write was rejected."),
+        (true, None) => style.paint(
+            "32;1",
+            "verdict: PASS. Fenced, the zombie's write was rejected.",
+        ),
         (false, _) => style.paint(
             "31;1",
-            &format!("verdict: FAIL. Fenced run ended with {} (zombie rejected: {}).", fenced.final_list, fenced.zombie_rejected),
+            &format!(
+                "verdict: FAIL. Fenced run ended with {} (zombie rejected: {}).",
+                fenced.final_list, fenced.zombie_rejected
+            ),
         ),
     };
     println!("{verdict}");
@@ -206,14 +262,24 @@ async fn scenario(
 ) -> anyhow::Result<ScenarioResult> {
     let unfenced_db = unfenced.and_then(|s| s.url.clone());
     let scratch_schema = unfenced.and_then(|s| s.schema.clone());
-    let label = if unfenced_db.is_some() { "unfenced" } else { "fenced" };
+    let label = if unfenced_db.is_some() {
+        "unfenced"
+    } else {
+        "fenced"
+    };
     let title = match label {
         "fenced" => "== fenced: writes go through fencegate with the lock's token ==",
         _ => "== unfenced: the same workers, writing with a plain upsert (no token check) ==",
     };
     println!("{}", style.paint("1", title));
-    println!("{:>10}  {:<5}  {:<40} {:>6}  result", "elapsed", "actor", "action", "token");
-    let timeline = Timeline { start: Instant::now(), style: Style { on: style.on } };
+    println!(
+        "{:>10}  {:<5}  {:<40} {:>6}  result",
+        "elapsed", "actor", "action", "token"
+    );
+    let timeline = Timeline {
+        start: Instant::now(),
+        style: Style { on: style.on },
+    };
     let worker = |name: &str, work_ms: u64| WorkerOptions {
         url: url.to_owned(),
         name: name.to_owned(),
@@ -230,7 +296,12 @@ async fn scenario(
     let mut a_out = BufReader::new(a.stdout.take().context("worker stdout")?).lines();
     relay_until(&mut a_out, &timeline, "read").await?;
     signal(&a, Signal::SIGSTOP)?;
-    timeline.row("demo", "SIGSTOP A (a GC pause, a VM stall...)", "", "A is frozen mid-task");
+    timeline.row(
+        "demo",
+        "SIGSTOP A (a GC pause, a VM stall...)",
+        "",
+        "A is frozen mid-task",
+    );
     tokio::time::sleep(Duration::from_millis(options.lease_ms + 500)).await;
     timeline.row("demo", "A's lease has expired", "", "");
 
@@ -240,7 +311,12 @@ async fn scenario(
     b.wait().await?;
 
     signal(&a, Signal::SIGCONT)?;
-    timeline.row("demo", "SIGCONT A", "", "A resumes, unaware it lost the lock");
+    timeline.row(
+        "demo",
+        "SIGCONT A",
+        "",
+        "A resumes, unaware it lost the lock",
+    );
     let zombie_write = relay_until(&mut a_out, &timeline, "write").await?;
     relay_until(&mut a_out, &timeline, "exit").await?;
     a.wait().await?;
@@ -248,7 +324,11 @@ async fn scenario(
     let key = format!("demo-{label}-{run_id}");
     let final_list = match &unfenced_db {
         None => read_fenced(url, &key).await?,
-        Some(db) => Unfenced::connect(db, scratch_schema.as_deref()).await?.read(&key).await?.unwrap_or(json!([])),
+        Some(db) => Unfenced::connect(db, scratch_schema.as_deref())
+            .await?
+            .read(&key)
+            .await?
+            .unwrap_or(json!([])),
     };
     let zombie_rejected = zombie_write.get("status").and_then(Value::as_u64) == Some(412);
     let outcome = if final_list == json!(["B"]) {
@@ -260,22 +340,42 @@ async fn scenario(
     };
     timeline.row("demo", &format!("final list: {final_list}"), "", &outcome);
     println!();
-    Ok(ScenarioResult { zombie_rejected, final_list })
+    Ok(ScenarioResult {
+        zombie_rejected,
+        final_list,
+    })
 }
 
 /// Prints a worker's events until one with `action == until`; returns that event.
-async fn relay_until(out: &mut Lines<BufReader<ChildStdout>>, timeline: &Timeline, until: &str) -> anyhow::Result<Value> {
+async fn relay_until(
+    out: &mut Lines<BufReader<ChildStdout>>,
+    timeline: &Timeline,
+    until: &str,
+) -> anyhow::Result<Value> {
     let deadline = Duration::from_secs(30);
     loop {
         let line = tokio::time::timeout(deadline, out.next_line())
             .await
             .context("a worker said nothing for 30 s")??
             .with_context(|| format!("a worker exited before reporting {until:?}"))?;
-        let Some(event) = line.strip_prefix(EVENT) else { continue };
+        let Some(event) = line.strip_prefix(EVENT) else {
+            continue;
+        };
         let event: Value = serde_json::from_str(event)?;
-        let field = |k: &str| event.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        let field = |k: &str| {
+            event
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
         if field("action") != "exit" {
-            timeline.row(&field("actor"), &field("text"), &field("token"), &field("result"));
+            timeline.row(
+                &field("actor"),
+                &field("text"),
+                &field("token"),
+                &field("result"),
+            );
         }
         if field("action") == until {
             return Ok(event);
@@ -287,40 +387,58 @@ fn spawn_worker(w: &WorkerOptions) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("cannot find the fencegate executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("demo-worker")
-        .args(["--url", &w.url, "--name", &w.name, "--lock", &w.lock, "--key", &w.key])
-        .args(["--lease-ms", &w.lease_ms.to_string(), "--work-ms", &w.work_ms.to_string()]);
+        .args([
+            "--url", &w.url, "--name", &w.name, "--lock", &w.lock, "--key", &w.key,
+        ])
+        .args([
+            "--lease-ms",
+            &w.lease_ms.to_string(),
+            "--work-ms",
+            &w.work_ms.to_string(),
+        ]);
     if let Some(db) = &w.unfenced_db {
         cmd.args(["--unfenced-db", db]);
     }
     if let Some(schema) = &w.scratch_schema {
         cmd.args(["--scratch-schema", schema]);
     }
-    cmd.stdout(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true);
+    cmd.stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
     cmd.spawn().context("cannot start a demo worker")
 }
 
 fn signal(child: &Child, sig: Signal) -> anyhow::Result<()> {
     let pid = child.id().context("worker already exited")?;
-    nix::sys::signal::kill(Pid::from_raw(pid as i32), sig).with_context(|| format!("cannot send {sig} to worker {pid}"))
+    nix::sys::signal::kill(Pid::from_raw(pid as i32), sig)
+        .with_context(|| format!("cannot send {sig} to worker {pid}"))
 }
 
 async fn start_server(scratch: &Scratch) -> anyhow::Result<(Child, String)> {
     let exe = std::env::current_exe().context("cannot find the fencegate executable")?;
     let mut cmd = Command::new(exe);
-    cmd.args(["serve", "--listen", "127.0.0.1:0"]).env("FENCEGATE_LOG", "warn");
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .env("FENCEGATE_LOG", "warn");
     if let Some(db) = &scratch.url {
         cmd.args(["--database-url", db]);
     }
     if let Some(schema) = &scratch.schema {
         cmd.env("FENCEGATE_DATABASE_SCHEMA", schema);
     }
-    let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true).spawn()?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
     let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
         .context("fencegate did not start within 30 s")??
         .context("fencegate exited at start-up (its error is above)")?;
-    let addr = line.strip_prefix("listening on ").with_context(|| format!("unexpected output {line:?}"))?.to_owned();
+    let addr = line
+        .strip_prefix("listening on ")
+        .with_context(|| format!("unexpected output {line:?}"))?
+        .to_owned();
     // Keep draining stdout so the server never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok((child, addr))
@@ -337,16 +455,24 @@ async fn stop(child: &mut Child) {
 /// set, so the demo also runs against a fencegate with auth on (`--url`).
 fn http_client() -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(key) = std::env::var("FENCEGATE_API_KEY").ok().filter(|k| !k.is_empty()) {
+    if let Some(key) = std::env::var("FENCEGATE_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty())
+    {
         let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
             .context("FENCEGATE_API_KEY must be printable ASCII")?;
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
-    Ok(reqwest::Client::builder().default_headers(headers).build()?)
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
 }
 
 async fn read_fenced(url: &str, key: &str) -> anyhow::Result<Value> {
-    let response = http_client()?.get(format!("{url}/v1/kv/{key}")).send().await?;
+    let response = http_client()?
+        .get(format!("{url}/v1/kv/{key}"))
+        .send()
+        .await?;
     match response.status().as_u16() {
         404 => Ok(json!([])),
         200 => Ok(response.json::<Value>().await?["value"].clone()),
@@ -361,7 +487,14 @@ fn emit(actor: &str, action: &str, text: &str, token: &str, result: &str) {
     emit_status(actor, action, text, token, result, None);
 }
 
-fn emit_status(actor: &str, action: &str, text: &str, token: &str, result: &str, status: Option<u16>) {
+fn emit_status(
+    actor: &str,
+    action: &str,
+    text: &str,
+    token: &str,
+    result: &str,
+    status: Option<u16>,
+) {
     let event = json!({"actor": actor, "action": action, "text": text, "token": token, "result": result, "status": status});
     println!("{EVENT}{event}");
 }
@@ -380,14 +513,26 @@ pub async fn worker(w: WorkerOptions) -> anyhow::Result<()> {
         match response.status().as_u16() {
             201 => {
                 let body: Value = response.json().await?;
-                let token = body["token"].as_str().context("lock response without token")?.to_owned();
+                let token = body["token"]
+                    .as_str()
+                    .context("lock response without token")?
+                    .to_owned();
                 break (token, body["ttl_ms"].clone());
             }
             409 => tokio::time::sleep(Duration::from_millis(50)).await,
-            other => bail!("lock request failed with {other}: {}", response.text().await?),
+            other => bail!(
+                "lock request failed with {other}: {}",
+                response.text().await?
+            ),
         }
     };
-    emit(me, "acquire", &format!("acquire lock (lease {lease} ms)"), &token, "granted");
+    emit(
+        me,
+        "acquire",
+        &format!("acquire lock (lease {lease} ms)"),
+        &token,
+        "granted",
+    );
 
     let mut unfenced = match &w.unfenced_db {
         Some(db) => Some(Unfenced::connect(db, w.scratch_schema.as_deref()).await?),
@@ -409,7 +554,14 @@ pub async fn worker(w: WorkerOptions) -> anyhow::Result<()> {
     match &mut unfenced {
         Some(db) => {
             db.write(&w.key, &new_list).await?;
-            emit_status(me, "write", &text, &token, "ok (plain upsert: nothing checked)", Some(200));
+            emit_status(
+                me,
+                "write",
+                &text,
+                &token,
+                "ok (plain upsert: nothing checked)",
+                Some(200),
+            );
         }
         None => {
             let response = http
@@ -422,7 +574,10 @@ pub async fn worker(w: WorkerOptions) -> anyhow::Result<()> {
             let status = response.status().as_u16();
             let body: Value = response.json().await.unwrap_or(Value::Null);
             let result = match status {
-                412 => format!("412 REJECTED: stale token, fence is {}", body["current_token"].as_str().unwrap_or("?")),
+                412 => format!(
+                    "412 REJECTED: stale token, fence is {}",
+                    body["current_token"].as_str().unwrap_or("?")
+                ),
                 s => format!("{s} {}", if s < 300 { "accepted" } else { "error" }),
             };
             emit_status(me, "write", &text, &token, &result, Some(status));

@@ -75,7 +75,9 @@ const VERIFIED_CAPACITY: usize = 10_000;
 /// Names and scopes only: an HMAC secret must never reach a log.
 impl fmt::Debug for Issuers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.issuers.iter().map(|i| (&i.name, &i.scopes))).finish()
+        f.debug_list()
+            .entries(self.issuers.iter().map(|i| (&i.name, &i.scopes)))
+            .finish()
     }
 }
 
@@ -95,7 +97,10 @@ pub fn message(scope: &str, token: FencingToken) -> String {
 
 impl Issuers {
     /// Builds the issuers from settings; `env` reads environment variables (for HMAC secrets).
-    pub fn new(settings: &[IssuerSettings], env: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+    pub fn new(
+        settings: &[IssuerSettings],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
         let mut issuers: Vec<Issuer> = Vec::with_capacity(settings.len());
         for (i, s) in settings.iter().enumerate() {
             let at = format!("issuers[{i}] ({:?})", s.name);
@@ -103,7 +108,9 @@ impl Issuers {
                 return Err(format!("{at}: name must not be empty"));
             }
             if s.scopes.is_empty() {
-                return Err(format!("{at}: list the scope prefixes it signs for in `scopes` (\"\" for all)"));
+                return Err(format!(
+                    "{at}: list the scope prefixes it signs for in `scopes` (\"\" for all)"
+                ));
             }
             let key = match (&s.ed25519_public_key, &s.hmac_sha256_secret_env) {
                 (Some(b64), None) => {
@@ -111,11 +118,15 @@ impl Issuers {
                         .decode(b64.trim())
                         .map_err(|e| format!("{at}: ed25519_public_key is not base64: {e}"))?;
                     let bytes: [u8; 32] = bytes.try_into().map_err(|b: Vec<u8>| {
-                        format!("{at}: ed25519_public_key must be the 32 raw bytes of the key, got {}", b.len())
+                        format!(
+                            "{at}: ed25519_public_key must be the 32 raw bytes of the key, got {}",
+                            b.len()
+                        )
                     })?;
                     Key::Ed25519(
-                        VerifyingKey::from_bytes(&bytes)
-                            .map_err(|e| format!("{at}: ed25519_public_key is not a valid key: {e}"))?,
+                        VerifyingKey::from_bytes(&bytes).map_err(|e| {
+                            format!("{at}: ed25519_public_key is not a valid key: {e}")
+                        })?,
                     )
                 }
                 (None, Some(var)) => {
@@ -123,15 +134,24 @@ impl Issuers {
                         format!("{at}: hmac_sha256_secret_env names {var:?}, which is not set (or empty)")
                     })?;
                     if secret.len() < 32 {
-                        return Err(format!("{at}: the HMAC secret in {var:?} is {} bytes; use at least 32", secret.len()));
+                        return Err(format!(
+                            "{at}: the HMAC secret in {var:?} is {} bytes; use at least 32",
+                            secret.len()
+                        ));
                     }
                     Key::Hmac(secret.into_bytes())
                 }
-                _ => return Err(format!("{at}: set exactly one of ed25519_public_key and hmac_sha256_secret_env")),
+                _ => {
+                    return Err(format!(
+                        "{at}: set exactly one of ed25519_public_key and hmac_sha256_secret_env"
+                    ))
+                }
             };
             for prefix in &s.scopes {
                 if let Some(other) = issuers.iter().find(|o| {
-                    o.scopes.iter().any(|p| p.starts_with(prefix.as_str()) || prefix.starts_with(p.as_str()))
+                    o.scopes
+                        .iter()
+                        .any(|p| p.starts_with(prefix.as_str()) || prefix.starts_with(p.as_str()))
                 }) {
                     return Err(format!(
                         "{at}: scope prefix {prefix:?} overlaps issuer {:?}: a scope would have two issuers",
@@ -139,9 +159,16 @@ impl Issuers {
                     ));
                 }
             }
-            issuers.push(Issuer { name: s.name.clone(), scopes: s.scopes.clone(), key });
+            issuers.push(Issuer {
+                name: s.name.clone(),
+                scopes: s.scopes.clone(),
+                key,
+            });
         }
-        Ok(Issuers { issuers, verified: Mutex::default() })
+        Ok(Issuers {
+            issuers,
+            verified: Mutex::default(),
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -150,7 +177,11 @@ impl Issuers {
 
     /// The issuer that signs for `scope`, if any.
     fn issuer_of(&self, scope: &Scope) -> Option<&Issuer> {
-        self.issuers.iter().find(|i| i.scopes.iter().any(|p| scope.as_str().starts_with(p.as_str())))
+        self.issuers.iter().find(|i| {
+            i.scopes
+                .iter()
+                .any(|p| scope.as_str().starts_with(p.as_str()))
+        })
     }
 
     /// The name of the issuer that signs for `scope`, if any: the scope's one source of tokens.
@@ -160,15 +191,25 @@ impl Issuers {
 
     /// Checks the proof of a write or claim under `scope` with `token`: `Ok` if no issuer covers
     /// the scope, or if `proof` is that issuer's signature.
-    pub fn check(&self, scope: &Scope, token: FencingToken, proof: Option<&[u8]>) -> Result<(), ProofError> {
+    pub fn check(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        proof: Option<&[u8]>,
+    ) -> Result<(), ProofError> {
         let Some(issuer) = self.issuer_of(scope) else {
             return Ok(());
         };
         let Some(proof) = proof else {
-            return Err(ProofError::Missing { scope: scope.as_str().to_owned(), issuer: issuer.name.clone() });
+            return Err(ProofError::Missing {
+                scope: scope.as_str().to_owned(),
+                issuer: issuer.name.clone(),
+            });
         };
         let remembered = |verified: &HashMap<String, (FencingToken, Vec<u8>)>| {
-            verified.get(scope.as_str()).is_some_and(|(t, p)| *t == token && p.as_slice() == proof)
+            verified
+                .get(scope.as_str())
+                .is_some_and(|(t, p)| *t == token && p.as_slice() == proof)
         };
         if remembered(&self.verified.lock().unwrap_or_else(|p| p.into_inner())) {
             return Ok(());
@@ -186,19 +227,28 @@ impl Issuers {
 impl Issuer {
     fn verify(&self, scope: &Scope, token: FencingToken, proof: &[u8]) -> Result<(), ProofError> {
         let issuer = self;
-        let invalid = |why| ProofError::Invalid { issuer: issuer.name.clone(), why };
+        let invalid = |why| ProofError::Invalid {
+            issuer: issuer.name.clone(),
+            why,
+        };
         // Strict: the URL-safe alphabet, no padding, no whitespace.
-        let signature = URL_SAFE_NO_PAD.decode(proof).map_err(|_| invalid("not base64url without padding"))?;
+        let signature = URL_SAFE_NO_PAD
+            .decode(proof)
+            .map_err(|_| invalid("not base64url without padding"))?;
         let message = message(scope.as_str(), token);
         match &issuer.key {
             Key::Ed25519(key) => {
-                let signature = Signature::from_slice(&signature).map_err(|_| invalid("not a 64-byte Ed25519 signature"))?;
-                key.verify_strict(message.as_bytes(), &signature).map_err(|_| invalid("the signature does not match"))
+                let signature = Signature::from_slice(&signature)
+                    .map_err(|_| invalid("not a 64-byte Ed25519 signature"))?;
+                key.verify_strict(message.as_bytes(), &signature)
+                    .map_err(|_| invalid("the signature does not match"))
             }
             Key::Hmac(secret) => {
-                let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+                let mut mac =
+                    Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
                 mac.update(message.as_bytes());
-                mac.verify_slice(&signature).map_err(|_| invalid("the signature does not match"))
+                mac.verify_slice(&signature)
+                    .map_err(|_| invalid("the signature does not match"))
             }
         }
     }
@@ -212,10 +262,14 @@ pub fn sign(scope: &str, token: FencingToken, key: SigningKey<'_>) -> String {
     let signature = match key {
         SigningKey::Ed25519(seed) => {
             use ed25519_dalek::Signer;
-            ed25519_dalek::SigningKey::from_bytes(seed).sign(message.as_bytes()).to_bytes().to_vec()
+            ed25519_dalek::SigningKey::from_bytes(seed)
+                .sign(message.as_bytes())
+                .to_bytes()
+                .to_vec()
         }
         SigningKey::Hmac(secret) => {
-            let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+            let mut mac =
+                Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
             mac.update(message.as_bytes());
             mac.finalize().into_bytes().to_vec()
         }
@@ -231,7 +285,11 @@ pub enum SigningKey<'a> {
 
 /// The public key of an Ed25519 signing key, as `ed25519_public_key` expects it.
 pub fn ed25519_public_key(seed: &[u8; 32]) -> String {
-    STANDARD.encode(ed25519_dalek::SigningKey::from_bytes(seed).verifying_key().to_bytes())
+    STANDARD.encode(
+        ed25519_dalek::SigningKey::from_bytes(seed)
+            .verifying_key()
+            .to_bytes(),
+    )
 }
 
 #[cfg(test)]
@@ -271,26 +329,51 @@ mod tests {
     fn proofs_verify_only_for_their_scope_token_and_key() {
         let issuers = issuers();
         let ok = sign("jobs/a", t(5), SigningKey::Ed25519(&SEED));
-        assert_eq!(issuers.check(&scope("jobs/a"), t(5), Some(ok.as_bytes())), Ok(()));
+        assert_eq!(
+            issuers.check(&scope("jobs/a"), t(5), Some(ok.as_bytes())),
+            Ok(())
+        );
         let hmac = sign("billing", t(9), SigningKey::Hmac(SECRET.as_bytes()));
-        assert_eq!(issuers.check(&scope("billing"), t(9), Some(hmac.as_bytes())), Ok(()));
+        assert_eq!(
+            issuers.check(&scope("billing"), t(9), Some(hmac.as_bytes())),
+            Ok(())
+        );
         // Wrong token, wrong scope, another issuer's key.
-        assert!(issuers.check(&scope("jobs/a"), t(6), Some(ok.as_bytes())).is_err());
-        assert!(issuers.check(&scope("jobs/b"), t(5), Some(ok.as_bytes())).is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(6), Some(ok.as_bytes()))
+            .is_err());
+        assert!(issuers
+            .check(&scope("jobs/b"), t(5), Some(ok.as_bytes()))
+            .is_err());
         let other = sign("jobs/a", t(5), SigningKey::Ed25519(&[8; 32]));
-        assert!(issuers.check(&scope("jobs/a"), t(5), Some(other.as_bytes())).is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(5), Some(other.as_bytes()))
+            .is_err());
         let hmac_for_jobs = sign("jobs/a", t(5), SigningKey::Hmac(SECRET.as_bytes()));
-        assert!(issuers.check(&scope("jobs/a"), t(5), Some(hmac_for_jobs.as_bytes())).is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(5), Some(hmac_for_jobs.as_bytes()))
+            .is_err());
         // Truncated, padded, not base64url.
-        assert!(issuers.check(&scope("jobs/a"), t(5), Some(&ok.as_bytes()[..ok.len() - 2])).is_err());
-        assert!(issuers.check(&scope("jobs/a"), t(5), Some(format!("{ok}==").as_bytes())).is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(5), Some(&ok.as_bytes()[..ok.len() - 2]))
+            .is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(5), Some(format!("{ok}==").as_bytes()))
+            .is_err());
         let standard_alphabet = ok.replace('-', "+").replace('_', "/");
         if standard_alphabet != ok {
-            assert!(issuers.check(&scope("jobs/a"), t(5), Some(standard_alphabet.as_bytes())).is_err());
+            assert!(issuers
+                .check(&scope("jobs/a"), t(5), Some(standard_alphabet.as_bytes()))
+                .is_err());
         }
-        assert!(issuers.check(&scope("jobs/a"), t(5), Some(b"not base64!")).is_err());
+        assert!(issuers
+            .check(&scope("jobs/a"), t(5), Some(b"not base64!"))
+            .is_err());
         // Missing, and scopes no issuer covers.
-        assert!(matches!(issuers.check(&scope("jobs/a"), t(5), None), Err(ProofError::Missing { .. })));
+        assert!(matches!(
+            issuers.check(&scope("jobs/a"), t(5), None),
+            Err(ProofError::Missing { .. })
+        ));
         assert_eq!(issuers.check(&scope("other"), t(5), None), Ok(()));
     }
 
@@ -304,13 +387,35 @@ mod tests {
         };
         let no_env = |_: &str| None;
         assert!(Issuers::new(std::slice::from_ref(&base), no_env).is_ok());
-        let both = IssuerSettings { hmac_sha256_secret_env: Some("S".into()), ..base.clone() };
-        assert!(Issuers::new(&[both], no_env).unwrap_err().contains("exactly one"));
-        let short = IssuerSettings { ed25519_public_key: Some(STANDARD.encode([1u8; 31])), ..base.clone() };
-        assert!(Issuers::new(&[short], no_env).unwrap_err().contains("32 raw bytes"));
-        let unset = IssuerSettings { ed25519_public_key: None, hmac_sha256_secret_env: Some("NOPE".into()), ..base.clone() };
-        assert!(Issuers::new(&[unset], no_env).unwrap_err().contains("not set"));
-        let overlap = IssuerSettings { name: "y".into(), scopes: vec!["ab".into()], ..base.clone() };
-        assert!(Issuers::new(&[base, overlap], no_env).unwrap_err().contains("overlaps"));
+        let both = IssuerSettings {
+            hmac_sha256_secret_env: Some("S".into()),
+            ..base.clone()
+        };
+        assert!(Issuers::new(&[both], no_env)
+            .unwrap_err()
+            .contains("exactly one"));
+        let short = IssuerSettings {
+            ed25519_public_key: Some(STANDARD.encode([1u8; 31])),
+            ..base.clone()
+        };
+        assert!(Issuers::new(&[short], no_env)
+            .unwrap_err()
+            .contains("32 raw bytes"));
+        let unset = IssuerSettings {
+            ed25519_public_key: None,
+            hmac_sha256_secret_env: Some("NOPE".into()),
+            ..base.clone()
+        };
+        assert!(Issuers::new(&[unset], no_env)
+            .unwrap_err()
+            .contains("not set"));
+        let overlap = IssuerSettings {
+            name: "y".into(),
+            scopes: vec!["ab".into()],
+            ..base.clone()
+        };
+        assert!(Issuers::new(&[base, overlap], no_env)
+            .unwrap_err()
+            .contains("overlaps"));
     }
 }

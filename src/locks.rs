@@ -29,7 +29,10 @@ pub struct LockSettings {
 
 impl Default for LockSettings {
     fn default() -> Self {
-        LockSettings { max_ttl_ms: 3_600_000, names: Vec::new() }
+        LockSettings {
+            max_ttl_ms: 3_600_000,
+            names: Vec::new(),
+        }
     }
 }
 
@@ -97,7 +100,9 @@ impl Held {
     /// actor was taken with auth off and belongs to no one in particular).
     pub fn refused(current: Option<Holder>, token: FencingToken, actor: Option<&str>) -> Held {
         match (&current, actor) {
-            (Some(holder), Some(actor)) if holder.token == token && holder.actor.as_deref().is_some_and(|a| a != actor) => {
+            (Some(holder), Some(actor))
+                if holder.token == token && holder.actor.as_deref().is_some_and(|a| a != actor) =>
+            {
                 Held::Foreign
             }
             _ => Held::Lost { current },
@@ -132,9 +137,13 @@ pub struct Ttl(i64);
 impl Ttl {
     pub fn parse(ms: u64, max_ms: u64) -> Result<Self, String> {
         if ms == 0 || ms > max_ms {
-            return Err(format!("ttl_ms must be between 1 and {max_ms} (locks.max_ttl_ms), got {ms}"));
+            return Err(format!(
+                "ttl_ms must be between 1 and {max_ms} (locks.max_ttl_ms), got {ms}"
+            ));
         }
-        i64::try_from(ms).map(Ttl).map_err(|_| format!("ttl_ms {ms} is too large"))
+        i64::try_from(ms)
+            .map(Ttl)
+            .map_err(|_| format!("ttl_ms {ms} is too large"))
     }
 
     pub fn ms(self) -> i64 {

@@ -16,7 +16,11 @@ use fencegate::{
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
-#[command(name = "fencegate", version, about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource")]
+#[command(
+    name = "fencegate",
+    version,
+    about = "Fencing-aware storage proxy: rejects stale (zombie) writes at the resource"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,7 +96,11 @@ enum Command {
         #[arg(long)]
         token: String,
         /// The environment variable holding the HMAC-SHA256 secret.
-        #[arg(long, conflicts_with = "ed25519_key_file", required_unless_present = "ed25519_key_file")]
+        #[arg(
+            long,
+            conflicts_with = "ed25519_key_file",
+            required_unless_present = "ed25519_key_file"
+        )]
         hmac_secret_env: Option<String>,
         /// A file holding the Ed25519 signing key: standard base64 of its 32-byte seed.
         #[arg(long)]
@@ -126,23 +134,37 @@ enum Command {
 }
 
 /// `fencegate sign`: the proof an issuer would send for `token` in `scope`.
-fn sign(scope: &str, token: &str, hmac_env: Option<&str>, ed25519_file: Option<&std::path::Path>) -> anyhow::Result<String> {
+fn sign(
+    scope: &str,
+    token: &str,
+    hmac_env: Option<&str>,
+    ed25519_file: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
     use base64::Engine;
     use fencegate::issuers::SigningKey;
-    let token = fencegate::fence::FencingToken::parse(token.as_bytes()).map_err(|e| anyhow::anyhow!("--token: {e}"))?;
-    fencegate::fence::Scope::parse(scope, 2048).map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?;
+    let token = fencegate::fence::FencingToken::parse(token.as_bytes())
+        .map_err(|e| anyhow::anyhow!("--token: {e}"))?;
+    fencegate::fence::Scope::parse(scope, 2048)
+        .map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?;
     Ok(match (hmac_env, ed25519_file) {
         (Some(var), _) => {
-            let secret = std::env::var(var).map_err(|_| anyhow::anyhow!("--hmac-secret-env: {var} is not set"))?;
+            let secret = std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("--hmac-secret-env: {var} is not set"))?;
             fencegate::issuers::sign(scope, token, SigningKey::Hmac(secret.as_bytes()))
         }
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
             let seed: [u8; 32] = base64::engine::general_purpose::STANDARD
                 .decode(text.trim())
                 .ok()
                 .and_then(|bytes| bytes.try_into().ok())
-                .ok_or_else(|| anyhow::anyhow!("{} must hold the standard base64 of a 32-byte Ed25519 seed", path.display()))?;
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{} must hold the standard base64 of a 32-byte Ed25519 seed",
+                        path.display()
+                    )
+                })?;
             fencegate::issuers::sign(scope, token, SigningKey::Ed25519(&seed))
         }
         (None, None) => anyhow::bail!("give --hmac-secret-env or --ed25519-key-file"),
@@ -225,8 +247,18 @@ fn main() -> std::process::ExitCode {
         Command::LockInfo(args) => return block_on(requests::lock_info(args)).into(),
         // A proof needs no settings: what is wrong is the usage (a malformed token, a missing
         // key or secret), exit 2 as for the other client commands.
-        Command::Sign { scope, token, hmac_secret_env, ed25519_key_file } => {
-            return match sign(&scope, &token, hmac_secret_env.as_deref(), ed25519_key_file.as_deref()) {
+        Command::Sign {
+            scope,
+            token,
+            hmac_secret_env,
+            ed25519_key_file,
+        } => {
+            return match sign(
+                &scope,
+                &token,
+                hmac_secret_env.as_deref(),
+                ed25519_key_file.as_deref(),
+            ) {
                 Ok(proof) => {
                     println!("{proof}");
                     std::process::ExitCode::SUCCESS
@@ -251,24 +283,39 @@ fn main() -> std::process::ExitCode {
 /// Loads the settings first: they say how many threads the runtime gets.
 fn start(cli: Cli) -> anyhow::Result<()> {
     // Needs no settings, no runtime and no database.
-    if let Command::Auth { command: AuthCommand::NewKey { name } } = &cli.command {
+    if let Command::Auth {
+        command: AuthCommand::NewKey { name },
+    } = &cli.command
+    {
         return new_key(name);
     }
     let (listen, server) = match &cli.command {
         Command::Serve { listen, server } => (listen.clone(), server.clone()),
         Command::Migrate(server)
         | Command::Demo { server, .. }
-        | Command::Admin { command: AdminCommand::Reset { server, .. } | AdminCommand::Rebind { server, .. } } => {
-            (None, server.clone())
-        }
+        | Command::Admin {
+            command: AdminCommand::Reset { server, .. } | AdminCommand::Rebind { server, .. },
+        } => (None, server.clone()),
         _ => (None, ServerArgs::default()),
     };
-    let overrides = Overrides { listen, database_url: server.database_url.clone() };
-    let settings = Settings::load(server.config.as_deref(), |k| std::env::var(k).ok(), overrides.clone())?;
+    let overrides = Overrides {
+        listen,
+        database_url: server.database_url.clone(),
+    };
+    let settings = Settings::load(
+        server.config.as_deref(),
+        |k| std::env::var(k).ok(),
+        overrides.clone(),
+    )?;
     // SIGHUP (`serve`): the same sources read again.
     let config_file = server.config.clone();
-    let reload: fencegate::server::Reload =
-        Box::new(move || Settings::load(config_file.as_deref(), |k| std::env::var(k).ok(), overrides.clone()));
+    let reload: fencegate::server::Reload = Box::new(move || {
+        Settings::load(
+            config_file.as_deref(),
+            |k| std::env::var(k).ok(),
+            overrides.clone(),
+        )
+    });
     if matches!(cli.command, Command::Migrate(_) | Command::Admin { .. }) {
         require_database(&settings)?;
     }
@@ -276,8 +323,13 @@ fn start(cli: Cli) -> anyhow::Result<()> {
     // multi-threaded one does with one worker, without the machinery for handing work between
     // workers (its injection queue, idle bookkeeping, a separate main thread).
     let runtime = match settings.server.threads() {
-        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
     }
     .map_err(|err| anyhow::anyhow!("cannot start the async runtime: {err}"))?;
     runtime.block_on(run(cli, settings, reload))
@@ -292,10 +344,16 @@ fn require_database(settings: &Settings) -> anyhow::Result<()> {
              --config with database.url; nothing was done"
         );
     };
-    if let Some(file) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+    if let Some(file) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
         let file = file.split('?').next().unwrap_or_default();
         if !std::path::Path::new(file).exists() {
-            anyhow::bail!("no SQLite database at {file:?} (from {}): nothing was done", fencegate::redact::redact_url(url));
+            anyhow::bail!(
+                "no SQLite database at {file:?} (from {}): nothing was done",
+                fencegate::redact::redact_url(url)
+            );
         }
     }
     Ok(())
@@ -310,14 +368,25 @@ fn new_key(name: &str) -> anyhow::Result<()> {
     let key = fencegate::auth::new_key()?;
     println!("{key}");
     println!();
-    println!("# The key above goes to the service (Authorization: Bearer <key>); it is shown only now.");
-    println!("# Add this block to the fencegate config file, with the least rights the service needs:");
+    println!(
+        "# The key above goes to the service (Authorization: Bearer <key>); it is shown only now."
+    );
+    println!(
+        "# Add this block to the fencegate config file, with the least rights the service needs:"
+    );
     print!("{}", fencegate::auth::key_block(name, &key));
     Ok(())
 }
 
-async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload) -> anyhow::Result<()> {
-    if matches!(cli.command, Command::Demo { .. } | Command::DemoWorker { .. }) {
+async fn run(
+    cli: Cli,
+    mut settings: Settings,
+    reload: fencegate::server::Reload,
+) -> anyhow::Result<()> {
+    if matches!(
+        cli.command,
+        Command::Demo { .. } | Command::DemoWorker { .. }
+    ) {
         // The demo's output is its timeline; logs would only interleave with it.
         settings.log.filter = "warn".into();
     }
@@ -325,18 +394,27 @@ async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload
     match cli.command {
         Command::Serve { .. } => {
             let addr = settings.server.listen_addr()?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e} (choose another --listen address)"))?;
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on {addr}: {e} (choose another --listen address)")
+            })?;
             let bound = listener.local_addr()?;
-            let scheme = if settings.server.tls.is_some() { "https" } else { "http" };
+            let scheme = if settings.server.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
             let announce = move || {
                 // A stable line on stdout, so scripts and tests can learn the port of --listen :0.
                 println!("listening on {bound}");
                 tracing::info!("serving {scheme}://{bound}");
             };
-            let started =
-                fencegate::server::serve_reloadable(settings, listener, fencegate::server::shutdown_signal(), announce, Some(reload));
+            let started = fencegate::server::serve_reloadable(
+                settings,
+                listener,
+                fencegate::server::shutdown_signal(),
+                announce,
+                Some(reload),
+            );
             started.await
         }
         Command::Demo { url, lease_ms, .. } => {
@@ -344,47 +422,108 @@ async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload
             // or a scratch SQLite file; against --url, only an explicitly configured database is
             // known (for the unfenced side, in a scratch schema too).
             let database_url = settings.database.url.clone();
-            let options = fencegate::demo::DemoOptions { url, database_url, lease_ms };
+            let options = fencegate::demo::DemoOptions {
+                url,
+                database_url,
+                lease_ms,
+            };
             if fencegate::demo::run(options).await? {
                 Ok(())
             } else {
                 anyhow::bail!("the zombie's write was not rejected")
             }
         }
-        Command::DemoWorker { url, name, lock, key, lease_ms, work_ms, unfenced_db, scratch_schema } => {
-            let options = fencegate::demo::WorkerOptions { url, name, lock, key, lease_ms, work_ms, unfenced_db, scratch_schema };
-            fencegate::demo::worker(options)
-                .await
+        Command::DemoWorker {
+            url,
+            name,
+            lock,
+            key,
+            lease_ms,
+            work_ms,
+            unfenced_db,
+            scratch_schema,
+        } => {
+            let options = fencegate::demo::WorkerOptions {
+                url,
+                name,
+                lock,
+                key,
+                lease_ms,
+                work_ms,
+                unfenced_db,
+                scratch_schema,
+            };
+            fencegate::demo::worker(options).await
         }
         Command::Sign { .. } => unreachable!("handled before the settings are loaded"),
-        Command::Admin { command: AdminCommand::Reset { scope, key, table, row, to, bind, unbind, reason, .. } } => {
+        Command::Admin {
+            command:
+                AdminCommand::Reset {
+                    scope,
+                    key,
+                    table,
+                    row,
+                    to,
+                    bind,
+                    unbind,
+                    reason,
+                    ..
+                },
+        } => {
             let store = fencegate::server::open_store(&settings).await?;
             let max = settings.kv.max_key_bytes;
             let target = match (scope, key, table) {
-                (Some(scope), _, _) => ResetTarget::Scope(Scope::parse(&scope, max).map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?),
-                (_, Some(key), _) => ResetTarget::Key(Key::parse(&key, max).map_err(|e| anyhow::anyhow!("--key: the key {e}"))?),
+                (Some(scope), _, _) => ResetTarget::Scope(
+                    Scope::parse(&scope, max)
+                        .map_err(|e| anyhow::anyhow!("--scope: the scope {e}"))?,
+                ),
+                (_, Some(key), _) => ResetTarget::Key(
+                    Key::parse(&key, max).map_err(|e| anyhow::anyhow!("--key: the key {e}"))?,
+                ),
                 (_, _, Some(table)) => {
                     let resources = store.resources(&settings.resources).await?;
-                    let resource = resources
-                        .get(&table)
-                        .cloned()
-                        .ok_or_else(|| anyhow::anyhow!("--table: no resource {table:?} in [[resources]] of the config file"))?;
-                    let row = fencegate::tables::RowKey::parse(&resource, row.as_deref().unwrap_or_default(), max)
-                        .map_err(|e| anyhow::anyhow!("--row: {e}"))?;
+                    let resource = resources.get(&table).cloned().ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--table: no resource {table:?} in [[resources]] of the config file"
+                        )
+                    })?;
+                    let row = fencegate::tables::RowKey::parse(
+                        &resource,
+                        row.as_deref().unwrap_or_default(),
+                        max,
+                    )
+                    .map_err(|e| anyhow::anyhow!("--row: {e}"))?;
                     ResetTarget::Row { resource, key: row }
                 }
                 _ => anyhow::bail!("name what to reset: --scope, --key, or --table with --row"),
             };
             let to = to
-                .map(|to| fencegate::fence::FencingToken::parse(to.as_bytes()).map_err(|e| anyhow::anyhow!("--to: {e}")))
+                .map(|to| {
+                    fencegate::fence::FencingToken::parse(to.as_bytes())
+                        .map_err(|e| anyhow::anyhow!("--to: {e}"))
+                })
                 .transpose()?;
             let scope = match (bind, unbind) {
-                (Some(s), _) => Some(Some(Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?)),
+                (Some(s), _) => Some(Some(
+                    Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?,
+                )),
                 (None, true) => Some(None),
                 (None, false) => None,
             };
-            let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
-            match store.reset(Reset { target, to, scope, reason, actor }).await? {
+            let actor = format!(
+                "cli:{}",
+                std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+            );
+            match store
+                .reset(Reset {
+                    target,
+                    to,
+                    scope,
+                    reason,
+                    actor,
+                })
+                .await?
+            {
                 Ok(done) => {
                     println!("{}", serde_json::to_string(&done)?);
                     Ok(())
@@ -392,37 +531,70 @@ async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload
                 Err(refused) => anyhow::bail!("{refused}"),
             }
         }
-        Command::Admin { command: AdminCommand::Rebind { prefix, table, bind, unbind, reason, .. } } => {
-            use fencegate::{fence::Scope, store::admin::{Rebind, RebindTarget}};
+        Command::Admin {
+            command:
+                AdminCommand::Rebind {
+                    prefix,
+                    table,
+                    bind,
+                    unbind,
+                    reason,
+                    ..
+                },
+        } => {
+            use fencegate::{
+                fence::Scope,
+                store::admin::{Rebind, RebindTarget},
+            };
             let max = settings.kv.max_key_bytes;
             let scope = match (bind, unbind) {
-                (Some(s), _) => Some(Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?),
+                (Some(s), _) => Some(
+                    Scope::parse(&s, max).map_err(|e| anyhow::anyhow!("--bind: the scope {e}"))?,
+                ),
                 (None, true) => None,
                 (None, false) => anyhow::bail!("say where to: --bind SCOPE, or --unbind for none"),
             };
             let store = fencegate::server::open_store(&settings).await?;
             let target = match (prefix, table) {
                 (Some(prefix), _) => {
-                    if let Some((bound, to)) = settings.bindings()?.contradicting(&prefix, scope.as_ref()) {
+                    if let Some((bound, to)) =
+                        settings.bindings()?.contradicting(&prefix, scope.as_ref())
+                    {
                         anyhow::bail!("the configuration binds keys starting with {bound:?} to scope {:?}: nothing was changed", to.as_str());
                     }
                     RebindTarget::Keys { prefix }
                 }
                 (_, Some(table)) => {
                     let resources = store.resources(&settings.resources).await?;
-                    let resource = resources
-                        .get(&table)
-                        .cloned()
-                        .ok_or_else(|| anyhow::anyhow!("--table: no resource {table:?} in [[resources]] of the config file"))?;
-                    if resource.scope.as_ref().is_some_and(|configured| scope.as_ref() != Some(configured)) {
+                    let resource = resources.get(&table).cloned().ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--table: no resource {table:?} in [[resources]] of the config file"
+                        )
+                    })?;
+                    if resource
+                        .scope
+                        .as_ref()
+                        .is_some_and(|configured| scope.as_ref() != Some(configured))
+                    {
                         anyhow::bail!("the configuration puts every write to {table:?} under another scope: nothing was changed");
                     }
                     RebindTarget::Table(resource)
                 }
                 _ => anyhow::bail!("name what to rebind: --prefix, or --table"),
             };
-            let actor = format!("cli:{}", std::env::var("USER").unwrap_or_else(|_| "unknown".into()));
-            match store.rebind(Rebind { target, scope, reason, actor }).await? {
+            let actor = format!(
+                "cli:{}",
+                std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+            );
+            match store
+                .rebind(Rebind {
+                    target,
+                    scope,
+                    reason,
+                    actor,
+                })
+                .await?
+            {
                 Ok(done) => {
                     println!("{}", serde_json::to_string(&done)?);
                     Ok(())
@@ -430,7 +602,11 @@ async fn run(cli: Cli, mut settings: Settings, reload: fencegate::server::Reload
                 Err(refused) => anyhow::bail!("{refused}"),
             }
         }
-        Command::Auth { .. } | Command::Lock(_) | Command::Kv { .. } | Command::Fence { .. } | Command::LockInfo(_) => {
+        Command::Auth { .. }
+        | Command::Lock(_)
+        | Command::Kv { .. }
+        | Command::Fence { .. }
+        | Command::LockInfo(_) => {
             unreachable!("handled before the runtime starts")
         }
         Command::Migrate(_) => {

@@ -37,7 +37,9 @@ pub fn decode_strict(raw: &[u8]) -> Result<String, String> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| "the percent-decoded bytes are not UTF-8; percent-encode UTF-8 text".to_owned())
+    String::from_utf8(out).map_err(|_| {
+        "the percent-decoded bytes are not UTF-8; percent-encode UTF-8 text".to_owned()
+    })
 }
 
 #[cfg(test)]
@@ -47,16 +49,37 @@ mod tests {
     #[test]
     fn decodes_valid_escapes_and_plain_text() {
         assert_eq!(decode_strict(b"caf%C3%A9").unwrap(), "café");
-        assert_eq!(decode_strict(b"caf%c3%a9").unwrap(), "café", "hex digits in either case");
+        assert_eq!(
+            decode_strict(b"caf%c3%a9").unwrap(),
+            "café",
+            "hex digits in either case"
+        );
         assert_eq!(decode_strict(b"billing").unwrap(), "billing");
         assert_eq!(decode_strict(b"a%2Fb%25").unwrap(), "a/b%");
-        assert_eq!(decode_strict(b"a+b c").unwrap(), "a+b c", "'+' is not a space in a path");
+        assert_eq!(
+            decode_strict(b"a+b c").unwrap(),
+            "a+b c",
+            "'+' is not a space in a path"
+        );
     }
 
     #[test]
     fn refuses_invalid_escapes_raw_bytes_and_bad_utf8() {
-        for bad in [&b"%"[..], b"%2", b"a%zz", b"%G0", b"100%", b"caf\xC3\xA9", b"%C3", b"%FF%FE"] {
-            assert!(decode_strict(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"%"[..],
+            b"%2",
+            b"a%zz",
+            b"%G0",
+            b"100%",
+            b"caf\xC3\xA9",
+            b"%C3",
+            b"%FF%FE",
+        ] {
+            assert!(
+                decode_strict(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

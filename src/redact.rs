@@ -4,7 +4,9 @@
 
 /// `postgres://user:secret@host/db` -> `postgres://user:***@host/db`.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
     let (auth, host) = match rest.rsplit_once('@') {
         Some(parts) => parts,
         None => return url.to_owned(),
@@ -21,8 +23,14 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite://fencegate.sqlite"), "sqlite://fencegate.sqlite");
+        assert_eq!(
+            redact_url("sqlite://fencegate.sqlite"),
+            "sqlite://fencegate.sqlite"
+        );
     }
 }

@@ -62,17 +62,29 @@ pub struct Slot {
 impl Slots {
     /// `per_client` 0: no per-client cap.
     pub fn new(max: usize, per_client: usize) -> Arc<Self> {
-        Arc::new(Slots { max, per_client, open: Mutex::new(Open::default()), freed: Notify::new() })
+        Arc::new(Slots {
+            max,
+            per_client,
+            open: Mutex::new(Open::default()),
+            freed: Notify::new(),
+        })
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, Open> {
         // Nothing panics while holding it; if something did, the counts are still whole.
-        self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether `ip` already has its share of connections (its next one is to be closed).
     pub fn over_client_cap(&self, ip: IpAddr) -> bool {
-        self.per_client > 0 && self.open().per_ip.get(&ip).is_some_and(|&n| n >= self.per_client)
+        self.per_client > 0
+            && self
+                .open()
+                .per_ip
+                .get(&ip)
+                .is_some_and(|&n| n >= self.per_client)
     }
 
     /// Waits until there is room for one more connection, closing the longest-idle connection
@@ -91,13 +103,17 @@ impl Slots {
                 if open.connections.len() < self.max {
                     return;
                 }
-                let pending = asked.and_then(|id| open.connections.get(&id)).is_some_and(|h| h.idle_since().is_some());
+                let pending = asked
+                    .and_then(|id| open.connections.get(&id))
+                    .is_some_and(|h| h.idle_since().is_some());
                 if !pending {
                     let settled = tokio::time::Instant::now().checked_sub(GRACE);
                     let oldest = open
                         .connections
                         .iter()
-                        .filter_map(|(id, handle)| handle.idle_since().map(|since| (since, *id, handle)))
+                        .filter_map(|(id, handle)| {
+                            handle.idle_since().map(|since| (since, *id, handle))
+                        })
                         .filter(|(since, _, _)| settled.is_some_and(|settled| *since <= settled))
                         .min_by_key(|(since, id, _)| (*since, *id));
                     asked = oldest.map(|(_, id, handle)| {
@@ -120,7 +136,11 @@ impl Slots {
         open.next_id += 1;
         open.connections.insert(id, handle);
         *open.per_ip.entry(ip).or_default() += 1;
-        Slot { slots: self.clone(), id, ip }
+        Slot {
+            slots: self.clone(),
+            id,
+            ip,
+        }
     }
 }
 
@@ -164,7 +184,9 @@ mod tests {
     async fn below_the_cap_there_is_room_at_once() {
         let slots = Slots::new(2, 0);
         let _a = slots.take(ip(1), Handle::new());
-        tokio::time::timeout(Duration::from_millis(100), slots.make_room()).await.expect("room");
+        tokio::time::timeout(Duration::from_millis(100), slots.make_room())
+            .await
+            .expect("room");
     }
 
     /// At the cap, the connection idle the longest is asked to close, and its place comes back
@@ -182,8 +204,13 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!room.is_finished(), "room before anything closed");
         // `older` was asked: its notification is stored for its connection.
-        tokio::time::timeout(Duration::from_millis(100), older.asked_to_close()).await.expect("the oldest was asked");
+        tokio::time::timeout(Duration::from_millis(100), older.asked_to_close())
+            .await
+            .expect("the oldest was asked");
         drop(a);
-        tokio::time::timeout(Duration::from_millis(500), room).await.expect("room once it closed").unwrap();
+        tokio::time::timeout(Duration::from_millis(500), room)
+            .await
+            .expect("room once it closed")
+            .unwrap();
     }
 }

@@ -20,7 +20,10 @@ pub struct LogSettings {
 
 impl Default for LogSettings {
     fn default() -> Self {
-        LogSettings { filter: "info".into(), format: "text".into() }
+        LogSettings {
+            filter: "info".into(),
+            format: "text".into(),
+        }
     }
 }
 
@@ -28,7 +31,10 @@ impl LogSettings {
     /// Refuses a format [`init_logging`] does not know (anything else would silently log text).
     pub fn validate(&self) -> anyhow::Result<()> {
         if !matches!(self.format.as_str(), "text" | "json") {
-            anyhow::bail!("log.format must be \"text\" or \"json\", got {:?}", self.format);
+            anyhow::bail!(
+                "log.format must be \"text\" or \"json\", got {:?}",
+                self.format
+            );
         }
         Ok(())
     }
@@ -37,12 +43,20 @@ impl LogSettings {
 /// Installs the global tracing subscriber (once; later calls are no-ops, so tests may call it).
 pub fn init_logging(settings: &LogSettings) {
     use tracing_subscriber::{fmt, EnvFilter};
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.filter));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&settings.filter));
     // Colour codes only for a terminal: in a log file or journal they are noise, and styling
     // every span's fields cost ~6% of a lone PUT's instructions (callgrind, bench/RESULTS.md).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    let _ = if settings.format == "json" { builder.json().try_init() } else { builder.try_init() };
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let _ = if settings.format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// The process-wide Prometheus recorder. The `metrics` facade has one global recorder per
@@ -54,7 +68,10 @@ pub fn metrics_handle() -> PrometheusHandle {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full("fencegate_http_request_duration_seconds".into()),
-                    &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+                    &[
+                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0,
+                    ],
                 )
                 .expect("bucket list is not empty")
                 .build_recorder();
@@ -63,14 +80,18 @@ pub fn metrics_handle() -> PrometheusHandle {
             // buckets; scrapes do it too, but an unscraped process must not grow. A plain thread:
             // the recorder outlives any one tokio runtime (tests start many).
             let upkeep = handle.clone();
-            let _ = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
-                std::thread::sleep(std::time::Duration::from_secs(5));
-                upkeep.run_upkeep();
-            });
+            let _ = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || loop {
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                    upkeep.run_upkeep();
+                });
             // Another recorder may already be installed (e.g. by an embedding application);
             // then our handle renders nothing, which is preferable to failing start-up.
             if metrics::set_global_recorder(recorder).is_err() {
-                tracing::warn!("a global metrics recorder was already installed; /metrics will be empty");
+                tracing::warn!(
+                    "a global metrics recorder was already installed; /metrics will be empty"
+                );
             }
             describe();
             handle
@@ -83,30 +104,62 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// test `every_metric_family_has_help` scrapes a server that produced them all.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!("fencegate_http_requests_total", Unit::Count, "HTTP requests answered, by method, route and status.");
-    describe_histogram!("fencegate_http_request_duration_seconds", Unit::Seconds, "Time to answer an HTTP request, by method and route.");
+    describe_counter!(
+        "fencegate_http_requests_total",
+        Unit::Count,
+        "HTTP requests answered, by method, route and status."
+    );
+    describe_histogram!(
+        "fencegate_http_request_duration_seconds",
+        Unit::Seconds,
+        "Time to answer an HTTP request, by method and route."
+    );
     describe_counter!(
         "fencegate_writes_total",
         Unit::Count,
         "Fenced writes by op and outcome: accepted, stale (a zombie), not_issued, jump, scope_mismatch, bad_proof."
     );
-    describe_counter!("fencegate_cache_refusals_total", Unit::Count, "Stale writes refused by the reject-only fence cache, without a database round trip.");
+    describe_counter!(
+        "fencegate_cache_refusals_total",
+        Unit::Count,
+        "Stale writes refused by the reject-only fence cache, without a database round trip."
+    );
     describe_counter!(
         "fencegate_raced_refusals_total",
         Unit::Count,
         "Writes refused by a check that a concurrent grant or fence raise made moot before it was explained (answered 503, safe to retry)."
     );
-    describe_counter!("fencegate_auth_failures_total", Unit::Count, "Requests refused 401 or 403, by reason.");
-    describe_counter!("fencegate_shed_requests_total", Unit::Count, "Requests answered 503 at once because server.max_in_flight requests were in flight.");
+    describe_counter!(
+        "fencegate_auth_failures_total",
+        Unit::Count,
+        "Requests refused 401 or 403, by reason."
+    );
+    describe_counter!(
+        "fencegate_shed_requests_total",
+        Unit::Count,
+        "Requests answered 503 at once because server.max_in_flight requests were in flight."
+    );
     describe_counter!("fencegate_connections_closed_total", Unit::Count, "Client connections closed by fencegate, by reason (idle, too slow, reaped at the cap, ...).");
-    describe_counter!("fencegate_accept_errors_total", Unit::Count, "Failed accepts of new connections (out of file descriptors or memory).");
-    describe_counter!("fencegate_worker_panics_total", Unit::Count, "Coalescing workers that panicked and were restarted (a bug: report it).");
+    describe_counter!(
+        "fencegate_accept_errors_total",
+        Unit::Count,
+        "Failed accepts of new connections (out of file descriptors or memory)."
+    );
+    describe_counter!(
+        "fencegate_worker_panics_total",
+        Unit::Count,
+        "Coalescing workers that panicked and were restarted (a bug: report it)."
+    );
     describe_counter!(
         "fencegate_unfenced_writes_total",
         Unit::Count,
         "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."
     );
-    describe_counter!("fencegate_refusals_unrecorded_total", Unit::Count, "Refused writes not recorded in the database because its queue was full.");
+    describe_counter!(
+        "fencegate_refusals_unrecorded_total",
+        Unit::Count,
+        "Refused writes not recorded in the database because its queue was full."
+    );
     describe_counter!(
         "fencegate_lock_takeovers_total",
         Unit::Count,
@@ -117,14 +170,30 @@ fn describe() {
         Unit::Count,
         "Leases of the built-in locks that ran out without a release (counted when the lock is granted again)."
     );
-    describe_gauge!("fencegate_db_pool_connections", Unit::Count, "Database connections, by state: open, idle, in_use.");
+    describe_gauge!(
+        "fencegate_db_pool_connections",
+        Unit::Count,
+        "Database connections, by state: open, idle, in_use."
+    );
     describe_gauge!(
         "fencegate_replication_synchronous",
         "1 if a synchronous standby confirms every commit, 0 if streaming replicas exist but none is synchronous (a failover can lose acknowledged fences). Absent with no replicas."
     );
-    describe_gauge!("fencegate_replication_replicas", Unit::Count, "Streaming replicas of the primary, as pg_stat_replication shows them.");
-    describe_histogram!("fencegate_coalesced_rows", Unit::Count, "Writes combined into one statement by the coalescer.");
-    describe_histogram!("fencegate_coalesced_reads", Unit::Count, "Reads combined into one statement.");
+    describe_gauge!(
+        "fencegate_replication_replicas",
+        Unit::Count,
+        "Streaming replicas of the primary, as pg_stat_replication shows them."
+    );
+    describe_histogram!(
+        "fencegate_coalesced_rows",
+        Unit::Count,
+        "Writes combined into one statement by the coalescer."
+    );
+    describe_histogram!(
+        "fencegate_coalesced_reads",
+        Unit::Count,
+        "Reads combined into one statement."
+    );
 }
 
 pub fn record_pool(store: &Store) {

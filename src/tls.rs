@@ -47,12 +47,19 @@ pub struct Tls {
 impl Tls {
     /// Reads and checks every file of `settings`.
     pub fn new(settings: &TlsSettings) -> anyhow::Result<Tls> {
-        Ok(Tls { current: RwLock::new(server_config(settings)?) })
+        Ok(Tls {
+            current: RwLock::new(server_config(settings)?),
+        })
     }
 
     /// The acceptor for a new connection.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.read().unwrap_or_else(|e| e.into_inner()).clone())
+        tokio_rustls::TlsAcceptor::from(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
     }
 
     /// A new configuration, for connections accepted from now on.
@@ -87,35 +94,46 @@ pub fn server_config(settings: &TlsSettings) -> anyhow::Result<Arc<ServerConfig>
             let mut roots = RootCertStore::empty();
             for cert in certificates(path, "server.tls.client_ca_file")? {
                 roots.add(cert).map_err(|e| {
-                    anyhow::anyhow!("server.tls.client_ca_file {}: a certificate is not a usable CA: {e}", path.display())
+                    anyhow::anyhow!(
+                        "server.tls.client_ca_file {}: a certificate is not a usable CA: {e}",
+                        path.display()
+                    )
                 })?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| anyhow::anyhow!("server.tls.client_ca_file {}: {e}", path.display()))?;
+                .map_err(|e| {
+                    anyhow::anyhow!("server.tls.client_ca_file {}: {e}", path.display())
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
+    let mut config =
+        builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
 /// Every certificate of a PEM file (at least one).
 fn certificates(path: &Path, setting: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let pem = std::fs::read(path).with_context(|| format!("{setting}: cannot read {}", path.display()))?;
+    let pem = std::fs::read(path)
+        .with_context(|| format!("{setting}: cannot read {}", path.display()))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("{setting}: {} is not valid PEM: {e}", path.display()))?;
     if certs.is_empty() {
-        bail!("{setting}: {} holds no certificate (expected \"-----BEGIN CERTIFICATE-----\" blocks)", path.display());
+        bail!(
+            "{setting}: {} holds no certificate (expected \"-----BEGIN CERTIFICATE-----\" blocks)",
+            path.display()
+        );
     }
     Ok(certs)
 }
 
 fn private_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
-    let pem = std::fs::read(path).with_context(|| format!("server.tls.key_file: cannot read {}", path.display()))?;
+    let pem = std::fs::read(path)
+        .with_context(|| format!("server.tls.key_file: cannot read {}", path.display()))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         anyhow::anyhow!(
             "server.tls.key_file: {} holds no usable private key ({e}); expected an unencrypted PEM key \
@@ -135,7 +153,9 @@ pub fn client_cert(der: &[u8]) -> ClientCert {
         Certificate,
     };
     let mut named = ClientCert::default();
-    let Ok(cert) = Certificate::from_der(der) else { return named };
+    let Ok(cert) = Certificate::from_der(der) else {
+        return named;
+    };
     for rdn in cert.tbs_certificate.subject.0.iter() {
         for attribute in rdn.0.iter() {
             if attribute.oid == CN {

@@ -29,7 +29,9 @@ pub async fn connect_admin(url: &str) -> Result<PgConnection> {
 /// This lowers fences behind fencegate's back, which is harmless here only because every token
 /// of the run (TokenClock, pgbench's clock) is higher than any token presented before it.
 pub async fn reset_table(db: &mut PgConnection, admin: &mut PgConnection) -> Result<()> {
-    sqlx::raw_sql("TRUNCATE fencegate.fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("TRUNCATE fencegate.fencegate_kv")
+        .execute(&mut *db)
+        .await?;
     sqlx::query(
         "INSERT INTO fencegate.fencegate_kv (key, value, deleted, key_fence, fence_token, scope)
          SELECT g::text, '{\"n\": 0}'::jsonb, false, now_us, now_us, NULL
@@ -49,7 +51,9 @@ pub async fn reset_table(db: &mut PgConnection, admin: &mut PgConnection) -> Res
     .bind(crate::HOT_SCOPE)
     .execute(&mut *db)
     .await?;
-    sqlx::raw_sql("VACUUM ANALYZE fencegate.fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("VACUUM ANALYZE fencegate.fencegate_kv")
+        .execute(&mut *db)
+        .await?;
     // Superuser (or pg_checkpoint) only; without it the step just starts with pending writes.
     let _ = sqlx::raw_sql("CHECKPOINT").execute(&mut *admin).await;
     Ok(())
@@ -58,7 +62,9 @@ pub async fn reset_table(db: &mut PgConnection, admin: &mut PgConnection) -> Res
 /// Sum of `version` over the table: every accepted write adds exactly 1 (no deletes here), a
 /// refused (stale) one adds 0. The difference across a step = writes the database applied.
 pub async fn version_sum(db: &mut PgConnection) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM fencegate.fencegate_kv")
-        .fetch_one(&mut *db)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT coalesce(sum(version), 0)::bigint FROM fencegate.fencegate_kv")
+            .fetch_one(&mut *db)
+            .await?,
+    )
 }

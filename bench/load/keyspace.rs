@@ -70,7 +70,12 @@ async fn sizes(db: &mut PgConnection) -> Result<Sizes> {
     )
     .fetch_one(&mut *db)
     .await?;
-    Ok(Sizes { database: row.try_get(0)?, table: row.try_get(1)?, heap: row.try_get(2)?, index: row.try_get(3)? })
+    Ok(Sizes {
+        database: row.try_get(0)?,
+        table: row.try_get(1)?,
+        heap: row.try_get(2)?,
+        index: row.try_get(3)?,
+    })
 }
 
 /// Counters read before and after a run, to say where a write's cost went.
@@ -105,7 +110,10 @@ async fn counters(db: &mut PgConnection) -> Result<Counters> {
     .fetch_one(&mut *db)
     .await?;
     // Absent before PostgreSQL 14; the column is left empty then.
-    let fpi = sqlx::query_scalar("SELECT wal_fpi FROM pg_stat_wal").fetch_one(&mut *db).await.ok();
+    let fpi = sqlx::query_scalar("SELECT wal_fpi FROM pg_stat_wal")
+        .fetch_one(&mut *db)
+        .await
+        .ok();
     Ok(Counters {
         wal: row.try_get(0)?,
         versions: version_sum(db).await?,
@@ -142,7 +150,8 @@ fn db_cost(a: &Counters, b: &Counters) -> DbCost {
 
 impl DbCost {
     fn fpi_cell(&self) -> String {
-        self.fpi.map_or_else(|| "–".to_owned(), |f| format!("{f:.2}"))
+        self.fpi
+            .map_or_else(|| "–".to_owned(), |f| format!("{f:.2}"))
     }
 }
 
@@ -156,11 +165,17 @@ impl DbCost {
 /// 8.5 s) and packed as after a REINDEX (in that other order, leaf pages split half full and
 /// the index came out 41 MiB instead of 24).
 /// Returns the time of the INSERT, then that of VACUUM ANALYZE and CHECKPOINT.
-async fn load(db: &mut PgConnection, admin: &mut PgConnection, live: u64) -> Result<(Duration, Duration)> {
+async fn load(
+    db: &mut PgConnection,
+    admin: &mut PgConnection,
+    live: u64,
+) -> Result<(Duration, Duration)> {
     let total = live + live / 10;
     let base = TOKENS.next() - total as i64 - 1;
     let started = Instant::now();
-    sqlx::raw_sql("TRUNCATE fencegate.fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("TRUNCATE fencegate.fencegate_kv")
+        .execute(&mut *db)
+        .await?;
     sqlx::query(
         "INSERT INTO fencegate.fencegate_kv (key, value, deleted, key_fence, fence_token, scope, version)
          SELECT g::text, CASE WHEN g <= $1 THEN $3::jsonb END, g > $1, $4 + g, $4 + g, NULL,
@@ -177,7 +192,9 @@ async fn load(db: &mut PgConnection, admin: &mut PgConnection, live: u64) -> Res
     .with_context(|| format!("loading {live} keys and {} tombstones", live / 10))?;
     let insert = started.elapsed();
     let started = Instant::now();
-    sqlx::raw_sql("VACUUM ANALYZE fencegate.fencegate_kv").execute(&mut *db).await?;
+    sqlx::raw_sql("VACUUM ANALYZE fencegate.fencegate_kv")
+        .execute(&mut *db)
+        .await?;
     // Superuser (or pg_checkpoint) only; without it the runs start with the load's dirty pages.
     let _ = sqlx::raw_sql("CHECKPOINT").execute(&mut *admin).await;
     Ok((insert, started.elapsed()))
@@ -227,7 +244,11 @@ pub async fn measure(
     let mut out = Vec::new();
     for &live in &s.keyspace {
         let tombstones = live / 10;
-        println!("keyspace: loading {} live keys and {} tombstones", thousands(live), thousands(tombstones));
+        println!(
+            "keyspace: loading {} live keys and {} tombstones",
+            thousands(live),
+            thousands(tombstones)
+        );
         let (insert, settled) = load(db, admin, live).await?;
         let loaded = sizes(db).await?;
         println!(
@@ -242,7 +263,8 @@ pub async fn measure(
         );
         let name = short(live);
         let before = counters(db).await?;
-        let r = fencegate_step(addrs, CONNS, Workload::Random { keys: live }, s, s.step, db).await?;
+        let r =
+            fencegate_step(addrs, CONNS, Workload::Random { keys: live }, s, s.step, db).await?;
         let fg_db = db_cost(&before, &counters(db).await?);
         let (fg_rate, fg) = report_fg(&name, CONNS, &r);
         print_db(&fg_db);
@@ -254,11 +276,24 @@ pub async fn measure(
         println!("  reloaded in {:.1} s for pgbench", again.as_secs_f64());
         let script = scripts.random_over(live, &s.out_dir)?;
         let before = counters(db).await?;
-        let p = pgbench_step(s, &format!("keyspace_{live}"), CONNS, &script, &[], db_url, s.step, db).await?;
+        let p = pgbench_step(
+            s,
+            &format!("keyspace_{live}"),
+            CONNS,
+            &script,
+            &[],
+            db_url,
+            s.step,
+            db,
+        )
+        .await?;
         let pg_db = db_cost(&before, &counters(db).await?);
         let (pg_rate, pg, pg_errors) = report_pg(&name, CONNS, &p, true);
         print_db(&pg_db);
-        println!("  ratio      fencegate/pgbench: ok/s {:.2}×\n", fg_rate / pg_rate);
+        println!(
+            "  ratio      fencegate/pgbench: ok/s {:.2}×\n",
+            fg_rate / pg_rate
+        );
         out.push(Size {
             live,
             tombstones,
@@ -288,8 +323,18 @@ fn mib(bytes: i64) -> f64 {
 /// Settings of the server that decide what a big keyspace costs, printed with the table.
 pub async fn server_facts(admin: &mut PgConnection) -> Result<String> {
     let mut facts = Vec::new();
-    for name in ["shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_compression", "full_page_writes", "autovacuum"] {
-        let v: String = sqlx::query_scalar("SELECT current_setting($1)").bind(name).fetch_one(&mut *admin).await?;
+    for name in [
+        "shared_buffers",
+        "max_wal_size",
+        "checkpoint_timeout",
+        "wal_compression",
+        "full_page_writes",
+        "autovacuum",
+    ] {
+        let v: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(&mut *admin)
+            .await?;
         facts.push(format!("{name}={v}"));
     }
     Ok(facts.join(", "))
@@ -326,7 +371,10 @@ pub fn table(s: &Settings, server: &str, sizes: &[Size]) -> String {
         thousands(first.live),
         thousands(first.live)
     );
-    let _ = writeln!(t, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(
+        t,
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
     for z in sizes {
         let _ = writeln!(
             t,

@@ -91,7 +91,9 @@ impl TokenClock {
             .unwrap_or(0);
         let prev = self
             .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some((p + 1).max(now)))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                Some((p + 1).max(now))
+            })
             .expect("closure always returns Some");
         (prev + 1).max(now)
     }
@@ -122,7 +124,10 @@ async fn connect(addr: SocketAddr) -> Result<Sender> {
 }
 
 /// One request on `sender` and its whole response body, within [`REQUEST_TIMEOUT`].
-async fn exchange(sender: &mut Sender, req: Request<Full<Bytes>>) -> Result<Result<StatusCode, hyper::Error>, Elapsed> {
+async fn exchange(
+    sender: &mut Sender,
+    req: Request<Full<Bytes>>,
+) -> Result<Result<StatusCode, hyper::Error>, Elapsed> {
     tokio::time::timeout(REQUEST_TIMEOUT, async {
         sender.ready().await?;
         let resp = sender.send_request(req).await?;
@@ -144,7 +149,13 @@ impl Rng {
     }
 }
 
-async fn drive(ctx: &Ctx, target: &(SocketAddr, String), conn: &mut Option<Sender>, rng: &mut Rng, until: Instant) -> Stats {
+async fn drive(
+    ctx: &Ctx,
+    target: &(SocketAddr, String),
+    conn: &mut Option<Sender>,
+    rng: &mut Rng,
+    until: Instant,
+) -> Stats {
     let mut stats = Stats::default();
     let mut sent = 0u64;
     while sent < MAX_REQUESTS_PER_TASK && Instant::now() < until {
@@ -167,7 +178,9 @@ async fn drive(ctx: &Ctx, target: &(SocketAddr, String), conn: &mut Option<Sende
             Workload::Mix { read_pct } => ((r >> 32) % 100 < read_pct, r % KEYS + 1),
             Workload::Scope { .. } => (false, SCOPE_KEYS + r % KEYS + 1),
         };
-        let mut builder = Request::builder().uri(format!("/v1/kv/{key}")).header(HOST, &target.1);
+        let mut builder = Request::builder()
+            .uri(format!("/v1/kv/{key}"))
+            .header(HOST, &target.1);
         if let Some(key) = bench_key() {
             builder = builder.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
         }
@@ -196,7 +209,12 @@ async fn drive(ctx: &Ctx, target: &(SocketAddr, String), conn: &mut Option<Sende
         let micros = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
         match outcome {
             Ok(Ok(status)) => {
-                if is_get { &mut stats.get_lat } else { &mut stats.put_lat }.push(micros);
+                if is_get {
+                    &mut stats.get_lat
+                } else {
+                    &mut stats.put_lat
+                }
+                .push(micros);
                 match status.as_u16() {
                     200..=299 if is_get => stats.get_ok += 1,
                     200..=299 => stats.put_ok += 1,
@@ -246,11 +264,19 @@ fn client_threads(ctx: &Arc<Ctx>, conns: usize) -> Vec<std::thread::JoinHandle<S
     (0..threads)
         .map(|t| {
             let ctx = ctx.clone();
-            let ids: Vec<u64> = (0..conns as u64).filter(|i| *i as usize % threads == t).collect();
+            let ids: Vec<u64> = (0..conns as u64)
+                .filter(|i| *i as usize % threads == t)
+                .collect();
             std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("tokio runtime");
                 runtime.block_on(async move {
-                    let tasks: Vec<_> = ids.into_iter().map(|i| tokio::spawn(client_task(ctx.clone(), i))).collect();
+                    let tasks: Vec<_> = ids
+                        .into_iter()
+                        .map(|i| tokio::spawn(client_task(ctx.clone(), i)))
+                        .collect();
                     let mut stats = Stats::default();
                     for task in tasks {
                         stats.merge(task.await.expect("client task panicked"));
@@ -264,7 +290,14 @@ fn client_threads(ctx: &Arc<Ctx>, conns: usize) -> Vec<std::thread::JoinHandle<S
 
 /// One measured step against the fencegate processes at `fg_addrs` (connection `id` goes to
 /// `fg_addrs[id % len]`, as behind a round-robin load balancer).
-pub async fn fencegate_step(fg_addrs: &[SocketAddr], conns: usize, workload: Workload, s: &Settings, dur: Duration, db: &mut PgConnection) -> Result<FgRun> {
+pub async fn fencegate_step(
+    fg_addrs: &[SocketAddr],
+    conns: usize,
+    workload: Workload,
+    s: &Settings,
+    dur: Duration,
+    db: &mut PgConnection,
+) -> Result<FgRun> {
     let ctx = Arc::new(Ctx {
         targets: fg_addrs.iter().map(|a| (*a, a.to_string())).collect(),
         workload,
@@ -291,7 +324,13 @@ pub async fn fencegate_step(fg_addrs: &[SocketAddr], conns: usize, workload: Wor
     let db_applied = version_sum(db).await? - before;
     crate::pg_cpu::settle(db).await;
     let pg_cpu_us = crate::pg_cpu::per_write(pg_before, crate::pg_cpu::ticks(), db_applied);
-    Ok(FgRun { stats, elapsed, db_applied, cpu_ticks, pg_cpu_us })
+    Ok(FgRun {
+        stats,
+        elapsed,
+        db_applied,
+        cpu_ticks,
+        pg_cpu_us,
+    })
 }
 
 pub async fn scrape_metrics(addr: SocketAddr) -> Result<()> {

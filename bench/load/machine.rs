@@ -24,12 +24,16 @@ pub struct Machine {
 }
 
 fn read_trim(path: &str) -> String {
-    std::fs::read_to_string(path).map(|s| s.trim().to_owned()).unwrap_or_else(|_| "?".into())
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn command_line(cmd: &str, args: &[&str]) -> Option<String> {
     let out = std::process::Command::new(cmd).args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 fn git_commit() -> String {
@@ -42,7 +46,20 @@ fn git_commit() -> String {
         return "unknown (no git)".into();
     };
     // The binary under test is built from the working tree: say so if it differs from HEAD.
-    match command_line("git", &["-C", dir, "status", "--porcelain", "--", "src", "migrations", "Cargo.toml", "Cargo.lock"]) {
+    match command_line(
+        "git",
+        &[
+            "-C",
+            dir,
+            "status",
+            "--porcelain",
+            "--",
+            "src",
+            "migrations",
+            "Cargo.toml",
+            "Cargo.lock",
+        ],
+    ) {
         Some(s) if !s.is_empty() => format!("{head} + uncommitted changes in src/"),
         _ => head,
     }
@@ -50,8 +67,17 @@ fn git_commit() -> String {
 
 pub async fn machine_facts(admin: &mut PgConnection, pgbench: &Path) -> Result<Machine> {
     let mut fact = BTreeMap::new();
-    for name in ["server_version", "synchronous_commit", "fsync", "shared_buffers", "max_connections"] {
-        let v: String = sqlx::query_scalar("SELECT current_setting($1)").bind(name).fetch_one(&mut *admin).await?;
+    for name in [
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "shared_buffers",
+        "max_connections",
+    ] {
+        let v: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(&mut *admin)
+            .await?;
         fact.insert(name, v);
     }
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -67,7 +93,9 @@ pub async fn machine_facts(admin: &mut PgConnection, pgbench: &Path) -> Result<M
         .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
         .unwrap_or_else(|| "?".into());
     Ok(Machine {
-        nproc: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        nproc: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
         cpu,
         mem_gib: mem_kib / 1024.0 / 1024.0,
         host: read_trim("/proc/sys/kernel/hostname"),
@@ -77,7 +105,8 @@ pub async fn machine_facts(admin: &mut PgConnection, pgbench: &Path) -> Result<M
         fsync: fact["fsync"].clone(),
         shared_buffers: fact["shared_buffers"].clone(),
         pg_max_connections: fact["max_connections"].clone(),
-        pgbench_version: command_line(pgbench.to_str().unwrap_or("pgbench"), &["--version"]).unwrap_or_else(|| "?".into()),
+        pgbench_version: command_line(pgbench.to_str().unwrap_or("pgbench"), &["--version"])
+            .unwrap_or_else(|| "?".into()),
         commit: git_commit(),
         date: command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "?".into()),
         load_before: loadavg(),
@@ -85,5 +114,9 @@ pub async fn machine_facts(admin: &mut PgConnection, pgbench: &Path) -> Result<M
 }
 
 pub fn loadavg() -> String {
-    read_trim("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    read_trim("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -39,11 +39,11 @@ mod load_generator;
 mod machine;
 mod pg_cpu;
 mod pgbench;
+#[path = "../support/process.rs"]
+mod process;
 mod relay;
 mod report;
 mod server;
-#[path = "../support/process.rs"]
-mod process;
 mod settings;
 mod steps;
 
@@ -107,17 +107,27 @@ async fn run() -> Result<()> {
     let mut admin = connect_admin(&s.admin_url).await?;
     let machine = machine_facts(&mut admin, &s.pgbench).await?;
     let db_name = format!("fencegate_bench_{}", std::process::id());
-    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {db_name}")).execute(&mut admin).await?;
+    sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {db_name}"))
+        .execute(&mut admin)
+        .await?;
     sqlx::raw_sql(&format!("CREATE DATABASE {db_name}"))
         .execute(&mut admin)
         .await
-        .with_context(|| format!("CREATE DATABASE {db_name} on {} (the DATABASE_URL role needs CREATEDB)", redact_url(&s.admin_url)))?;
+        .with_context(|| {
+            format!(
+                "CREATE DATABASE {db_name} on {} (the DATABASE_URL role needs CREATEDB)",
+                redact_url(&s.admin_url)
+            )
+        })?;
     let db_url = db_url::with_database(&s.admin_url, &db_name);
 
     let result = run_on(&s, &machine, &db_url, &mut admin).await;
 
     // Always clean up the database, also after a failure.
-    if let Err(e) = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)")).execute(&mut admin).await {
+    if let Err(e) = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await
+    {
         eprintln!("warning: could not drop database {db_name}: {e}");
     }
     result
@@ -128,14 +138,25 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     // The checks of fencegate's configuration for this run (BENCH_TRUST: sticky scope, jump cap).
     let checks = server::kv_settings().checks();
     let put_key = fencegate::store::kv_put_sql(fencegate::fence::Rule::Inclusive, &checks);
-    let put_scoped = fencegate::store::kv_put_scoped_sql(fencegate::fence::Rule::Inclusive, &checks);
+    let put_scoped =
+        fencegate::store::kv_put_scoped_sql(fencegate::fence::Rule::Inclusive, &checks);
     let scripts = pgbench_scripts(&put_key, &put_scoped, &s.out_dir)?;
 
-    println!("fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s", s.step.as_secs(), s.warmup.as_secs_f64(), s.soak.as_secs());
+    println!(
+        "fencegate load bench: {} s per step (+{:.1} s warm-up for fencegate), soak {} s",
+        s.step.as_secs(),
+        s.warmup.as_secs_f64(),
+        s.soak.as_secs()
+    );
     println!("  binary   {}", server::fencegate_binary());
     println!("  pgbench  {} ({})", s.pgbench.display(), m.pgbench_version);
     println!("  database {}", redact_url(db_url));
-    println!("  pgbench statement (fencegate::store::kv_put_sql):\n    {}", std::fs::read_to_string(&scripts.random)?.trim().replace('\n', "\n    "));
+    println!(
+        "  pgbench statement (fencegate::store::kv_put_sql):\n    {}",
+        std::fs::read_to_string(&scripts.random)?
+            .trim()
+            .replace('\n', "\n    ")
+    );
     println!("  files    {}", s.out_dir.display());
 
     let fg = start_fencegate(db_url, &s.out_dir, 0).await?;
@@ -143,11 +164,18 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     let mut more = Vec::new();
     for i in 1..s.processes {
         let other = start_fencegate(db_url, &s.out_dir, i).await?;
-        println!("  fencegate pid {} listening on {} (BENCH_PROCESSES)", other.pid, other.addr);
+        println!(
+            "  fencegate pid {} listening on {} (BENCH_PROCESSES)",
+            other.pid, other.addr
+        );
         more.push(other);
     }
-    let addrs: Vec<std::net::SocketAddr> = std::iter::once(fg.addr).chain(more.iter().map(|f| f.addr)).collect();
-    let mut db = PgConnection::connect(db_url).await.context("connecting to the bench database")?;
+    let addrs: Vec<std::net::SocketAddr> = std::iter::once(fg.addr)
+        .chain(more.iter().map(|f| f.addr))
+        .collect();
+    let mut db = PgConnection::connect(db_url)
+        .await
+        .context("connecting to the bench database")?;
 
     let mut outcome = measure(s, &fg, &addrs, db_url, &mut db, admin, &scripts).await;
     let mut sizes = Vec::new();

@@ -18,8 +18,18 @@ fn stat(pid: u32) -> Option<(u32, String, u64, u64)> {
     let comm = head.split_once('(')?.1.to_owned();
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // `rest` starts at field 3 (state); ppid is 4, utime 14, stime 15, cutime 16, cstime 17.
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    Some((field(4) as u32, comm, field(14) + field(15), field(16) + field(17)))
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some((
+        field(4) as u32,
+        comm,
+        field(14) + field(15),
+        field(16) + field(17),
+    ))
 }
 
 /// PostgreSQL's CPU time so far, in clock ticks (1/100 s), or `None` if no postmaster is
@@ -27,7 +37,13 @@ fn stat(pid: u32) -> Option<(u32, String, u64, u64)> {
 pub fn ticks() -> Option<u64> {
     let mut procs = Vec::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
         if let Some((ppid, comm, own, reaped)) = stat(pid) {
             if comm == "postgres" || comm == "postmaster" {
                 procs.push((pid, ppid, own, reaped));
@@ -49,7 +65,9 @@ pub fn ticks() -> Option<u64> {
 /// CHECKPOINT (superuser or pg_checkpoint; without it, only the VACUUM), then a moment for the
 /// postmaster to reap exited backends.
 pub async fn settle(db: &mut PgConnection) {
-    let _ = sqlx::raw_sql("VACUUM fencegate.fencegate_kv").execute(&mut *db).await;
+    let _ = sqlx::raw_sql("VACUUM fencegate.fencegate_kv")
+        .execute(&mut *db)
+        .await;
     let _ = sqlx::raw_sql("CHECKPOINT").execute(&mut *db).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 }

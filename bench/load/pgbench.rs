@@ -11,7 +11,9 @@ use anyhow::{bail, Context, Result};
 use sqlx::PgConnection;
 use tokio::process::Command;
 
-use crate::{database::version_sum, settings::Settings, HOT_KEY, HOT_SCOPE, KEYS, SCOPE_KEYS, VALUE};
+use crate::{
+    database::version_sum, settings::Settings, HOT_KEY, HOT_SCOPE, KEYS, SCOPE_KEYS, VALUE,
+};
 
 /// pgbench's token: microseconds since the epoch at the start of the statement. statement_timestamp()
 /// is stable within a statement, so both uses of `$4` (key_fence, fence_token) get one value, as
@@ -74,9 +76,20 @@ pub fn pgbench_scripts(put_key: &str, put_scoped: &str, dir: &Path) -> Result<Sc
     let scope = dir.join("put_scope.sql");
     std::fs::write(
         &scope,
-        format!("\\set k random({}, {})\n{}", SCOPE_KEYS + 1, SCOPE_KEYS + KEYS, pgbench_put_scoped(put_scoped)),
+        format!(
+            "\\set k random({}, {})\n{}",
+            SCOPE_KEYS + 1,
+            SCOPE_KEYS + KEYS,
+            pgbench_put_scoped(put_scoped)
+        ),
     )?;
-    Ok(Scripts { put, random, hot, mix, scope })
+    Ok(Scripts {
+        put,
+        random,
+        hot,
+        mix,
+        scope,
+    })
 }
 
 /// PUTs on random keys of `1 ..= keys`.
@@ -122,7 +135,11 @@ pub async fn pgbench_step(
 ) -> Result<PgRun> {
     let prefix = format!("pgbench_{label}");
     for entry in std::fs::read_dir(&s.out_dir)?.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&format!("{prefix}.")) {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{prefix}."))
+        {
             std::fs::remove_file(entry.path())?;
         }
     }
@@ -141,7 +158,13 @@ pub async fn pgbench_step(
             .arg(script)
             .arg(db_url)
             // fencegate's tables are in its own schema; the statements name them unqualified.
-            .env("PGOPTIONS", format!("{} -c search_path=fencegate", std::env::var("PGOPTIONS").unwrap_or_default()))
+            .env(
+                "PGOPTIONS",
+                format!(
+                    "{} -c search_path=fencegate",
+                    std::env::var("PGOPTIONS").unwrap_or_default()
+                ),
+            )
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),
@@ -158,9 +181,15 @@ pub async fn pgbench_step(
     let pg_cpu_us = crate::pg_cpu::per_write(pg_before, crate::pg_cpu::ticks(), db_applied);
     let number = |marker: &str| -> Option<f64> {
         let line = stdout.lines().find(|l| l.contains(marker))?;
-        line.split(marker).nth(1)?.split_whitespace().next()?.parse().ok()
+        line.split(marker)
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     };
-    let processed = number("number of transactions actually processed:").context("pgbench output has no transaction count")? as u64;
+    let processed = number("number of transactions actually processed:")
+        .context("pgbench output has no transaction count")? as u64;
     let tps = stdout
         .lines()
         .find(|l| l.starts_with("tps = ") && l.contains("without initial connection time"))
@@ -171,15 +200,31 @@ pub async fn pgbench_step(
     // `time` is the transaction's latency in µs.
     let mut lat = Vec::with_capacity(processed as usize);
     for entry in std::fs::read_dir(&s.out_dir)?.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(&format!("{prefix}.")) {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{prefix}."))
+        {
             continue;
         }
         let text = std::fs::read_to_string(entry.path())?;
-        lat.extend(text.lines().filter_map(|l| l.split_whitespace().nth(2)?.parse::<u32>().ok()));
+        lat.extend(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u32>().ok()),
+        );
     }
     if lat.is_empty() {
-        bail!("pgbench wrote no per-transaction log lines (prefix {prefix} in {})", s.out_dir.display());
+        bail!(
+            "pgbench wrote no per-transaction log lines (prefix {prefix} in {})",
+            s.out_dir.display()
+        );
     }
-    Ok(PgRun { processed, tps, failed, lat, db_applied, pg_cpu_us })
+    Ok(PgRun {
+        processed,
+        tps,
+        failed,
+        lat,
+        db_applied,
+        pg_cpu_us,
+    })
 }
-

@@ -32,7 +32,11 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     // parameters override it: the relay forwards to whichever wins, and those parameters are
     // dropped from the relay's URL, or pgbench would go around the relay. A socket directory
     // (a host that is a path, percent-encoded or not) cannot be relayed over TCP.
-    let param = |name: &str| url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned());
+    let param = |name: &str| {
+        url.query_pairs()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
     let socket = |h: &str| h.starts_with('/') || h.to_ascii_lowercase().starts_with("%2f");
     let host = param("hostaddr")
         .or_else(|| param("host"))
@@ -42,7 +46,9 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
         bail!("the relay needs a database reached over TCP (a host name or address in DATABASE_URL), not a socket");
     };
     let db_port = match param("port") {
-        Some(p) => p.parse::<u16>().with_context(|| format!("the port parameter {p:?} of the bench database URL"))?,
+        Some(p) => p
+            .parse::<u16>()
+            .with_context(|| format!("the port parameter {p:?} of the bench database URL"))?,
         None => url.port().unwrap_or(5432),
     };
     // An IPv6 address goes in brackets in haproxy's `server` line as in a URL.
@@ -61,7 +67,10 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
         url.query_pairs_mut().extend_pairs(kept);
     }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let (config, log) = (dir.join("relay-haproxy.cfg"), dir.join("relay-haproxy.stderr.log"));
+    let (config, log) = (
+        dir.join("relay-haproxy.cfg"),
+        dir.join("relay-haproxy.stderr.log"),
+    );
     std::fs::write(
         &config,
         format!(
@@ -84,14 +93,25 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         if let Some(status) = child.try_wait()? {
             let said = std::fs::read_to_string(&log).unwrap_or_default();
-            bail!("haproxy exited ({status}) instead of listening on {addr} (config {}): {}", config.display(), said.trim());
+            bail!(
+                "haproxy exited ({status}) instead of listening on {addr} (config {}): {}",
+                config.display(),
+                said.trim()
+            );
         }
         if Instant::now() > deadline {
-            bail!("haproxy did not listen on {addr} within 10 s (config {})", config.display());
+            bail!(
+                "haproxy did not listen on {addr} within 10 s (config {})",
+                config.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     url.set_host(Some("127.0.0.1")).context("relay URL")?;
-    url.set_port(Some(port)).map_err(|()| anyhow::anyhow!("relay URL: cannot set the port"))?;
-    Ok(Relay { _child: child, url: url.into() })
+    url.set_port(Some(port))
+        .map_err(|()| anyhow::anyhow!("relay URL: cannot set the port"))?;
+    Ok(Relay {
+        _child: child,
+        url: url.into(),
+    })
 }

@@ -28,7 +28,10 @@ pub struct Lat {
 
 fn lat(mut v: Vec<u32>) -> Lat {
     v.sort_unstable();
-    Lat { p50: percentile(&v, 50.0), p99: percentile(&v, 99.0) }
+    Lat {
+        p50: percentile(&v, 50.0),
+        p99: percentile(&v, 99.0),
+    }
 }
 
 pub struct Row {
@@ -110,7 +113,10 @@ pub fn report_pg(name: &str, conns: usize, r: &PgRun, writes_only: bool) -> (f64
     let l = lat(r.lat.clone());
     let (rate, stale) = if writes_only {
         let applied = (r.db_applied.max(0) as u64).min(r.processed);
-        (r.tps * applied as f64 / r.processed.max(1) as f64, r.processed - applied)
+        (
+            r.tps * applied as f64 / r.processed.max(1) as f64,
+            r.processed - applied,
+        )
     } else {
         (r.tps, 0)
     };
@@ -124,7 +130,11 @@ pub fn report_pg(name: &str, conns: usize, r: &PgRun, writes_only: bool) -> (f64
         r.tps,
         r.db_applied,
     );
-    let cell = if writes_only { format!("{stale} / {}", r.failed) } else { format!("– / {}", r.failed) };
+    let cell = if writes_only {
+        format!("{stale} / {}", r.failed)
+    } else {
+        format!("– / {}", r.failed)
+    };
     (rate, l, cell)
 }
 
@@ -135,14 +145,28 @@ pub fn mib(kib: u64) -> String {
 /// The markdown table of the whole run, with the facts needed to read it. `hwm_end`: fencegate's
 /// peak RSS (VmHWM, KiB) at the end of the run. `more`: the tables of other steps (keyspace),
 /// printed under the main one.
-pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&Soak>, hwm_end: u64) -> String {
+pub fn table(
+    s: &Settings,
+    m: &Machine,
+    rows: &[Row],
+    more: &str,
+    soak: Option<&Soak>,
+    hwm_end: u64,
+) -> String {
     let stderr_log = stderr_log(&s.out_dir, 0);
-    let log_lines = std::fs::read_to_string(&stderr_log).map(|t| t.lines().count()).unwrap_or(0);
+    let log_lines = std::fs::read_to_string(&stderr_log)
+        .map(|t| t.lines().count())
+        .unwrap_or(0);
 
     let mut t = String::new();
-    let _ = writeln!(t, "### Load bench: {} on {}, commit {}", m.date, m.host, m.commit);
-    let _ = writeln!(t);
     let _ = writeln!(
+        t,
+        "### Load bench: {} on {}, commit {}",
+        m.date, m.host, m.commit
+    );
+    let _ = writeln!(t);
+    let _ =
+        writeln!(
         t,
         "Machine: {} CPUs ({}), {:.1} GiB RAM, Linux {}; load average at start {}, at end {}.  ",
         m.nproc, m.cpu, m.mem_gib, m.kernel, m.load_before, loadavg()
@@ -187,7 +211,14 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&
                 format!("**{:.2}×**", r.fg_rate / rate),
                 format!("{:.2}×", r.fg.p99 / l.p99),
             ),
-            None => ("–".into(), "–".into(), "–".into(), "–".into(), "–".into(), "–".into()),
+            None => (
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+            ),
         };
         let _ = writeln!(
             t,
@@ -227,11 +258,21 @@ pub fn table(s: &Settings, m: &Machine, rows: &[Row], more: &str, soak: Option<&
 }
 
 /// The lines under the table: fencegate's memory and its log.
-fn finish(mut t: String, s: &Settings, soak: Option<&Soak>, hwm_end: u64, stderr_log: &std::path::Path, log_lines: usize) -> String {
+fn finish(
+    mut t: String,
+    s: &Settings,
+    soak: Option<&Soak>,
+    hwm_end: u64,
+    stderr_log: &std::path::Path,
+    log_lines: usize,
+) -> String {
     match soak {
         Some(soak) => {
             let scraped = match soak.scrapes {
-                Some(n) => format!("GET /metrics every {} s ({n} scrapes)", s.scrape_every.map_or(0, |d| d.as_secs())),
+                Some(n) => format!(
+                    "GET /metrics every {} s ({n} scrapes)",
+                    s.scrape_every.map_or(0, |d| d.as_secs())
+                ),
                 None => "/metrics never scraped".to_owned(),
             };
             let _ = writeln!(
@@ -250,9 +291,17 @@ fn finish(mut t: String, s: &Settings, soak: Option<&Soak>, hwm_end: u64, stderr
             );
         }
         None => {
-            let _ = writeln!(t, "fencegate memory: peak RSS (VmHWM) after the run {} (no soak: BENCH_ONLY).  ", mib(hwm_end));
+            let _ = writeln!(
+                t,
+                "fencegate memory: peak RSS (VmHWM) after the run {} (no soak: BENCH_ONLY).  ",
+                mib(hwm_end)
+            );
         }
     }
-    let _ = writeln!(t, "fencegate wrote {log_lines} log lines at level warn ({}).", stderr_log.display());
+    let _ = writeln!(
+        t,
+        "fencegate wrote {log_lines} log lines at level warn ({}).",
+        stderr_log.display()
+    );
     t
 }

@@ -118,7 +118,10 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
     }
     let kv = kv_settings();
     if bench_trust().is_some() {
-        config_text.push_str(&format!("[kv]\nsticky_scope = {}\nmax_token_jump = {}\n", kv.sticky_scope, kv.max_token_jump));
+        config_text.push_str(&format!(
+            "[kv]\nsticky_scope = {}\nmax_token_jump = {}\n",
+            kv.sticky_scope, kv.max_token_jump
+        ));
     }
     // More configuration for the measured server, as TOML (e.g. "[database]\ncoalesce_workers = 2"):
     // to compare settings with one harness.
@@ -134,7 +137,11 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
             Some(config)
         }
     };
-    let fg = crate::process::spawn(crate::process::command(&bin, db_url, config.as_deref()), &log_path).await?;
+    let fg = crate::process::spawn(
+        crate::process::command(&bin, db_url, config.as_deref()),
+        &log_path,
+    )
+    .await?;
     FG_PIDS.lock().expect("pids").push(fg.pid);
     Ok(fg)
 }
@@ -177,7 +184,10 @@ impl std::ops::Sub for CpuTicks {
 
     fn sub(self, before: CpuTicks) -> CpuTicks {
         // Saturating: a process that exited within the window reads as 0 afterwards.
-        CpuTicks { user: self.user.saturating_sub(before.user), kernel: self.kernel.saturating_sub(before.kernel) }
+        CpuTicks {
+            user: self.user.saturating_sub(before.user),
+            kernel: self.kernel.saturating_sub(before.kernel),
+        }
     }
 }
 
@@ -190,9 +200,19 @@ pub fn fg_cpu_ticks() -> CpuTicks {
             // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
             let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-            CpuTicks { user: field(14), kernel: field(15) }
+            let field = |n: usize| {
+                fields
+                    .get(n - 3)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            CpuTicks {
+                user: field(14),
+                kernel: field(15),
+            }
         })
-        .fold(CpuTicks::default(), |a, b| CpuTicks { user: a.user + b.user, kernel: a.kernel + b.kernel })
+        .fold(CpuTicks::default(), |a, b| CpuTicks {
+            user: a.user + b.user,
+            kernel: a.kernel + b.kernel,
+        })
 }
-

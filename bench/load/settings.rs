@@ -27,7 +27,8 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_env() -> Result<Settings> {
-        let admin_url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin_url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
         let step = env_secs("BENCH_SECONDS", 10)?;
         let soak = env_secs("BENCH_SOAK_SECONDS", 60)?;
         Ok(Settings {
@@ -36,7 +37,10 @@ impl Settings {
             warmup: Duration::from_millis((step * 1000 / 5).clamp(1000, 2000)),
             soak: Duration::from_secs(soak),
             only: std::env::var("BENCH_ONLY").ok().map(|v| {
-                v.split([',', ' ']).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+                v.split([',', ' '])
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
             }),
             scrape_every: match std::env::var("BENCH_SCRAPE_SECONDS") {
                 Ok(_) => Some(Duration::from_secs(env_secs("BENCH_SCRAPE_SECONDS", 0)?)),
@@ -75,7 +79,10 @@ fn keyspace_sizes() -> Result<Vec<u64>> {
     };
     let mut sizes = Vec::new();
     for part in v.split([',', ' ']).filter(|s| !s.is_empty()) {
-        let n: u64 = part.replace('_', "").parse().with_context(|| format!("BENCH_KEYSPACE={v:?}: {part:?} is not a number of keys"))?;
+        let n: u64 = part
+            .replace('_', "")
+            .parse()
+            .with_context(|| format!("BENCH_KEYSPACE={v:?}: {part:?} is not a number of keys"))?;
         if !(10..=MAX_KEYSPACE).contains(&n) {
             bail!("BENCH_KEYSPACE={v:?}: choose sizes of 10..={MAX_KEYSPACE} keys");
         }
@@ -90,7 +97,10 @@ fn keyspace_sizes() -> Result<Vec<u64>> {
 fn env_secs(name: &str, default: u64) -> Result<u64> {
     match std::env::var(name) {
         Ok(v) => {
-            let n: u64 = v.trim().parse().with_context(|| format!("{name}={v:?} is not a number of seconds"))?;
+            let n: u64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("{name}={v:?} is not a number of seconds"))?;
             if n == 0 || n > 3600 {
                 bail!("{name}={n}: choose 1..=3600 seconds");
             }
@@ -102,7 +112,9 @@ fn env_secs(name: &str, default: u64) -> Result<u64> {
 
 /// `tool` in a directory of PATH, if it is there (h2load, haproxy).
 pub fn on_path(tool: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join(tool)).find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(tool))
+        .find(|p| p.is_file())
 }
 
 fn find_pgbench() -> Result<PathBuf> {
@@ -114,7 +126,10 @@ fn find_pgbench() -> Result<PathBuf> {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("pgbench")));
     }
     if let Ok(dirs) = std::fs::read_dir("/usr/lib/postgresql") {
-        let mut versions: Vec<PathBuf> = dirs.flatten().map(|d| d.path().join("bin/pgbench")).collect();
+        let mut versions: Vec<PathBuf> = dirs
+            .flatten()
+            .map(|d| d.path().join("bin/pgbench"))
+            .collect();
         versions.sort();
         versions.reverse();
         candidates.extend(versions);

@@ -15,10 +15,10 @@ use sqlx::PgConnection;
 
 use crate::{
     database::reset_table,
-    server::{rss_kib, CpuTicks, Fencegate},
     load_generator::{fencegate_step, scrape_metrics, Workload, TOKENS},
     pgbench::{pgbench_step, Scripts},
     report::{errors_cell, mib, report_fg, report_pg, Row},
+    server::{rss_kib, CpuTicks, Fencegate},
     settings::Settings,
     KEYS,
 };
@@ -43,23 +43,65 @@ pub async fn measure(
 ) -> Result<(Vec<Row>, Option<Soak>)> {
     let mut rows = Vec::new();
     let steps: [(&str, &str, usize, Workload, &Path); 6] = [
-        ("random", "random key, writes/s", 1, Workload::Random { keys: KEYS }, &scripts.random),
-        ("random", "random key, writes/s", 16, Workload::Random { keys: KEYS }, &scripts.random),
-        ("random", "random key, writes/s", 64, Workload::Random { keys: KEYS }, &scripts.random),
-        ("hot", "one hot key, writes/s", 64, Workload::Hot, &scripts.hot),
-        ("scope", "one hot scope (random keys), writes/s", 64, Workload::Scope { token: 0 }, &scripts.scope),
-        ("mix", "90% GET / 10% PUT, ops/s", 64, Workload::Mix { read_pct: 90 }, &scripts.mix),
+        (
+            "random",
+            "random key, writes/s",
+            1,
+            Workload::Random { keys: KEYS },
+            &scripts.random,
+        ),
+        (
+            "random",
+            "random key, writes/s",
+            16,
+            Workload::Random { keys: KEYS },
+            &scripts.random,
+        ),
+        (
+            "random",
+            "random key, writes/s",
+            64,
+            Workload::Random { keys: KEYS },
+            &scripts.random,
+        ),
+        (
+            "hot",
+            "one hot key, writes/s",
+            64,
+            Workload::Hot,
+            &scripts.hot,
+        ),
+        (
+            "scope",
+            "one hot scope (random keys), writes/s",
+            64,
+            Workload::Scope { token: 0 },
+            &scripts.scope,
+        ),
+        (
+            "mix",
+            "90% GET / 10% PUT, ops/s",
+            64,
+            Workload::Mix { read_pct: 90 },
+            &scripts.mix,
+        ),
     ];
     println!();
     for (name, title, conns, workload, script) in steps {
-        let id = if name == "random" { format!("{name}{conns}") } else { name.to_owned() };
+        let id = if name == "random" {
+            format!("{name}{conns}")
+        } else {
+            name.to_owned()
+        };
         if !s.runs(&id) {
             continue;
         }
         let (workload_name, unit) = title.split_once(", ").expect("title");
         // The hot scope's holder presents one token for the whole step, above every earlier one.
         let workload = match workload {
-            Workload::Scope { .. } => Workload::Scope { token: TOKENS.next() },
+            Workload::Scope { .. } => Workload::Scope {
+                token: TOKENS.next(),
+            },
             other => other,
         };
         reset_table(db, admin).await?;
@@ -70,8 +112,23 @@ pub async fn measure(
             Workload::Scope { .. } => vec![format!("t={}", TOKENS.next())],
             _ => Vec::new(),
         };
-        let p = pgbench_step(s, &format!("{name}_c{conns}"), conns, script, &defines, db_url, s.step, db).await?;
-        let pg = report_pg(name, conns, &p, workload != (Workload::Mix { read_pct: 90 }));
+        let p = pgbench_step(
+            s,
+            &format!("{name}_c{conns}"),
+            conns,
+            script,
+            &defines,
+            db_url,
+            s.step,
+            db,
+        )
+        .await?;
+        let pg = report_pg(
+            name,
+            conns,
+            &p,
+            workload != (Workload::Mix { read_pct: 90 }),
+        );
         println!(
             "  ratio      fencegate/pgbench: ok/s {:.2}×, p99 {:.2}×   (fencegate VmRSS {})\n",
             fg_rate / pg.0,
@@ -102,7 +159,10 @@ pub async fn measure(
 
     // HTTP/2: h2load, 4 connections x 16 streams, against pgbench's 64 clients (only when
     // named in BENCH_ONLY: it needs h2load).
-    if s.only.as_ref().is_some_and(|only| only.iter().any(|o| o == "h2c")) {
+    if s.only
+        .as_ref()
+        .is_some_and(|only| only.iter().any(|o| o == "h2c"))
+    {
         reset_table(db, admin).await?;
         let h = crate::h2c::h2c_step(fg.addr, s.step, &s.out_dir, db).await?;
         let (cpu_us, kernel_us) = h.cpu.per(h.ok);
@@ -117,7 +177,10 @@ pub async fn measure(
         reset_table(db, admin).await?;
         let p = pgbench_step(s, "h2c_c64", 64, &scripts.random, &[], db_url, s.step, db).await?;
         let pg = report_pg("random", 64, &p, true);
-        println!("  ratio      fencegate (h2c)/pgbench: ok/s {:.2}×", h.rate / pg.0);
+        println!(
+            "  ratio      fencegate (h2c)/pgbench: ok/s {:.2}×",
+            h.rate / pg.0
+        );
         system_cpu(h.cpu, h.applied, h.pg_cpu_us, p.pg_cpu_us);
     }
 
@@ -172,9 +235,19 @@ pub async fn measure(
     println!(
         "  soak RSS every {} s (MiB): {}",
         every.as_secs(),
-        samples.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect::<Vec<_>>().join(" ")
+        samples
+            .iter()
+            .map(|k| format!("{:.1}", *k as f64 / 1024.0))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
-    let soak = Soak { rate, errors: errors_cell(&r.stats), samples, every, scrapes };
+    let soak = Soak {
+        rate,
+        errors: errors_cell(&r.stats),
+        samples,
+        every,
+        scrapes,
+    };
     Ok((rows, Some(soak)))
 }
 
@@ -187,7 +260,9 @@ pub async fn measure(
 fn system_cpu(fg: CpuTicks, applied: i64, fg_pg: Option<f64>, pg: Option<f64>) {
     let (fg_us, fg_kernel_us) = fg.per(applied.max(0) as u64);
     let (Some(fg_pg), Some(pg)) = (fg_pg, pg) else {
-        println!("  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n");
+        println!(
+            "  system CPU per write: PostgreSQL's CPU is not readable here (not a local server)\n"
+        );
         return;
     };
     println!(

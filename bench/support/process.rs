@@ -24,7 +24,10 @@ pub fn command(bin: &str, db_url: &str, config: Option<&Path>) -> Command {
     if let Some(config) = config {
         cmd.arg("--config").arg(config);
     }
-    cmd.env("FENCEGATE_LOG", "warn").env_remove("RUST_LOG").env_remove("FENCEGATE_CONFIG").env_remove("FENCEGATE_LISTEN");
+    cmd.env("FENCEGATE_LOG", "warn")
+        .env_remove("RUST_LOG")
+        .env_remove("FENCEGATE_CONFIG")
+        .env_remove("FENCEGATE_LISTEN");
     cmd
 }
 
@@ -51,7 +54,10 @@ pub async fn spawn(mut cmd: Command, log_path: &Path) -> Result<Fencegate> {
                 Ok(Err(e)) => format!("reading its stdout: {e}"),
                 _ => "it exited before listening".to_owned(),
             };
-            bail!("fencegate did not start ({why}); its stderr:\n{}", log.trim());
+            bail!(
+                "fencegate did not start ({why}); its stderr:\n{}",
+                log.trim()
+            );
         }
     };
     let addr: SocketAddr = line
@@ -66,8 +72,14 @@ pub async fn spawn(mut cmd: Command, log_path: &Path) -> Result<Fencegate> {
 
 /// SIGTERM (fencegate drains and exits), then SIGKILL after 15 s.
 pub async fn stop(mut fg: Fencegate) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(fg.pid as i32), nix::sys::signal::Signal::SIGTERM);
-    if tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await.is_err() {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(fg.pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    if tokio::time::timeout(Duration::from_secs(15), fg.child.wait())
+        .await
+        .is_err()
+    {
         let _ = fg.child.kill().await;
     }
 }
@@ -76,6 +88,10 @@ pub async fn stop(mut fg: Fencegate) {
 pub fn status_kib<const N: usize>(pid: u32, names: [&str; N]) -> [u64; N] {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     names.map(|name| {
-        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
     })
 }

@@ -13,7 +13,13 @@ pub enum Right {
 }
 
 impl Right {
-    pub const ALL: [Right; 5] = [Right::Read, Right::Write, Right::Lock, Right::Fence, Right::Admin];
+    pub const ALL: [Right; 5] = [
+        Right::Read,
+        Right::Write,
+        Right::Lock,
+        Right::Fence,
+        Right::Admin,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -54,15 +60,27 @@ pub struct Grant {
 
 impl Grant {
     /// Unknown right names are refused (a typo must not silently grant less, or more).
-    pub fn new(actor: String, rights: &[String], prefixes: Vec<String>, tables: Vec<String>) -> Result<Grant, String> {
+    pub fn new(
+        actor: String,
+        rights: &[String],
+        prefixes: Vec<String>,
+        tables: Vec<String>,
+    ) -> Result<Grant, String> {
         let mut bits = 0;
         for right in rights {
             let Some(right) = Right::parse(right) else {
-                return Err(format!("unknown right {right:?}; use read, write, lock, fence or admin"));
+                return Err(format!(
+                    "unknown right {right:?}; use read, write, lock, fence or admin"
+                ));
             };
             bits |= right.bit();
         }
-        Ok(Grant { actor, rights: bits, prefixes, tables })
+        Ok(Grant {
+            actor,
+            rights: bits,
+            prefixes,
+            tables,
+        })
     }
 
     pub fn is_admin(&self) -> bool {
@@ -71,12 +89,15 @@ impl Grant {
 
     /// `right` on the (decoded) `name` of a key, scope or lock.
     pub fn allows(&self, right: Right, name: &str) -> bool {
-        self.is_admin() || (self.rights & right.bit() != 0 && self.prefixes.iter().any(|p| name.starts_with(p.as_str())))
+        self.is_admin()
+            || (self.rights & right.bit() != 0
+                && self.prefixes.iter().any(|p| name.starts_with(p.as_str())))
     }
 
     /// `right` on the legacy-table `resource`.
     pub fn allows_table(&self, right: Right, resource: &str) -> bool {
-        self.is_admin() || (self.rights & right.bit() != 0 && self.tables.iter().any(|t| t == resource))
+        self.is_admin()
+            || (self.rights & right.bit() != 0 && self.tables.iter().any(|t| t == resource))
     }
 }
 
@@ -116,7 +137,9 @@ impl Actor {
     }
 
     pub fn allows_table(&self, right: Right, resource: &str) -> bool {
-        self.0.as_ref().is_none_or(|g| g.allows_table(right, resource))
+        self.0
+            .as_ref()
+            .is_none_or(|g| g.allows_table(right, resource))
     }
 
     pub fn is_admin(&self) -> bool {
@@ -139,7 +162,13 @@ mod tests {
 
     fn grant(rights: &[&str], prefixes: &[&str]) -> Grant {
         let rights: Vec<String> = rights.iter().map(|r| r.to_string()).collect();
-        Grant::new("t".into(), &rights, prefixes.iter().map(|p| p.to_string()).collect(), vec!["orders".into()]).unwrap()
+        Grant::new(
+            "t".into(),
+            &rights,
+            prefixes.iter().map(|p| p.to_string()).collect(),
+            vec!["orders".into()],
+        )
+        .unwrap()
     }
 
     #[test]

@@ -16,14 +16,18 @@ pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
 
 /// The sha256 of `key`, in lower-case hex: what `[[auth.keys]] sha256` holds.
 pub fn digest_hex(key: &str) -> String {
-    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A fresh API key: 32 bytes from the OS, URL-safe base64 without padding (43 characters).
 pub fn new_key() -> anyhow::Result<String> {
     use base64::Engine as _;
     let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes).map_err(|e| anyhow::anyhow!("the OS random number generator failed: {e}"))?;
+    getrandom::getrandom(&mut bytes)
+        .map_err(|e| anyhow::anyhow!("the OS random number generator failed: {e}"))?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
@@ -44,7 +48,9 @@ mod tests {
         let (a, b) = (new_key().unwrap(), new_key().unwrap());
         assert_ne!(a, b);
         assert_eq!(a.len(), 43);
-        assert!(a.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        assert!(a
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
         assert_eq!(parse_digest(&digest_hex(&a)).map(|d| d.len()), Some(32));
         assert!(key_block("svc", &a).contains(&digest_hex(&a)));
     }

@@ -112,7 +112,10 @@ pub struct Authenticator {
 
 impl Authenticator {
     /// `env` reads the HS256 secret's variable. Errors name the setting to fix.
-    pub fn new(settings: &AuthSettings, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<Authenticator>> {
+    pub fn new(
+        settings: &AuthSettings,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Option<Authenticator>> {
         if !settings.enabled() {
             return Ok(None);
         }
@@ -122,10 +125,16 @@ impl Authenticator {
             .keys
             .iter()
             .map(|key| {
-                let digest = parse_digest(&key.sha256)
-                    .with_context(|| format!("auth.keys ({:?}): sha256 must be 64 hex digits", key.name))?;
-                let grant = Grant::new(format!("key:{}", key.name), &key.rights, key.prefixes.clone(), key.tables.clone())
-                    .map_err(|e| anyhow::anyhow!("auth.keys ({:?}): {e}", key.name))?;
+                let digest = parse_digest(&key.sha256).with_context(|| {
+                    format!("auth.keys ({:?}): sha256 must be 64 hex digits", key.name)
+                })?;
+                let grant = Grant::new(
+                    format!("key:{}", key.name),
+                    &key.rights,
+                    key.prefixes.clone(),
+                    key.tables.clone(),
+                )
+                .map_err(|e| anyhow::anyhow!("auth.keys ({:?}): {e}", key.name))?;
                 Ok((digest, Arc::new(grant)))
             })
             .collect::<anyhow::Result<_>>()?;
@@ -136,37 +145,70 @@ impl Authenticator {
                 let name = match (&cert.subject_cn, &cert.uri_san) {
                     (Some(cn), None) => CertName::CommonName(cn.clone()),
                     (None, Some(uri)) => CertName::Uri(uri.clone()),
-                    _ => bail!("auth.certs ({:?}): give exactly one of subject_cn and uri_san", cert.name),
+                    _ => bail!(
+                        "auth.certs ({:?}): give exactly one of subject_cn and uri_san",
+                        cert.name
+                    ),
                 };
-                let grant = Grant::new(format!("cert:{}", cert.name), &cert.rights, cert.prefixes.clone(), cert.tables.clone())
-                    .map_err(|e| anyhow::anyhow!("auth.certs ({:?}): {e}", cert.name))?;
+                let grant = Grant::new(
+                    format!("cert:{}", cert.name),
+                    &cert.rights,
+                    cert.prefixes.clone(),
+                    cert.tables.clone(),
+                )
+                .map_err(|e| anyhow::anyhow!("auth.certs ({:?}): {e}", cert.name))?;
                 Ok((name, Arc::new(grant)))
             })
             .collect::<anyhow::Result<_>>()?;
-        let jwt = settings.jwt.as_ref().map(|jwt| JwtVerifier::new(jwt, env)).transpose()?;
-        Ok(Some(Authenticator { keys, certs, jwt, protect_metrics: settings.protect_metrics }))
+        let jwt = settings
+            .jwt
+            .as_ref()
+            .map(|jwt| JwtVerifier::new(jwt, env))
+            .transpose()?;
+        Ok(Some(Authenticator {
+            keys,
+            certs,
+            jwt,
+            protect_metrics: settings.protect_metrics,
+        }))
     }
 
     /// The actor of an `Authorization` header's value (`None`: no header), else of the
     /// connection's verified client certificate.
-    pub fn authenticate(&self, header: Option<&[u8]>, cert: Option<&ClientCert>) -> Result<Actor, Unauthenticated> {
+    pub fn authenticate(
+        &self,
+        header: Option<&[u8]>,
+        cert: Option<&ClientCert>,
+    ) -> Result<Actor, Unauthenticated> {
         let header = match (header, cert) {
             (Some(header), _) => header,
-            (None, Some(cert)) => return self.cert(cert).map(Actor::authenticated).ok_or(Unauthenticated::UnknownCert),
+            (None, Some(cert)) => {
+                return self
+                    .cert(cert)
+                    .map(Actor::authenticated)
+                    .ok_or(Unauthenticated::UnknownCert)
+            }
             (None, None) => return Err(Unauthenticated::Missing),
         };
         let credential = bearer(header).ok_or(Unauthenticated::Malformed)?;
         if let Some(jwt) = &self.jwt {
             if credential.bytes().filter(|b| *b == b'.').count() == 2 {
-                return jwt.verify(credential).map(|(grant, exp)| Actor::expiring(grant, exp));
+                return jwt
+                    .verify(credential)
+                    .map(|(grant, exp)| Actor::expiring(grant, exp));
             }
         }
-        self.key(credential).map(Actor::authenticated).ok_or(Unauthenticated::UnknownKey)
+        self.key(credential)
+            .map(Actor::authenticated)
+            .ok_or(Unauthenticated::UnknownKey)
     }
 
     /// The first `[[auth.certs]]` entry the certificate names.
     fn cert(&self, cert: &ClientCert) -> Option<Arc<Grant>> {
-        self.certs.iter().find(|(name, _)| cert.names(name)).map(|(_, grant)| grant.clone())
+        self.certs
+            .iter()
+            .find(|(name, _)| cert.names(name))
+            .map(|(_, grant)| grant.clone())
     }
 
     fn key(&self, credential: &str) -> Option<Arc<Grant>> {
@@ -206,7 +248,10 @@ fn bearer(header: &[u8]) -> Option<&str> {
     if !scheme.eq_ignore_ascii_case("bearer") || credential.is_empty() {
         return None;
     }
-    credential.bytes().all(|b| b.is_ascii_graphic()).then_some(credential)
+    credential
+        .bytes()
+        .all(|b| b.is_ascii_graphic())
+        .then_some(credential)
 }
 
 #[cfg(test)]

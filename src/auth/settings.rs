@@ -111,12 +111,16 @@ impl AuthSettings {
             if parse_digest(&key.sha256).is_none() {
                 bail!("{what}: sha256 must be the 64 hex digits of the key's sha256 (`fencegate auth new-key` prints it)");
             }
-            Grant::new(key.name.clone(), &key.rights, vec![], vec![]).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            Grant::new(key.name.clone(), &key.rights, vec![], vec![])
+                .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
         }
         let mut digests = HashSet::new();
         for key in &self.keys {
             if !digests.insert(key.sha256.to_ascii_lowercase()) {
-                bail!("auth.keys: the key {:?} has the digest of another key", key.name);
+                bail!(
+                    "auth.keys: the key {:?} has the digest of another key",
+                    key.name
+                );
             }
         }
         let mut names = HashSet::new();
@@ -132,7 +136,8 @@ impl AuthSettings {
                 (Some(value), None) | (None, Some(value)) if !value.is_empty() => {}
                 _ => bail!("{what}: give exactly one of subject_cn and uri_san, not empty"),
             }
-            Grant::new(cert.name.clone(), &cert.rights, vec![], vec![]).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            Grant::new(cert.name.clone(), &cert.rights, vec![], vec![])
+                .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
         }
         if let Some(jwt) = &self.jwt {
             if jwt.hs256_secret_env.is_some() == jwt.public_key_pem_file.is_some() {

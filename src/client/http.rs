@@ -10,7 +10,11 @@ use super::ClientTls;
 
 /// Everything but RFC 3986 unreserved characters is escaped, so any key or lock name (`/`,
 /// `%`, `é` included) reaches the server as the one spelling it decodes strictly.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// A name as a URL path segment, or as the value of `X-Fencing-Scope` (decoded the same way).
 pub fn segment(name: &str) -> String {
@@ -58,20 +62,27 @@ impl Api {
     /// `timeout`: the longest any one request may take, connecting included.
     /// `tls`: the CA to trust and the client certificate to present, for an https:// URL.
     pub fn new(url: &str, timeout: Duration, tls: &ClientTls) -> Result<Api, String> {
-        let base = reqwest::Url::parse(url).map_err(|e| format!("--url {url:?} is not a URL: {e}"))?;
+        let base =
+            reqwest::Url::parse(url).map_err(|e| format!("--url {url:?} is not a URL: {e}"))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
             return Err(format!("--url {url:?} must be an http:// or https:// URL"));
         }
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)));
-        let mut roots = "the bundled public root CAs (give fencegate's CA with --cacert FILE)".to_owned();
+        let mut roots =
+            "the bundled public root CAs (give fencegate's CA with --cacert FILE)".to_owned();
         if let Some(cacert) = &tls.cacert {
             let pem = read_pem(cacert, "--cacert")?;
             let cas = reqwest::Certificate::from_pem_bundle(&pem)
                 .ok()
                 .filter(|cas| !cas.is_empty() && has_block(&pem, "CERTIFICATE"))
-                .ok_or_else(|| format!("--cacert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", cacert.display()))?;
+                .ok_or_else(|| {
+                    format!(
+                        "--cacert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        cacert.display()
+                    )
+                })?;
             // As curl's --cacert: these CAs instead of the public ones.
             builder = builder.tls_built_in_root_certs(false);
             for ca in cas {
@@ -83,10 +94,15 @@ impl Api {
             (Some(cert), Some(key)) => {
                 let mut pem = read_pem(cert, "--cert")?;
                 if !has_block(&pem, "CERTIFICATE") {
-                    return Err(format!("--cert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", cert.display()));
+                    return Err(format!(
+                        "--cert {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                        cert.display()
+                    ));
                 }
                 let key_pem = read_pem(key, "--key")?;
-                if !has_block(&key_pem, "PRIVATE KEY") || has_block(&key_pem, "ENCRYPTED PRIVATE KEY") {
+                if !has_block(&key_pem, "PRIVATE KEY")
+                    || has_block(&key_pem, "ENCRYPTED PRIVATE KEY")
+                {
                     return Err(format!(
                         "--key {} holds no unencrypted PEM private key (PKCS#8, PKCS#1 or SEC1)",
                         key.display()
@@ -95,21 +111,41 @@ impl Api {
                 pem.push(b'\n');
                 pem.extend_from_slice(&key_pem);
                 let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
-                    format!("--cert {} with --key {} cannot be used: {}", cert.display(), key.display(), describe(&e))
+                    format!(
+                        "--cert {} with --key {} cannot be used: {}",
+                        cert.display(),
+                        key.display(),
+                        describe(&e)
+                    )
                 })?;
                 builder = builder.identity(identity);
             }
             (Some(cert), None) => {
-                return Err(format!("--cert {} needs its private key: give --key FILE (or FENCEGATE_KEY)", cert.display()))
+                return Err(format!(
+                    "--cert {} needs its private key: give --key FILE (or FENCEGATE_KEY)",
+                    cert.display()
+                ))
             }
             (None, Some(key)) => {
-                return Err(format!("--key {} needs its certificate: give --cert FILE (or FENCEGATE_CERT)", key.display()))
+                return Err(format!(
+                    "--key {} needs its certificate: give --cert FILE (or FENCEGATE_CERT)",
+                    key.display()
+                ))
             }
             (None, None) => {}
         }
-        let http = builder.build().map_err(|e| format!("cannot build the HTTP client: {}", describe(&e)))?;
-        let bearer = std::env::var("FENCEGATE_API_KEY").ok().filter(|key| !key.is_empty());
-        Ok(Api { base, http, bearer, roots })
+        let http = builder
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {}", describe(&e)))?;
+        let bearer = std::env::var("FENCEGATE_API_KEY")
+            .ok()
+            .filter(|key| !key.is_empty());
+        Ok(Api {
+            base,
+            http,
+            bearer,
+            roots,
+        })
     }
 
     /// The base URL, as handed to a wrapped command in `FENCEGATE_URL`.
@@ -150,9 +186,15 @@ impl Api {
             if text.contains("NotValidForName") || text.contains("not valid for name") {
                 format!("{text} (fencegate's certificate does not name the host of --url: use a name it lists)")
             } else {
-                format!("{text} (fencegate's certificate does not verify against {})", self.roots)
+                format!(
+                    "{text} (fencegate's certificate does not verify against {})",
+                    self.roots
+                )
             }
-        } else if text.contains("CertificateRequired") || text.contains("BadCertificate") || text.contains("UnknownCA") {
+        } else if text.contains("CertificateRequired")
+            || text.contains("BadCertificate")
+            || text.contains("UnknownCA")
+        {
             format!("{text} (fencegate did not accept the client certificate: give one signed by a CA it trusts with --cert and --key)")
         } else {
             text
@@ -166,7 +208,9 @@ fn read_pem(path: &std::path::Path, flag: &str) -> Result<Vec<u8>, String> {
 
 /// Whether `pem` has a `-----BEGIN ...LABEL-----` block.
 fn has_block(pem: &[u8], label: &str) -> bool {
-    String::from_utf8_lossy(pem).lines().any(|line| line.starts_with("-----BEGIN ") && line.trim_end().ends_with(&format!("{label}-----")))
+    String::from_utf8_lossy(pem).lines().any(|line| {
+        line.starts_with("-----BEGIN ") && line.trim_end().ends_with(&format!("{label}-----"))
+    })
 }
 
 /// reqwest's error with its causes: "error sending request" alone says nothing useful.
@@ -185,10 +229,15 @@ impl Answer {
     /// 0 on 2xx, 4 on 412, 3 on 404, 2 on another 4xx, 1 on 5xx or no answer.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Answer::Status { status: 200..=299, .. } => exit::OK,
+            Answer::Status {
+                status: 200..=299, ..
+            } => exit::OK,
             Answer::Status { status: 412, .. } => exit::STALE,
             Answer::Status { status: 404, .. } => exit::NOT_FOUND,
-            Answer::Status { status: 400..=499, .. } | Answer::Unsendable(_) => exit::USAGE,
+            Answer::Status {
+                status: 400..=499, ..
+            }
+            | Answer::Unsendable(_) => exit::USAGE,
             Answer::Status { .. } | Answer::None(_) => exit::UNAVAILABLE,
         }
     }
@@ -196,7 +245,10 @@ impl Answer {
     /// A JSON field of the body, if the body is a JSON object that has it.
     pub fn field(&self, name: &str) -> Option<serde_json::Value> {
         match self {
-            Answer::Status { body, .. } => serde_json::from_str::<serde_json::Value>(body).ok()?.get(name).cloned(),
+            Answer::Status { body, .. } => serde_json::from_str::<serde_json::Value>(body)
+                .ok()?
+                .get(name)
+                .cloned(),
             Answer::None(_) | Answer::Unsendable(_) => None,
         }
     }
@@ -209,7 +261,8 @@ impl Answer {
             Answer::Unsendable(why) => format!("cannot send this request: {why}"),
             Answer::Status { status, .. } => {
                 let text = |name| self.field(name).and_then(|v| v.as_str().map(str::to_owned));
-                let kind = text("type").map(|t| t.rsplit('/').next().unwrap_or_default().to_owned());
+                let kind =
+                    text("type").map(|t| t.rsplit('/').next().unwrap_or_default().to_owned());
                 match (kind, text("detail")) {
                     (Some(kind), Some(detail)) => format!("{status} {kind}: {detail}"),
                     _ => format!("HTTP {status}"),
@@ -228,23 +281,53 @@ mod tests {
         assert_eq!(segment("job-1.a_b~c"), "job-1.a_b~c");
         assert_eq!(segment("a/b c%"), "a%2Fb%20c%25");
         assert_eq!(segment("café"), "caf%C3%A9");
-        assert_eq!(crate::percent::decode_strict(segment("a/b c%é").as_bytes()).unwrap(), "a/b c%é");
+        assert_eq!(
+            crate::percent::decode_strict(segment("a/b c%é").as_bytes()).unwrap(),
+            "a/b c%é"
+        );
     }
 
     #[test]
     fn statuses_map_to_the_pinned_exit_codes() {
-        let status = |status| Answer::Status { status, body: String::new() }.exit_code();
-        assert_eq!([status(200), status(201), status(412), status(404)], [0, 0, 4, 3]);
-        assert_eq!([status(400), status(409), status(428), status(401)], [2, 2, 2, 2]);
+        let status = |status| {
+            Answer::Status {
+                status,
+                body: String::new(),
+            }
+            .exit_code()
+        };
+        assert_eq!(
+            [status(200), status(201), status(412), status(404)],
+            [0, 0, 4, 3]
+        );
+        assert_eq!(
+            [status(400), status(409), status(428), status(401)],
+            [2, 2, 2, 2]
+        );
         assert_eq!([status(500), status(503)], [1, 1]);
         assert_eq!(Answer::None("refused".into()).exit_code(), 1);
     }
 
     #[test]
     fn only_http_urls_are_taken() {
-        assert!(Api::new("http://127.0.0.1:8080", Duration::from_secs(1), &ClientTls::default()).is_ok());
-        assert!(Api::new("https://fencegate.example/", Duration::from_secs(1), &ClientTls::default()).is_ok());
+        assert!(Api::new(
+            "http://127.0.0.1:8080",
+            Duration::from_secs(1),
+            &ClientTls::default()
+        )
+        .is_ok());
+        assert!(Api::new(
+            "https://fencegate.example/",
+            Duration::from_secs(1),
+            &ClientTls::default()
+        )
+        .is_ok());
         assert!(Api::new("ftp://x", Duration::from_secs(1), &ClientTls::default()).is_err());
-        assert!(Api::new("127.0.0.1:8080", Duration::from_secs(1), &ClientTls::default()).is_err());
+        assert!(Api::new(
+            "127.0.0.1:8080",
+            Duration::from_secs(1),
+            &ClientTls::default()
+        )
+        .is_err());
     }
 }

@@ -88,7 +88,11 @@ struct Timing {
 impl Timing {
     fn new(ttl_ms: u64, grace_ms: u64) -> Timing {
         let ttl = Duration::from_millis(ttl_ms);
-        Timing { ttl, margin: (ttl / 10).max(MIN_MARGIN).min(ttl / 2), grace: Duration::from_millis(grace_ms) }
+        Timing {
+            ttl,
+            margin: (ttl / 10).max(MIN_MARGIN).min(ttl / 2),
+            grace: Duration::from_millis(grace_ms),
+        }
     }
 
     fn renew_every(&self) -> Duration {
@@ -134,7 +138,11 @@ pub async fn run(args: LockArgs) -> u8 {
         eprintln!("fencegate lock: --ttl-ms must be at least {MIN_TTL_MS}");
         return exit::USAGE;
     }
-    let api = match Api::new(&args.endpoint.url, Duration::from_millis(args.endpoint.timeout_ms.max(1)), &args.endpoint.tls) {
+    let api = match Api::new(
+        &args.endpoint.url,
+        Duration::from_millis(args.endpoint.timeout_ms.max(1)),
+        &args.endpoint.tls,
+    ) {
         Ok(api) => api,
         Err(e) => {
             eprintln!("fencegate lock: {e}");
@@ -153,9 +161,16 @@ pub async fn run(args: LockArgs) -> u8 {
         Ok(lease) => lease,
         Err(code) => return code,
     };
-    let lock = Held { api, path: format!("/v1/locks/{}", segment(&args.name)), timing };
+    let lock = Held {
+        api,
+        path: format!("/v1/locks/{}", segment(&args.name)),
+        timing,
+    };
     if Instant::now() >= timing.soft_stop(lease.sent) {
-        eprintln!("fencegate lock: the grant of {:?} took too long to arrive to run anything under it", args.name);
+        eprintln!(
+            "fencegate lock: the grant of {:?} took too long to arrive to run anything under it",
+            args.name
+        );
         lock.release(&lease).await;
         return exit::UNAVAILABLE;
     }
@@ -167,7 +182,10 @@ pub async fn run(args: LockArgs) -> u8 {
         ("FENCEGATE_KEY", &args.endpoint.tls.key),
     ] {
         if let Some(file) = file {
-            child.env(name, std::path::absolute(file).unwrap_or_else(|_| file.clone()));
+            child.env(
+                name,
+                std::path::absolute(file).unwrap_or_else(|_| file.clone()),
+            );
         }
     }
     let child = child
@@ -183,7 +201,11 @@ pub async fn run(args: LockArgs) -> u8 {
         Err(e) => {
             eprintln!("fencegate lock: cannot run {:?}: {e}", args.command[0]);
             lock.release(&lease).await;
-            return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            return if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
         }
     };
     lock.supervise(child, lease, &mut signals).await
@@ -194,22 +216,33 @@ async fn acquire(api: &Api, args: &LockArgs, signals: &mut Signals) -> Result<Le
     let owner = match &args.owner {
         Some(owner) => owner.clone(),
         None => {
-            let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-            format!("{}:{}", if host.is_empty() { "localhost" } else { &host }, std::process::id())
+            let host = nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            format!(
+                "{}:{}",
+                if host.is_empty() { "localhost" } else { &host },
+                std::process::id()
+            )
         }
     };
     let path = format!("/v1/locks/{}", segment(&args.name));
     let give_up = Instant::now() + Duration::from_millis(args.wait_ms);
     loop {
         let sent = Instant::now();
-        let rb = api.request(Method::POST, &path).json(&json!({"owner": owner, "ttl_ms": args.ttl_ms}));
+        let rb = api
+            .request(Method::POST, &path)
+            .json(&json!({"owner": owner, "ttl_ms": args.ttl_ms}));
         let answer = tokio::select! {
             answer = api.send(rb) => answer,
             signal = signals.next() => return Err(128 + signal as u8),
         };
         let pause = match &answer {
             Answer::Status { status: 201, .. } => {
-                match answer.field("token").and_then(|t| t.as_str().map(str::to_owned)) {
+                match answer
+                    .field("token")
+                    .and_then(|t| t.as_str().map(str::to_owned))
+                {
                     Some(token) => return Ok(Lease { token, sent }),
                     None => {
                         eprintln!("fencegate lock: the grant carries no token: {answer:?}");
@@ -223,10 +256,18 @@ async fn acquire(api: &Api, args: &LockArgs, signals: &mut Signals) -> Result<Le
                     return Err(EXIT_HELD);
                 }
                 // Try again when the holder's lease would end, but look in now and then.
-                let remaining = answer.field("remaining_ms").and_then(|v| v.as_u64()).unwrap_or(0);
+                let remaining = answer
+                    .field("remaining_ms")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0);
                 Duration::from_millis(remaining.clamp(10, 250))
             }
-            Answer::Status { status: 500..=599, .. } | Answer::None(_) if Instant::now() < give_up => {
+            Answer::Status {
+                status: 500..=599, ..
+            }
+            | Answer::None(_)
+                if Instant::now() < give_up =>
+            {
                 Duration::from_millis(250)
             }
             _ => {
@@ -243,7 +284,10 @@ async fn acquire(api: &Api, args: &LockArgs, signals: &mut Signals) -> Result<Le
 }
 
 fn is_problem(answer: &Answer, slug: &str) -> bool {
-    answer.field("type").and_then(|t| t.as_str().map(|t| t.ends_with(&format!("/{slug}")))).unwrap_or(false)
+    answer
+        .field("type")
+        .and_then(|t| t.as_str().map(|t| t.ends_with(&format!("/{slug}"))))
+        .unwrap_or(false)
 }
 
 /// A granted lock, while CMD runs under it.
@@ -259,7 +303,11 @@ impl Held {
     /// Renews until CMD exits (then releases and passes its status on) or the lease is lost
     /// (then stops CMD and exits 70). SIGINT, SIGTERM and SIGHUP go on to CMD's group.
     async fn supervise(&self, mut child: Child, mut lease: Lease, signals: &mut Signals) -> u8 {
-        let group = Pid::from_raw(child.id().expect("a child that was not waited for has an id") as i32);
+        let group = Pid::from_raw(
+            child
+                .id()
+                .expect("a child that was not waited for has an id") as i32,
+        );
         let mut next_renew = lease.sent + self.timing.renew_every();
         let mut renewing: Option<Renewal> = None;
         loop {
@@ -329,7 +377,11 @@ impl Held {
             .request(Method::POST, &format!("{}/renew", self.path))
             .header(TOKEN, &lease.token)
             .json(&json!({"ttl_ms": self.timing.ttl.as_millis() as u64}))
-            .timeout(until.saturating_duration_since(sent).max(Duration::from_millis(1)));
+            .timeout(
+                until
+                    .saturating_duration_since(sent)
+                    .max(Duration::from_millis(1)),
+            );
         let api = self.api.clone();
         Box::pin(async move { (sent, api.send(rb).await) })
     }
@@ -338,13 +390,19 @@ impl Held {
     async fn lost(&self, loss: Loss, child: &mut Child, group: Pid, lease: &Lease) -> u8 {
         let now = Instant::now();
         let (why, kill_at) = match &loss {
-            Loss::Refused(summary) => (format!("the server refused the renew ({summary})"), now + self.timing.grace),
+            Loss::Refused(summary) => (
+                format!("the server refused the renew ({summary})"),
+                now + self.timing.grace,
+            ),
             Loss::NoRenew => (
                 "no successful renew; stopping the command before the lease can expire".to_owned(),
                 (now + self.timing.grace).min(self.timing.hard_stop(lease.sent)),
             ),
             Loss::Overslept(late) => (
-                format!("the lease ran out while this process was not running ({} ms past the stop)", late.as_millis()),
+                format!(
+                    "the lease ran out while this process was not running ({} ms past the stop)",
+                    late.as_millis()
+                ),
                 now + self.timing.grace,
             ),
         };
@@ -386,11 +444,19 @@ impl Held {
 
     /// Frees the lock (best effort: an expired lease frees itself).
     async fn release(&self, lease: &Lease) {
-        let rb =
-            self.api.request(Method::DELETE, &self.path).header(TOKEN, &lease.token).timeout(Duration::from_secs(5));
+        let rb = self
+            .api
+            .request(Method::DELETE, &self.path)
+            .header(TOKEN, &lease.token)
+            .timeout(Duration::from_secs(5));
         match self.api.send(rb).await {
-            Answer::Status { status: 200..=299, .. } => {}
-            other => eprintln!("fencegate lock: release failed ({}); the lease expires on its own", other.summary()),
+            Answer::Status {
+                status: 200..=299, ..
+            } => {}
+            other => eprintln!(
+                "fencegate lock: release failed ({}); the lease expires on its own",
+                other.summary()
+            ),
         }
     }
 }

@@ -32,13 +32,28 @@ pub struct Endpoint {
 pub struct ClientTls {
     /// Trust only the CA certificates in this PEM file for fencegate's certificate (instead of
     /// the bundled public root CAs).
-    #[arg(long = "cacert", id = "tls_cacert", env = "FENCEGATE_CACERT", value_name = "FILE")]
+    #[arg(
+        long = "cacert",
+        id = "tls_cacert",
+        env = "FENCEGATE_CACERT",
+        value_name = "FILE"
+    )]
     pub cacert: Option<std::path::PathBuf>,
     /// Present this client certificate (PEM, with its chain) to fencegate; needs --key.
-    #[arg(long = "cert", id = "tls_cert", env = "FENCEGATE_CERT", value_name = "FILE")]
+    #[arg(
+        long = "cert",
+        id = "tls_cert",
+        env = "FENCEGATE_CERT",
+        value_name = "FILE"
+    )]
     pub cert: Option<std::path::PathBuf>,
     /// The private key of --cert (unencrypted PEM: PKCS#8, PKCS#1 or SEC1).
-    #[arg(long = "key", id = "tls_key", env = "FENCEGATE_KEY", value_name = "FILE")]
+    #[arg(
+        long = "key",
+        id = "tls_key",
+        env = "FENCEGATE_KEY",
+        value_name = "FILE"
+    )]
     pub key: Option<std::path::PathBuf>,
 }
 
@@ -116,7 +131,10 @@ pub struct LockInfo {
 
 /// Runs a client command on a small runtime of its own; returns the process's exit status.
 pub fn block_on<F: std::future::Future<Output = u8>>(command: F) -> u8 {
-    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime.block_on(command),
         Err(e) => {
             eprintln!("fencegate: cannot start the async runtime: {e}");

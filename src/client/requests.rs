@@ -21,7 +21,12 @@ pub async fn kv(command: KvCommand) -> u8 {
             let rb = api.request(Method::GET, &format!("/v1/kv/{}", segment(&key)));
             report(api.send(rb).await)
         }
-        KvCommand::Put { key, json, fencing, endpoint } => {
+        KvCommand::Put {
+            key,
+            json,
+            fencing,
+            endpoint,
+        } => {
             let Some(api) = api(&endpoint) else {
                 return exit::USAGE;
             };
@@ -38,10 +43,16 @@ pub async fn kv(command: KvCommand) -> u8 {
             };
             let rb = api.request(Method::PUT, &format!("/v1/kv/{}", segment(&key)));
             // Sent as given: the server checks it (400 invalid-json), and numbers keep every digit.
-            let rb = fenced(rb, &fencing).header(CONTENT_TYPE, "application/json").body(body);
+            let rb = fenced(rb, &fencing)
+                .header(CONTENT_TYPE, "application/json")
+                .body(body);
             report(api.send(rb).await)
         }
-        KvCommand::Delete { key, fencing, endpoint } => {
+        KvCommand::Delete {
+            key,
+            fencing,
+            endpoint,
+        } => {
             let Some(api) = api(&endpoint) else {
                 return exit::USAGE;
             };
@@ -60,11 +71,17 @@ pub async fn fence(command: FenceCommand) -> u8 {
             let rb = api.request(Method::GET, &format!("/v1/fences/{}", segment(&scope)));
             report(api.send(rb).await)
         }
-        FenceCommand::Claim { scope, token, endpoint } => {
+        FenceCommand::Claim {
+            scope,
+            token,
+            endpoint,
+        } => {
             let Some(api) = api(&endpoint) else {
                 return exit::USAGE;
             };
-            let rb = api.request(Method::POST, &format!("/v1/fences/{}", segment(&scope))).header(TOKEN, token);
+            let rb = api
+                .request(Method::POST, &format!("/v1/fences/{}", segment(&scope)))
+                .header(TOKEN, token);
             report(api.send(rb).await)
         }
     }
@@ -72,15 +89,21 @@ pub async fn fence(command: FenceCommand) -> u8 {
 
 /// `GET /v1/locks/NAME`: who holds it and for how long (exit 3: nobody).
 pub async fn lock_info(args: LockInfo) -> u8 {
-    let Some(api) = api(&args.endpoint) else { return exit::USAGE };
+    let Some(api) = api(&args.endpoint) else {
+        return exit::USAGE;
+    };
     let rb = api.request(Method::GET, &format!("/v1/locks/{}", segment(&args.name)));
     report(api.send(rb).await)
 }
 
 fn api(endpoint: &Endpoint) -> Option<Api> {
-    Api::new(&endpoint.url, Duration::from_millis(endpoint.timeout_ms.max(1)), &endpoint.tls)
-        .map_err(|e| eprintln!("fencegate: {e}"))
-        .ok()
+    Api::new(
+        &endpoint.url,
+        Duration::from_millis(endpoint.timeout_ms.max(1)),
+        &endpoint.tls,
+    )
+    .map_err(|e| eprintln!("fencegate: {e}"))
+    .ok()
 }
 
 /// The token, and the scope unless it is empty (an empty FENCEGATE_SCOPE means none).

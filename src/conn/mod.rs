@@ -116,13 +116,28 @@ enum Exit {
 /// request's first byte, a blocked write). A later deadline (every answered request) leaves it
 /// be: when it fires early, the deadline is recomputed and the timer set again. A busy
 /// connection thus touches its timer about once per timeout, not twice per request.
-pub async fn serve(stream: TcpStream, handle: Handle, router: Router, options: Arc<Options>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    stream: TcpStream,
+    handle: Handle,
+    router: Router,
+    options: Arc<Options>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let state = handle.0;
     if *shutdown.borrow() {
         return;
     }
     let Some(tls) = &options.tls else {
-        return watch(stream, state, router, None, &options, Protocol::Detect, shutdown).await;
+        return watch(
+            stream,
+            state,
+            router,
+            None,
+            &options,
+            Protocol::Detect,
+            shutdown,
+        )
+        .await;
     };
     let accepted = Instant::now();
     let handshake = async {
@@ -152,11 +167,17 @@ pub async fn serve(stream: TcpStream, handle: Handle, router: Router, options: A
         }
     };
     let session = stream.get_ref().1;
-    let protocol = if session.alpn_protocol() == Some(b"h2") { Protocol::Http2 } else { Protocol::Http1 };
-    let cert = session.peer_certificates().and_then(|chain| chain.first()).map(|der| Arc::new(crate::tls::client_cert(der)));
+    let protocol = if session.alpn_protocol() == Some(b"h2") {
+        Protocol::Http2
+    } else {
+        Protocol::Http1
+    };
+    let cert = session
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|der| Arc::new(crate::tls::client_cert(der)));
     watch(stream, state, router, cert, &options, protocol, shutdown).await
 }
-
 
 /// The protocol of a connection: decided by ALPN on TLS, by the first bytes on plain HTTP.
 #[derive(Clone, Copy)]
@@ -181,11 +202,22 @@ async fn watch<I>(
 {
     let now = Instant::now();
     let timeouts = options.timeouts;
-    let io = TokioIo::new(Watched { io, state: state.clone() });
-    let service = Serve { router, state: state.clone(), cert };
+    let io = TokioIo::new(Watched {
+        io,
+        state: state.clone(),
+    });
+    let service = Serve {
+        router,
+        state: state.clone(),
+        cert,
+    };
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The watchdog times headers (from their first byte) and idleness separately.
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(None).keep_alive(true);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())

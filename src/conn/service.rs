@@ -78,7 +78,11 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
             self.state.multiplexed.store(true, Ordering::Relaxed);
             self.state.phase.store(HANDLING, Ordering::Release);
         } else {
-            let phase = if req.body().is_end_stream() { HANDLING } else { BODY };
+            let phase = if req.body().is_end_stream() {
+                HANDLING
+            } else {
+                BODY
+            };
             self.state.phase.store(phase, Ordering::Release);
         }
         let mut req = req.map(Body::new);
@@ -92,7 +96,9 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
             if multiplexed {
                 // `Connection: close` (after a 401, or a body left unread) means nothing in
                 // HTTP/2, where a refused stream leaves the others and the connection whole.
-                response.headers_mut().remove(axum::http::header::CONNECTION);
+                response
+                    .headers_mut()
+                    .remove(axum::http::header::CONNECTION);
             }
             if response.body().size_hint().exact().is_some() {
                 // The whole body is at hand (every response but a stream): it is written next,
@@ -102,7 +108,12 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
             }
             // A stream (the console's events): the request is handled until its body ends, so
             // that shutdown lets it finish rather than cutting it as an idle connection.
-            Ok(response.map(|body| Body::new(Streaming { body, _request: request })))
+            Ok(response.map(|body| {
+                Body::new(Streaming {
+                    body,
+                    _request: request,
+                })
+            }))
         })
     }
 }

@@ -53,7 +53,11 @@ impl State {
         }
         let now = self.now();
         self.last_io.store(now, Ordering::Relaxed);
-        if self.phase.compare_exchange(IDLE, HEADERS, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if self
+            .phase
+            .compare_exchange(IDLE, HEADERS, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             self.headers_since.store(now, Ordering::Relaxed);
         }
     }
@@ -84,18 +88,34 @@ impl State {
     }
 
     pub(super) fn write_blocked(&self) {
-        let _ = self.write_blocked_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Relaxed);
+        let _ = self.write_blocked_since.compare_exchange(
+            0,
+            self.now(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// The next moment the connection may have to close, and why; `None`: nothing due (a
     /// request is being read or handled, and its own timeouts bound it).
     pub(super) fn deadline(&self, t: &Timeouts) -> Option<(Instant, &'static str)> {
         let blocked = self.write_blocked_since.load(Ordering::Relaxed);
-        let write = (blocked != 0).then(|| (self.at(blocked) + t.write, "the client did not read its response"));
+        let write = (blocked != 0).then(|| {
+            (
+                self.at(blocked) + t.write,
+                "the client did not read its response",
+            )
+        });
         let phase = match self.phase.load(Ordering::Acquire) {
             _ if self.handling() => None,
-            IDLE => Some((self.at(self.last_io.load(Ordering::Relaxed)) + t.idle, "idle")),
-            HEADERS => Some((self.at(self.headers_since.load(Ordering::Relaxed)) + t.header, "headers too slow")),
+            IDLE => Some((
+                self.at(self.last_io.load(Ordering::Relaxed)) + t.idle,
+                "idle",
+            )),
+            HEADERS => Some((
+                self.at(self.headers_since.load(Ordering::Relaxed)) + t.header,
+                "headers too slow",
+            )),
             _ => None,
         };
         match (write, phase) {
@@ -170,7 +190,9 @@ pub struct Watch(pub(super) Arc<State>);
 
 impl Watch {
     pub fn body_read(&self) {
-        let _ = self.0.phase.compare_exchange(BODY, HANDLING, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = self
+            .0
+            .phase
+            .compare_exchange(BODY, HANDLING, Ordering::AcqRel, Ordering::Relaxed);
     }
 }
-

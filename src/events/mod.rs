@@ -35,8 +35,8 @@ mod refusal;
 use crate::fence::FencingToken;
 pub use rate::Second;
 use rate::{Column, Rate};
-pub use refusal::{Origin, Refusal, Refused};
 use refusal::log_refusal;
+pub use refusal::{Origin, Refusal, Refused};
 
 /// Events buffered for subscribers; one that lags further is dropped.
 pub const CHANNEL_CAPACITY: usize = 1024;
@@ -209,8 +209,18 @@ impl Events {
         let id = self.0.next_id.fetch_add(1, Ordering::Relaxed);
         let refusal = refused.into_refusal(op, origin, format!("{}-{id}", self.0.process));
         log_refusal(&refusal);
-        let event = Arc::new(Event { id, at_ms: now_ms(), what: What::Refusal(refusal) });
-        if let Some(sink) = self.0.sink.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        let event = Arc::new(Event {
+            id,
+            at_ms: now_ms(),
+            what: What::Refusal(refusal),
+        });
+        if let Some(sink) = self
+            .0
+            .sink
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             if sink.try_send(event.clone()).is_err() {
                 metrics::counter!("fencegate_refusals_unrecorded_total").increment(1);
             }
@@ -234,19 +244,34 @@ impl Events {
     }
 
     fn event(&self, what: What) -> Arc<Event> {
-        Arc::new(Event { id: self.0.next_id.fetch_add(1, Ordering::Relaxed), at_ms: now_ms(), what })
+        Arc::new(Event {
+            id: self.0.next_id.fetch_add(1, Ordering::Relaxed),
+            at_ms: now_ms(),
+            what,
+        })
     }
 
     /// The latest refusals, newest first.
     pub fn recent_refusals(&self) -> Vec<Arc<Event>> {
-        self.0.refusals.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+        self.0
+            .refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     pub fn counters(&self) -> Counters {
         let t = &self.0.totals;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (stale, not_issued, jump, scope_mismatch, bad_proof) =
-            (get(&t.stale), get(&t.not_issued), get(&t.jump), get(&t.scope_mismatch), get(&t.bad_proof));
+        let (stale, not_issued, jump, scope_mismatch, bad_proof) = (
+            get(&t.stale),
+            get(&t.not_issued),
+            get(&t.jump),
+            get(&t.scope_mismatch),
+            get(&t.bad_proof),
+        );
         Counters {
             accepted: get(&t.accepted),
             refused: stale + not_issued + jump + scope_mismatch + bad_proof,
@@ -264,7 +289,9 @@ impl Events {
     pub fn rate(&self, seconds: usize) -> Vec<Second> {
         let now = now_secs();
         let seconds = seconds.min(RATE_SECONDS - 1) as u64;
-        (now.saturating_sub(seconds)..now).map(|s| self.0.rate.second(s)).collect()
+        (now.saturating_sub(seconds)..now)
+            .map(|s| self.0.rate.second(s))
+            .collect()
     }
 
     /// The counts of second `second` (Unix seconds); zeros once it is older than the window.
@@ -295,7 +322,12 @@ impl Events {
         }
         open.push(slot.clone());
         drop(open);
-        Subscription { receiver: inner.sender.subscribe(), closed: inner.closed.subscribe(), events: self.clone(), slot }
+        Subscription {
+            receiver: inner.sender.subscribe(),
+            closed: inner.closed.subscribe(),
+            events: self.clone(),
+            slot,
+        }
     }
 
     /// Ends every stream (shutdown): each ends when it is next polled, and its connection,
@@ -372,11 +404,15 @@ impl Drop for Subscription {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -389,11 +425,19 @@ mod tests {
     }
 
     fn origin() -> Origin {
-        Origin { route: "/v1/kv/{key}", actor: Some("key:w".into()), request_id: "r-1".into() }
+        Origin {
+            route: "/v1/kv/{key}",
+            actor: Some("key:w".into()),
+            request_id: "r-1".into(),
+        }
     }
 
     fn stale(key: &str) -> Refused {
-        Refused::Stale(vec![Stale { presented: t(3), current: t(4), fenced: Fenced::Key(Key::parse(key, 64).unwrap()) }])
+        Refused::Stale(vec![Stale {
+            presented: t(3),
+            current: t(4),
+            fenced: Fenced::Key(Key::parse(key, 64).unwrap()),
+        }])
     }
 
     #[test]
@@ -403,13 +447,41 @@ mod tests {
         rate.add(100, Column::Accepted);
         rate.add(100, Column::Refused);
         rate.add(101, Column::Refused);
-        assert_eq!(rate.second(100), Second { second: 100, accepted: 2, refused: 1 });
-        assert_eq!(rate.second(101), Second { second: 101, accepted: 0, refused: 1 });
+        assert_eq!(
+            rate.second(100),
+            Second {
+                second: 100,
+                accepted: 2,
+                refused: 1
+            }
+        );
+        assert_eq!(
+            rate.second(101),
+            Second {
+                second: 101,
+                accepted: 0,
+                refused: 1
+            }
+        );
         // Same slot, one lap later: the old count is not carried over, nor read as this second's.
         let later = 100 + RATE_SECONDS as u64;
-        assert_eq!(rate.second(later), Second { second: later, accepted: 0, refused: 0 });
+        assert_eq!(
+            rate.second(later),
+            Second {
+                second: later,
+                accepted: 0,
+                refused: 0
+            }
+        );
         rate.add(later, Column::Accepted);
-        assert_eq!(rate.second(later), Second { second: later, accepted: 1, refused: 0 });
+        assert_eq!(
+            rate.second(later),
+            Second {
+                second: later,
+                accepted: 1,
+                refused: 0
+            }
+        );
         assert_eq!(rate.second(100).accepted, 0);
     }
 
@@ -428,7 +500,10 @@ mod tests {
         assert_eq!(key(&kept[0]), format!("k{}", REFUSALS_KEPT + 6));
         assert!(kept.windows(2).all(|w| w[0].id > w[1].id));
         let c = events.counters();
-        assert_eq!((c.stale, c.refused, c.accepted), ((REFUSALS_KEPT + 7) as u64, (REFUSALS_KEPT + 7) as u64, 0));
+        assert_eq!(
+            (c.stale, c.refused, c.accepted),
+            ((REFUSALS_KEPT + 7) as u64, (REFUSALS_KEPT + 7) as u64, 0)
+        );
     }
 
     #[tokio::test]
@@ -457,9 +532,16 @@ mod tests {
         let events = Events::new();
         let mut held: Vec<_> = (0..MAX_SUBSCRIBERS).map(|_| events.subscribe()).collect();
         // The third read last long ago; the others just now.
-        held[2].slot.last_read.store(now_secs() - 30, Ordering::Relaxed);
+        held[2]
+            .slot
+            .last_read
+            .store(now_secs() - 30, Ordering::Relaxed);
         let _newest = events.subscribe();
-        assert_eq!(events.counters().subscribers, MAX_SUBSCRIBERS, "one in, one out");
+        assert_eq!(
+            events.counters().subscribers,
+            MAX_SUBSCRIBERS,
+            "one in, one out"
+        );
         assert!(matches!(held[2].next().await, Next::Evicted));
         // Among equals, the oldest goes: held[0].
         let _another = events.subscribe();
@@ -481,7 +563,10 @@ mod tests {
         let mut built = false;
         events.publish(|| {
             built = true;
-            What::Release { name: "n".into(), token: t(1) }
+            What::Release {
+                name: "n".into(),
+                token: t(1),
+            }
         });
         assert!(built);
     }

@@ -31,14 +31,22 @@ pub(super) struct Rate {
 
 impl Rate {
     pub(super) fn new() -> Self {
-        Rate { slots: (0..RATE_SECONDS).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect() }
+        Rate {
+            slots: (0..RATE_SECONDS)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+        }
     }
 
     pub(super) fn add(&self, second: u64, column: Column) {
         let slot = &self.slots[second as usize % RATE_SECONDS][column as usize];
         let tag = second << 32;
         let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
-            Some(if packed >> 32 == second { packed + 1 } else { tag | 1 })
+            Some(if packed >> 32 == second {
+                packed + 1
+            } else {
+                tag | 1
+            })
         });
     }
 
@@ -52,6 +60,10 @@ impl Rate {
                 0
             }
         };
-        Second { second, accepted: count(accepted), refused: count(refused) }
+        Second {
+            second,
+            accepted: count(accepted),
+            refused: count(refused),
+        }
     }
 }

@@ -76,7 +76,11 @@ impl HighWater {
             return None;
         }
         let (hash, shard) = self.shard(fence);
-        let cached = shard.lock().unwrap_or_else(|p| p.into_inner()).find(hash, |(f, _)| f == fence)?.1;
+        let cached = shard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .find(hash, |(f, _)| f == fence)?
+            .1;
         super::stale(rule, token, cached, fence)
     }
 
@@ -116,7 +120,9 @@ impl HighWater {
         if shard.len() >= self.per_shard {
             shard.clear();
         }
-        shard.insert_unique(hash, (fence.clone(), token), |(f, _)| self.hasher.hash_one(f));
+        shard.insert_unique(hash, (fence.clone(), token), |(f, _)| {
+            self.hasher.hash_one(f)
+        });
     }
 }
 
@@ -132,7 +138,10 @@ mod tests {
     fn refuses_only_what_the_rule_refuses_and_never_lowers() {
         let cache = HighWater::new(1000);
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
-        assert!(cache.refuse(&k, t(1), Rule::Inclusive).is_none(), "unknown fence: ask the database");
+        assert!(
+            cache.refuse(&k, t(1), Rule::Inclusive).is_none(),
+            "unknown fence: ask the database"
+        );
         cache.observe(0, &k, t(10));
         cache.observe(0, &k, t(5)); // an older observation must not lower it
         assert!(cache.refuse(&k, t(10), Rule::Inclusive).is_none());
@@ -146,7 +155,11 @@ mod tests {
     fn stays_bounded() {
         let cache = HighWater::new(64);
         for i in 0..10_000 {
-            cache.observe(0, &Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()), t(i));
+            cache.observe(
+                0,
+                &Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()),
+                t(i),
+            );
         }
         let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert!(total <= 64, "{total}");
@@ -167,7 +180,10 @@ mod tests {
         let since = cache.epoch(); // a write starts; the database says the fence is 1000...
         cache.clear(); // ...while a reset lowers it and clears the cache
         cache.observe(since, &k, t(1000)); // the write's late observation
-        assert!(cache.refuse(&k, t(500), Rule::Inclusive).is_none(), "the old fence came back");
+        assert!(
+            cache.refuse(&k, t(500), Rule::Inclusive).is_none(),
+            "the old fence came back"
+        );
         cache.observe(cache.epoch(), &k, t(1000));
         assert!(cache.refuse(&k, t(500), Rule::Inclusive).is_some());
     }

@@ -18,7 +18,10 @@ fn check(raw: &str, max_bytes: usize) -> Result<(), NameError> {
         return Err(NameError::Empty);
     }
     if raw.len() > max_bytes {
-        return Err(NameError::TooLong { len: raw.len(), max: max_bytes });
+        return Err(NameError::TooLong {
+            len: raw.len(),
+            max: max_bytes,
+        });
     }
     // Control characters are refused: PostgreSQL text cannot hold NUL, and newlines or escapes
     // in names end up in logs and terminals.

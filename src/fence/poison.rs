@@ -38,7 +38,10 @@ pub struct Reserved(std::sync::Arc<[String]>);
 impl Reserved {
     pub fn new(prefixes: &[String]) -> Result<Reserved, String> {
         for prefix in prefixes {
-            if prefix.chars().any(|c| c == '\'' || c == '\\' || c.is_control()) {
+            if prefix
+                .chars()
+                .any(|c| c == '\'' || c == '\\' || c.is_control())
+            {
                 return Err(format!(
                     "the prefix {prefix:?} holds a quote, a backslash or a control character; lock names under [locks] names cannot"
                 ));
@@ -111,9 +114,18 @@ mod tests {
         assert!(issued(t(7), Some(t(7))));
         assert!(issued(t(1), Some(t(7))));
         assert!(!issued(t(8), Some(t(7))));
-        assert!(issued(t(i64::MAX), None), "no built-in lock: nothing to compare with");
-        assert!(!issued(t(0), Some(t(7))), "grants start at 1: 0 was never issued");
-        assert!(!issued(t(0), Some(t(0))), "a reserved scope never granted admits nothing");
+        assert!(
+            issued(t(i64::MAX), None),
+            "no built-in lock: nothing to compare with"
+        );
+        assert!(
+            !issued(t(0), Some(t(7))),
+            "grants start at 1: 0 was never issued"
+        );
+        assert!(
+            !issued(t(0), Some(t(0))),
+            "a reserved scope never granted admits nothing"
+        );
         assert!(!issued(t(1), Some(t(0))));
     }
 
@@ -122,7 +134,10 @@ mod tests {
         let reserved = Reserved::new(&["jobs/".into(), "nightly".into()]).unwrap();
         assert!(reserved.covers("jobs/a") && reserved.covers("nightly-2"));
         assert!(!reserved.covers("job") && !reserved.covers("other"));
-        assert_eq!(reserved.latest_without_grant("jobs/a"), Some(FencingToken::ZERO));
+        assert_eq!(
+            reserved.latest_without_grant("jobs/a"),
+            Some(FencingToken::ZERO)
+        );
         assert_eq!(reserved.latest_without_grant("other"), None);
         assert!(Reserved::new(&["".into()]).unwrap().covers("anything"));
         for bad in ["it's", "a\\b", "x\n"] {
@@ -137,7 +152,10 @@ mod tests {
         assert!(!cap.admits(t(101), None), "one past it");
         assert!(cap.admits(t(150), Some(t(50))));
         assert!(!cap.admits(t(151), Some(t(50))));
-        assert!(cap.admits(t(3), Some(t(50))), "below the fence: stale, not a jump");
+        assert!(
+            cap.admits(t(3), Some(t(50))),
+            "below the fence: stale, not a jump"
+        );
         assert!(!cap.admits(t(i64::MAX), Some(t(0))));
         assert!(cap.admits(t(i64::MAX), Some(t(i64::MAX - 100))));
         assert!(JumpCap(0).admits(t(i64::MAX), None), "0 = off");

@@ -15,7 +15,11 @@ pub enum Rule {
 
 impl Rule {
     pub fn from_strict(strict: bool) -> Self {
-        if strict { Rule::Strict } else { Rule::Inclusive }
+        if strict {
+            Rule::Strict
+        } else {
+            Rule::Inclusive
+        }
     }
 
     /// THE fencing decision. The store evaluates exactly this comparison inside the database
@@ -32,7 +36,11 @@ impl Rule {
     /// The rule a scope is claimed with for writes under several rules at once (a batch of
     /// kv and table ops): strict if any of them is.
     pub fn strictest(rules: impl IntoIterator<Item = Rule>) -> Rule {
-        if rules.into_iter().any(|r| r == Rule::Strict) { Rule::Strict } else { Rule::Inclusive }
+        if rules.into_iter().any(|r| r == Rule::Strict) {
+            Rule::Strict
+        } else {
+            Rule::Inclusive
+        }
     }
 }
 
@@ -77,7 +85,10 @@ pub enum Fenced {
     Key(Key),
     Scope(Scope),
     /// A row of a legacy table: the resource's name and the row's canonical key.
-    Row { resource: String, key: String },
+    Row {
+        resource: String,
+        key: String,
+    },
 }
 
 /// The result of a fenced write.
@@ -102,17 +113,25 @@ impl Stale {
     /// Builds the refusal the database reported, checking that it agrees with [`Rule::accepts`].
     /// A disagreement would be a bug in the SQL, so it is logged loudly; the write was not
     /// applied either way, so rejecting remains the safe answer.
-    pub fn reported(rule: Rule, presented: FencingToken, current: FencingToken, fenced: Fenced) -> Self {
+    pub fn reported(
+        rule: Rule,
+        presented: FencingToken,
+        current: FencingToken,
+        fenced: Fenced,
+    ) -> Self {
         if rule.accepts(presented, current) {
             tracing::error!(
                 %presented, %current, ?fenced, ?rule,
                 "database refused a write the rule accepts; treating it as stale (please report)"
             );
         }
-        Stale { presented, current, fenced }
+        Stale {
+            presented,
+            current,
+            fenced,
+        }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -138,8 +157,14 @@ mod tests {
 
     #[test]
     fn a_shared_scope_takes_the_strictest_rule() {
-        assert_eq!(Rule::strictest([Rule::Inclusive, Rule::Inclusive]), Rule::Inclusive);
-        assert_eq!(Rule::strictest([Rule::Inclusive, Rule::Strict]), Rule::Strict);
+        assert_eq!(
+            Rule::strictest([Rule::Inclusive, Rule::Inclusive]),
+            Rule::Inclusive
+        );
+        assert_eq!(
+            Rule::strictest([Rule::Inclusive, Rule::Strict]),
+            Rule::Strict
+        );
         assert_eq!(Rule::strictest([]), Rule::Inclusive);
     }
 }

@@ -32,7 +32,11 @@ pub enum ScopeRule {
 
 impl ScopeRule {
     pub fn from_sticky(sticky: bool) -> Self {
-        if sticky { ScopeRule::Sticky } else { ScopeRule::Free }
+        if sticky {
+            ScopeRule::Sticky
+        } else {
+            ScopeRule::Free
+        }
     }
 
     /// THE scope decision. `remembered`: `None` if the key was never written, else the scope of
@@ -70,13 +74,16 @@ impl Bindings {
         let mut prefixes: Vec<(String, Scope)> = Vec::new();
         for (scope, keys) in bindings {
             if keys.is_empty() {
-                return Err(format!("scope {:?} binds no keys; list at least one prefix in `keys`", scope.as_str()));
+                return Err(format!(
+                    "scope {:?} binds no keys; list at least one prefix in `keys`",
+                    scope.as_str()
+                ));
             }
             for prefix in keys {
-                if let Some((other, theirs)) = prefixes
-                    .iter()
-                    .find(|(p, s)| s != &scope && (p.starts_with(prefix.as_str()) || prefix.starts_with(p.as_str())))
-                {
+                if let Some((other, theirs)) = prefixes.iter().find(|(p, s)| {
+                    s != &scope
+                        && (p.starts_with(prefix.as_str()) || prefix.starts_with(p.as_str()))
+                }) {
                     return Err(format!(
                         "key prefix {prefix:?} of scope {:?} overlaps prefix {other:?} of scope {:?}: a key \
                          would be bound to two scopes; make the prefixes disjoint",
@@ -92,7 +99,10 @@ impl Bindings {
 
     /// The scope `key` is bound to, if any.
     pub fn of(&self, key: &str) -> Option<&Scope> {
-        self.prefixes.iter().find(|(prefix, _)| key.starts_with(prefix.as_str())).map(|(_, scope)| scope)
+        self.prefixes
+            .iter()
+            .find(|(prefix, _)| key.starts_with(prefix.as_str()))
+            .map(|(_, scope)| scope)
     }
 
     /// A binding that some key under `prefix` falls under and that names another scope than
@@ -100,14 +110,22 @@ impl Bindings {
     pub fn contradicting(&self, prefix: &str, scope: Option<&Scope>) -> Option<(&str, &Scope)> {
         self.prefixes
             .iter()
-            .find(|(p, s)| (p.starts_with(prefix) || prefix.starts_with(p.as_str())) && Some(s) != scope)
+            .find(|(p, s)| {
+                (p.starts_with(prefix) || prefix.starts_with(p.as_str())) && Some(s) != scope
+            })
             .map(|(p, s)| (p.as_str(), s))
     }
 
     /// The scope a write of `key` is under: the binding's if the key is bound (a different
     /// presented scope is a mismatch), else the presented one.
-    pub fn resolve(&self, key: &Key, presented: Option<Scope>) -> Result<Option<Scope>, ScopeMismatch> {
-        super::binding(self.of(key.as_str()), presented, || Fenced::Key(key.clone()))
+    pub fn resolve(
+        &self,
+        key: &Key,
+        presented: Option<Scope>,
+    ) -> Result<Option<Scope>, ScopeMismatch> {
+        super::binding(self.of(key.as_str()), presented, || {
+            Fenced::Key(key.clone())
+        })
     }
 }
 
@@ -130,9 +148,18 @@ mod tests {
         assert!(sticky.admits(None, Some("billing")));
         assert!(sticky.admits(Some(Some("billing")), Some("billing")));
         assert!(sticky.admits(Some(None), None));
-        assert!(!sticky.admits(Some(Some("billing")), None), "leaving the scope out");
-        assert!(!sticky.admits(Some(Some("billing")), Some("billingX")), "another scope");
-        assert!(!sticky.admits(Some(None), Some("billing")), "a scope where none is remembered");
+        assert!(
+            !sticky.admits(Some(Some("billing")), None),
+            "leaving the scope out"
+        );
+        assert!(
+            !sticky.admits(Some(Some("billing")), Some("billingX")),
+            "another scope"
+        );
+        assert!(
+            !sticky.admits(Some(None), Some("billing")),
+            "a scope where none is remembered"
+        );
         for (remembered, presented) in [(Some(Some("a")), None), (Some(None), Some("b"))] {
             assert!(ScopeRule::Free.admits(remembered, presented));
         }
@@ -140,26 +167,54 @@ mod tests {
 
     #[test]
     fn bindings_decide_the_scope_of_bound_keys() {
-        let b = Bindings::new([(scope("billing"), vec!["invoice-".into(), "billing/".into()])]).unwrap();
-        assert_eq!(b.resolve(&key("invoice-1"), None), Ok(Some(scope("billing"))));
-        assert_eq!(b.resolve(&key("invoice-1"), Some(scope("billing"))), Ok(Some(scope("billing"))));
-        let refused = b.resolve(&key("billing/x"), Some(scope("billingX"))).unwrap_err();
+        let b = Bindings::new([(scope("billing"), vec!["invoice-".into(), "billing/".into()])])
+            .unwrap();
+        assert_eq!(
+            b.resolve(&key("invoice-1"), None),
+            Ok(Some(scope("billing")))
+        );
+        assert_eq!(
+            b.resolve(&key("invoice-1"), Some(scope("billing"))),
+            Ok(Some(scope("billing")))
+        );
+        let refused = b
+            .resolve(&key("billing/x"), Some(scope("billingX")))
+            .unwrap_err();
         assert_eq!(refused.scope.as_deref(), Some("billing"));
         assert_eq!(refused.presented, Some(scope("billingX")));
         assert_eq!(refused.fenced, Fenced::Key(key("billing/x")));
         // Unbound keys keep what the client sent; a prefix must match from the start.
-        assert_eq!(b.resolve(&key("other"), Some(scope("s"))), Ok(Some(scope("s"))));
+        assert_eq!(
+            b.resolve(&key("other"), Some(scope("s"))),
+            Ok(Some(scope("s")))
+        );
         assert_eq!(b.resolve(&key("my-invoice-1"), None), Ok(None));
-        assert_eq!(b.resolve(&key("invoice"), None), Ok(None), "shorter than the prefix");
+        assert_eq!(
+            b.resolve(&key("invoice"), None),
+            Ok(None),
+            "shorter than the prefix"
+        );
     }
 
     #[test]
     fn overlapping_prefixes_of_two_scopes_are_refused() {
-        let err = Bindings::new([(scope("a"), vec!["inv".into()]), (scope("b"), vec!["invoice-".into()])]).unwrap_err();
+        let err = Bindings::new([
+            (scope("a"), vec!["inv".into()]),
+            (scope("b"), vec!["invoice-".into()]),
+        ])
+        .unwrap_err();
         assert!(err.contains("overlaps"), "{err}");
-        assert!(Bindings::new([(scope("a"), vec!["".into()]), (scope("b"), vec!["x".into()])]).is_err());
+        assert!(Bindings::new([
+            (scope("a"), vec!["".into()]),
+            (scope("b"), vec!["x".into()])
+        ])
+        .is_err());
         assert!(Bindings::new([(scope("a"), vec![])]).is_err());
         // One scope may list overlapping prefixes; two scopes may have disjoint ones.
-        assert!(Bindings::new([(scope("a"), vec!["inv".into(), "invoice".into()]), (scope("b"), vec!["x".into()])]).is_ok());
+        assert!(Bindings::new([
+            (scope("a"), vec!["inv".into(), "invoice".into()]),
+            (scope("b"), vec!["x".into()])
+        ])
+        .is_ok());
     }
 }

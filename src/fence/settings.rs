@@ -59,7 +59,11 @@ impl KvSettings {
     /// The checks every fenced statement makes besides the accept rule (`reserved` comes from
     /// `[locks]`, which the store adds).
     pub fn checks(&self) -> Checks {
-        Checks { scopes: self.scope_rule(), jump: JumpCap(self.max_token_jump), reserved: Default::default() }
+        Checks {
+            scopes: self.scope_rule(),
+            jump: JumpCap(self.max_token_jump),
+            reserved: Default::default(),
+        }
     }
 
     /// Refuses settings that cannot work, naming the one to fix.
@@ -74,10 +78,17 @@ impl KvSettings {
             ));
         }
         if self.max_token_jump > i64::MAX as u64 {
-            return Err(format!("kv.max_token_jump must be at most {} (0 = no cap), got {}", i64::MAX, self.max_token_jump));
+            return Err(format!(
+                "kv.max_token_jump must be at most {} (0 = no cap), got {}",
+                i64::MAX,
+                self.max_token_jump
+            ));
         }
         if !(1..=100_000).contains(&self.max_batch_ops) {
-            return Err(format!("kv.max_batch_ops must be between 1 and 100000, got {}", self.max_batch_ops));
+            return Err(format!(
+                "kv.max_batch_ops must be between 1 and 100000, got {}",
+                self.max_batch_ops
+            ));
         }
         Ok(())
     }
@@ -99,8 +110,8 @@ pub struct ScopeBinding {
 pub fn bindings(scopes: &[ScopeBinding], max_key_bytes: usize) -> Result<Bindings, String> {
     let mut parsed = Vec::with_capacity(scopes.len());
     for (i, binding) in scopes.iter().enumerate() {
-        let scope =
-            Scope::parse(&binding.name, max_key_bytes).map_err(|e| format!("scopes[{i}]: the name {:?} {e}", binding.name))?;
+        let scope = Scope::parse(&binding.name, max_key_bytes)
+            .map_err(|e| format!("scopes[{i}]: the name {:?} {e}", binding.name))?;
         for prefix in &binding.keys {
             if prefix.len() > max_key_bytes || prefix.chars().any(char::is_control) {
                 return Err(format!(

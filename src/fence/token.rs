@@ -95,10 +95,13 @@ mod tests {
     #[test]
     fn rejects_everything_else() {
         for bad in [
-            "", "-1", "+1", "-0", "007", "00", " 1", "1 ", "1 2", "0x10", "1e3", "1.0", "abc",
-            "١", "９",
+            "", "-1", "+1", "-0", "007", "00", " 1", "1 ", "1 2", "0x10", "1e3", "1.0", "abc", "١",
+            "９",
         ] {
-            assert!(FencingToken::parse(bad.as_bytes()).is_err(), "{bad:?} was accepted");
+            assert!(
+                FencingToken::parse(bad.as_bytes()).is_err(),
+                "{bad:?} was accepted"
+            );
         }
         assert_eq!(
             FencingToken::parse(b"9223372036854775808"),
@@ -144,6 +147,9 @@ mod tests {
     #[test]
     fn serializes_as_a_string() {
         let t = FencingToken::parse(b"9223372036854775807").unwrap();
-        assert_eq!(serde_json::to_string(&t).unwrap(), "\"9223372036854775807\"");
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            "\"9223372036854775807\""
+        );
     }
 }

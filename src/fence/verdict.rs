@@ -24,8 +24,8 @@
 //! never compared).
 
 use super::{
-    issued, Fenced, FencingToken, Guard, Jump, JumpCap, NotIssued, Outcome, Reserved, Rule, Scope, ScopeMismatch, ScopeRule,
-    Stale,
+    issued, Fenced, FencingToken, Guard, Jump, JumpCap, NotIssued, Outcome, Reserved, Rule, Scope,
+    ScopeMismatch, ScopeRule, Stale,
 };
 
 /// The checks every fenced write makes besides the accept rule, fixed by configuration when
@@ -52,7 +52,10 @@ pub struct Held<'a> {
 pub enum ScopeHeld {
     /// The scope's fence (`None`: never raised) and the latest token the built-in lock of that
     /// name granted (`None`: no such lock).
-    Read { fence: Option<FencingToken>, latest_issued: Option<FencingToken> },
+    Read {
+        fence: Option<FencingToken>,
+        latest_issued: Option<FencingToken>,
+    },
     /// The scope's fence already admitted this token earlier in the same transaction (a
     /// table write claims its scope first): steps 1-3 passed for it.
     Admitted,
@@ -109,22 +112,37 @@ impl Refusal {
 
 /// Step 1 for one fence: `Some` if `fence` (its value `current`) refuses `token` under `rule`.
 /// The reject-only cache answers with exactly this.
-pub fn stale(rule: Rule, token: FencingToken, current: FencingToken, fenced: &Fenced) -> Option<Stale> {
-    (!rule.accepts(token, current)).then(|| Stale { presented: token, current, fenced: fenced.clone() })
+pub fn stale(
+    rule: Rule,
+    token: FencingToken,
+    current: FencingToken,
+    fenced: &Fenced,
+) -> Option<Stale> {
+    (!rule.accepts(token, current)).then(|| Stale {
+        presented: token,
+        current,
+        fenced: fenced.clone(),
+    })
 }
 
 /// The binding step, decided from configuration before anything is read: the scope of a write
 /// to something bound to `bound` (a key's `[[scopes]]` binding, or a table's `scope`) when the
 /// client presented `presented`. A different presented scope is a mismatch, which [`verdict`]
 /// reports after the fence and the guards of the presented scope.
-pub fn binding(bound: Option<&Scope>, presented: Option<Scope>, fenced: impl FnOnce() -> Fenced) -> Result<Option<Scope>, ScopeMismatch> {
+pub fn binding(
+    bound: Option<&Scope>,
+    presented: Option<Scope>,
+    fenced: impl FnOnce() -> Fenced,
+) -> Result<Option<Scope>, ScopeMismatch> {
     match (bound, presented) {
         (None, presented) => Ok(presented),
         (Some(bound), None) => Ok(Some(bound.clone())),
         (Some(bound), Some(presented)) if &presented == bound => Ok(Some(presented)),
-        (Some(bound), Some(presented)) => {
-            Err(ScopeMismatch { fenced: fenced(), scope: Some(bound.as_str().to_owned()), presented: Some(presented) })
-        }
+        (Some(bound), Some(presented)) => Err(ScopeMismatch {
+            fenced: fenced(),
+            scope: Some(bound.as_str().to_owned()),
+            presented: Some(presented),
+        }),
     }
 }
 
@@ -137,25 +155,42 @@ pub fn verdict(seen: &Seen, guard: &Guard, checks: &Checks) -> Result<(), Refusa
     let fences: Vec<(Fenced, Option<FencingToken>)> = match (guard.scope(), seen.scope) {
         (Some(_), ScopeHeld::Admitted) => vec![],
         (Some(scope), ScopeHeld::Read { fence, .. }) => vec![(Fenced::Scope(scope.clone()), fence)],
-        (None, _) => seen.held.iter().map(|held| (held.fenced.clone(), held.fence)).collect(),
+        (None, _) => seen
+            .held
+            .iter()
+            .map(|held| (held.fenced.clone(), held.fence))
+            .collect(),
     };
     // 1. Stale: every fence that refuses, so a batch names all of its stale keys.
-    let refused: Vec<Stale> =
-        fences.iter().filter_map(|(fenced, fence)| fence.and_then(|current| stale(guard.rule, token, current, fenced))).collect();
+    let refused: Vec<Stale> = fences
+        .iter()
+        .filter_map(|(fenced, fence)| {
+            fence.and_then(|current| stale(guard.rule, token, current, fenced))
+        })
+        .collect();
     if !refused.is_empty() {
         return Err(Refusal::Stale(refused));
     }
     // 2. Not issued. A scope reserved for the built-in locks with no grant yet has issued
     //    nothing (latest 0).
     if let (Some(scope), ScopeHeld::Read { latest_issued, .. }) = (guard.scope(), seen.scope) {
-        if let Some(latest) = latest_issued.or_else(|| checks.reserved.latest_without_grant(scope.as_str())) {
+        if let Some(latest) =
+            latest_issued.or_else(|| checks.reserved.latest_without_grant(scope.as_str()))
+        {
             if !issued(token, Some(latest)) {
-                return Err(Refusal::NotIssued(NotIssued { scope: scope.clone(), presented: token, latest }));
+                return Err(Refusal::NotIssued(NotIssued {
+                    scope: scope.clone(),
+                    presented: token,
+                    latest,
+                }));
             }
         }
     }
     // 3. Jump.
-    if let Some((fenced, fence)) = fences.iter().find(|(_, fence)| !checks.jump.admits(token, *fence)) {
+    if let Some((fenced, fence)) = fences
+        .iter()
+        .find(|(_, fence)| !checks.jump.admits(token, *fence))
+    {
         return Err(Refusal::Jump(Jump {
             fenced: fenced.clone(),
             presented: token,
@@ -240,8 +275,16 @@ mod tests {
                                         // The binding step: `bound` Some(true) binds to the presented scope.
                                         let binding_result = match bound {
                                             None => Ok(presented.clone()),
-                                            Some(true) => binding(presented.as_ref().or(Some(&scope("s"))), presented.clone(), key),
-                                            Some(false) => binding(Some(&scope("bound")), presented.clone(), key),
+                                            Some(true) => binding(
+                                                presented.as_ref().or(Some(&scope("s"))),
+                                                presented.clone(),
+                                                key,
+                                            ),
+                                            Some(false) => binding(
+                                                Some(&scope("bound")),
+                                                presented.clone(),
+                                                key,
+                                            ),
                                         };
                                         // With no header, a binding supplies the scope.
                                         let (effective, mismatch) = match binding_result {
@@ -250,7 +293,9 @@ mod tests {
                                         };
                                         let guard = Guard {
                                             token: t(token),
-                                            target: effective.clone().map_or(Target::Key, Target::Scope),
+                                            target: effective
+                                                .clone()
+                                                .map_or(Target::Key, Target::Scope),
                                             rule,
                                         };
                                         let latest_issued = match lock {
@@ -258,29 +303,56 @@ mod tests {
                                             "not-issued" => Some(t(3)),
                                             _ => None,
                                         };
-                                        let reserved = if lock == "reserved" { Reserved::new(&["s".into()]).unwrap() } else { Reserved::default() };
+                                        let reserved = if lock == "reserved" {
+                                            Reserved::new(&["s".into()]).unwrap()
+                                        } else {
+                                            Reserved::default()
+                                        };
                                         let remembered = remembered_right.map(|right| {
-                                            if right { effective.as_ref().map(Scope::as_str) } else { Some("elsewhere") }
+                                            if right {
+                                                effective.as_ref().map(Scope::as_str)
+                                            } else {
+                                                Some("elsewhere")
+                                            }
                                         });
                                         let seen = Seen {
-                                            held: vec![Held { fenced: key(), fence: Some(t(fence)), remembered }],
-                                            scope: ScopeHeld::Read { fence: Some(t(fence)), latest_issued },
+                                            held: vec![Held {
+                                                fenced: key(),
+                                                fence: Some(t(fence)),
+                                                remembered,
+                                            }],
+                                            scope: ScopeHeld::Read {
+                                                fence: Some(t(fence)),
+                                                latest_issued,
+                                            },
                                             binding: mismatch.clone(),
                                         };
-                                        let checks = Checks { scopes: sticky, jump: JumpCap(cap), reserved };
+                                        let checks = Checks {
+                                            scopes: sticky,
+                                            jump: JumpCap(cap),
+                                            reserved,
+                                        };
                                         let got = verdict(&seen, &guard, &checks);
 
                                         // The precedence, written out on its own.
                                         let is_scoped = effective.is_some();
                                         let expect = if !rule.accepts(t(token), t(fence)) {
                                             Expect::Stale
-                                        } else if is_scoped && (lock == "not-issued" || lock == "reserved" && effective.as_ref().is_some_and(|s| s.as_str() == "s")) {
+                                        } else if is_scoped
+                                            && (lock == "not-issued"
+                                                || lock == "reserved"
+                                                    && effective
+                                                        .as_ref()
+                                                        .is_some_and(|s| s.as_str() == "s"))
+                                        {
                                             Expect::NotIssued
                                         } else if cap != 0 && (token - fence) as u64 > cap {
                                             Expect::Jump
                                         } else if mismatch.is_some() {
                                             Expect::Binding
-                                        } else if sticky == ScopeRule::Sticky && remembered_right == Some(false) {
+                                        } else if sticky == ScopeRule::Sticky
+                                            && remembered_right == Some(false)
+                                        {
                                             Expect::Sticky
                                         } else {
                                             Expect::Ok
@@ -304,49 +376,138 @@ mod tests {
 
     #[test]
     fn by_hand_a_stale_token_under_a_wrong_scope_is_stale_and_names_the_fence() {
-        let guard = Guard { token: t(3), target: Target::Scope(scope("s")), rule: Rule::Inclusive };
+        let guard = Guard {
+            token: t(3),
+            target: Target::Scope(scope("s")),
+            rule: Rule::Inclusive,
+        };
         let mismatch = binding(Some(&scope("bound")), Some(scope("s")), key).unwrap_err();
-        let seen = Seen { held: vec![], scope: ScopeHeld::Read { fence: Some(t(7)), latest_issued: None }, binding: Some(mismatch.clone()) };
+        let seen = Seen {
+            held: vec![],
+            scope: ScopeHeld::Read {
+                fence: Some(t(7)),
+                latest_issued: None,
+            },
+            binding: Some(mismatch.clone()),
+        };
         let refusal = verdict(&seen, &guard, &Checks::default()).unwrap_err();
-        assert_eq!(refusal, Refusal::Stale(vec![Stale { presented: t(3), current: t(7), fenced: Fenced::Scope(scope("s")) }]));
+        assert_eq!(
+            refusal,
+            Refusal::Stale(vec![Stale {
+                presented: t(3),
+                current: t(7),
+                fenced: Fenced::Scope(scope("s"))
+            }])
+        );
         // The same token, once the fence admits it: the binding.
-        let seen = Seen { scope: ScopeHeld::Read { fence: Some(t(2)), latest_issued: None }, ..seen };
-        assert_eq!(verdict(&seen, &guard, &Checks::default()).unwrap_err(), Refusal::Mismatch(mismatch));
+        let seen = Seen {
+            scope: ScopeHeld::Read {
+                fence: Some(t(2)),
+                latest_issued: None,
+            },
+            ..seen
+        };
+        assert_eq!(
+            verdict(&seen, &guard, &Checks::default()).unwrap_err(),
+            Refusal::Mismatch(mismatch)
+        );
     }
 
     #[test]
-    fn by_hand_an_unscoped_batch_names_every_stale_key_and_a_scope_already_claimed_checks_only_scopes() {
+    fn by_hand_an_unscoped_batch_names_every_stale_key_and_a_scope_already_claimed_checks_only_scopes(
+    ) {
         let k = |name: &str| Fenced::Key(Key::parse(name, 64).unwrap());
-        let held = |name: &str, fence: i64| Held { fenced: k(name), fence: Some(t(fence)), remembered: Some(None) };
-        let guard = Guard { token: t(5), target: Target::Key, rule: Rule::Inclusive };
-        let seen = Seen { held: vec![held("a", 9), held("b", 1), held("c", 6)], scope: ScopeHeld::Admitted, binding: None };
-        let Err(Refusal::Stale(stale)) = verdict(&seen, &guard, &Checks::default()) else { panic!() };
-        assert_eq!(stale.iter().map(|s| s.fenced.clone()).collect::<Vec<_>>(), vec![k("a"), k("c")]);
+        let held = |name: &str, fence: i64| Held {
+            fenced: k(name),
+            fence: Some(t(fence)),
+            remembered: Some(None),
+        };
+        let guard = Guard {
+            token: t(5),
+            target: Target::Key,
+            rule: Rule::Inclusive,
+        };
+        let seen = Seen {
+            held: vec![held("a", 9), held("b", 1), held("c", 6)],
+            scope: ScopeHeld::Admitted,
+            binding: None,
+        };
+        let Err(Refusal::Stale(stale)) = verdict(&seen, &guard, &Checks::default()) else {
+            panic!()
+        };
+        assert_eq!(
+            stale.iter().map(|s| s.fenced.clone()).collect::<Vec<_>>(),
+            vec![k("a"), k("c")]
+        );
         // Scoped, the scope's fence already passed in this transaction: only what rows remember.
-        let guard = Guard { token: t(5), target: Target::Scope(scope("s")), rule: Rule::Strict };
-        let seen = Seen { held: vec![held("a", 9)], scope: ScopeHeld::Admitted, binding: None };
-        let Err(Refusal::Mismatch(m)) = verdict(&seen, &guard, &Checks::default()) else { panic!() };
+        let guard = Guard {
+            token: t(5),
+            target: Target::Scope(scope("s")),
+            rule: Rule::Strict,
+        };
+        let seen = Seen {
+            held: vec![held("a", 9)],
+            scope: ScopeHeld::Admitted,
+            binding: None,
+        };
+        let Err(Refusal::Mismatch(m)) = verdict(&seen, &guard, &Checks::default()) else {
+            panic!()
+        };
         assert_eq!((m.scope, m.presented), (None, Some(scope("s"))));
-        let free = Checks { scopes: ScopeRule::Free, ..Checks::default() };
-        assert_eq!(verdict(&seen, &guard, &free), Ok(()), "nothing refuses: the store calls that a race");
+        let free = Checks {
+            scopes: ScopeRule::Free,
+            ..Checks::default()
+        };
+        assert_eq!(
+            verdict(&seen, &guard, &free),
+            Ok(()),
+            "nothing refuses: the store calls that a race"
+        );
     }
 
     #[test]
     fn a_key_never_written_has_no_fence_to_be_stale_against_but_the_jump_counts_from_zero() {
-        let guard = Guard { token: t(50), target: Target::Key, rule: Rule::Strict };
-        let seen = Seen { held: vec![Held { fenced: key(), fence: None, remembered: None }], scope: ScopeHeld::Admitted, binding: None };
+        let guard = Guard {
+            token: t(50),
+            target: Target::Key,
+            rule: Rule::Strict,
+        };
+        let seen = Seen {
+            held: vec![Held {
+                fenced: key(),
+                fence: None,
+                remembered: None,
+            }],
+            scope: ScopeHeld::Admitted,
+            binding: None,
+        };
         assert_eq!(verdict(&seen, &guard, &Checks::default()), Ok(()));
-        let capped = Checks { jump: JumpCap(10), ..Checks::default() };
-        let Err(Refusal::Jump(jump)) = verdict(&seen, &guard, &capped) else { panic!() };
+        let capped = Checks {
+            jump: JumpCap(10),
+            ..Checks::default()
+        };
+        let Err(Refusal::Jump(jump)) = verdict(&seen, &guard, &capped) else {
+            panic!()
+        };
         assert_eq!((jump.current, jump.max_jump), (FencingToken::ZERO, 10));
     }
 
     #[test]
     fn of_two_refusals_the_first_in_the_precedence_is_reported() {
-        let mismatch = Refusal::Mismatch(ScopeMismatch { fenced: key(), scope: None, presented: None });
+        let mismatch = Refusal::Mismatch(ScopeMismatch {
+            fenced: key(),
+            scope: None,
+            presented: None,
+        });
         let stale = Refusal::Stale(vec![]);
-        assert_eq!(Refusal::first(Some(mismatch.clone()), stale.clone()), Some(stale.clone()));
-        assert_eq!(Refusal::first(Some(stale.clone()), mismatch.clone()), Some(stale));
+        assert_eq!(
+            Refusal::first(Some(mismatch.clone()), stale.clone()),
+            Some(stale.clone())
+        );
+        assert_eq!(
+            Refusal::first(Some(stale.clone()), mismatch.clone()),
+            Some(stale)
+        );
         assert_eq!(Refusal::first(None, mismatch.clone()), Some(mismatch));
     }
 }

@@ -24,7 +24,9 @@ use super::{
 use crate::{
     auth::Actor,
     fence::{FencingToken, Scope},
-    store::admin::{AuditEntry, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget},
+    store::admin::{
+        AuditEntry, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget,
+    },
     tables::RowKey,
 };
 
@@ -55,28 +57,47 @@ fn actor_name(actor: &Actor) -> String {
     actor.name().unwrap_or("anonymous").to_owned()
 }
 
-fn reset_of(state: &AppState, target: ResetTarget, request: ResetRequest, actor: Actor) -> Result<Reset, ApiError> {
+fn reset_of(
+    state: &AppState,
+    target: ResetTarget,
+    request: ResetRequest,
+    actor: Actor,
+) -> Result<Reset, ApiError> {
     check_admin(&actor)?;
     let to = request
         .to
-        .map(|to| FencingToken::parse(to.as_bytes()).map_err(|e| ApiError::InvalidRequest(format!("\"to\": {e}"))))
+        .map(|to| {
+            FencingToken::parse(to.as_bytes())
+                .map_err(|e| ApiError::InvalidRequest(format!("\"to\": {e}")))
+        })
         .transpose()?;
     let scope = request
         .scope
         .map(|scope| {
             scope
-                .map(|s| Scope::parse(&s, state.kv.max_key_bytes).map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}"))))
+                .map(|s| {
+                    Scope::parse(&s, state.kv.max_key_bytes)
+                        .map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}")))
+                })
                 .transpose()
         })
         .transpose()?;
-    Ok(Reset { target, to, scope, reason: request.reason.unwrap_or_default(), actor: actor_name(&actor) })
+    Ok(Reset {
+        target,
+        to,
+        scope,
+        reason: request.reason.unwrap_or_default(),
+        actor: actor_name(&actor),
+    })
 }
 
 async fn run(state: &AppState, reset: Reset) -> Result<Response, ApiError> {
     match state.store.reset(reset).await? {
         Ok(done) => Ok(Json(done).into_response()),
         Err(ResetRefused::NotFound(why)) => Err(ApiError::NotFound(why)),
-        Err(refused @ ResetRefused::NotBelow { .. }) => Err(ApiError::ResetNotBelow(refused.to_string())),
+        Err(refused @ ResetRefused::NotBelow { .. }) => {
+            Err(ApiError::ResetNotBelow(refused.to_string()))
+        }
         Err(ResetRefused::Invalid(why)) => Err(ApiError::InvalidRequest(why)),
     }
 }
@@ -127,11 +148,16 @@ pub async fn reset_key(
 /// leave it unwritable under both: every write is under the configured scope, which the new
 /// binding then refuses. 409, nothing changed.
 fn check_binding(reset: &Reset, configured: Option<&Scope>) -> Result<(), ApiError> {
-    let (Some(configured), Some(new)) = (configured, &reset.scope) else { return Ok(()) };
+    let (Some(configured), Some(new)) = (configured, &reset.scope) else {
+        return Ok(());
+    };
     if new.as_ref() == Some(configured) {
         return Ok(());
     }
-    let shown = new.as_ref().map_or_else(|| "no scope".to_owned(), |s| format!("scope {:?}", s.as_str()));
+    let shown = new.as_ref().map_or_else(
+        || "no scope".to_owned(),
+        |s| format!("scope {:?}", s.as_str()),
+    );
     Err(ApiError::BindingConflict(format!(
         "the configuration binds this {} to scope {:?} ([[scopes]] or the resource's `scope`): rebinding it to {shown} \
          would refuse every later write; change the configuration instead; nothing was changed",
@@ -151,7 +177,9 @@ impl FromRequestParts<AppState> for AdminRowPath {
         let path = parts.uri.path().strip_suffix("/reset").unwrap_or_default();
         let mut segments = path.rsplit('/');
         let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
-            return Err(ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()));
+            return Err(ApiError::NotFound(
+                "no such endpoint; see docs/api.md or GET /openapi.json".into(),
+            ));
         };
         let resource = super::tables::resource(state, name)?;
         let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;
@@ -209,7 +237,13 @@ pub async fn retire_lock(
     JsonBody(request): JsonBody<RetireRequest>,
 ) -> Result<Response, ApiError> {
     check_admin(&actor)?;
-    let reset = Reset { target: ResetTarget::Lock(name), to: None, scope: None, reason: request.reason, actor: actor_name(&actor) };
+    let reset = Reset {
+        target: ResetTarget::Lock(name),
+        to: None,
+        scope: None,
+        reason: request.reason,
+        actor: actor_name(&actor),
+    };
     run(&state, reset).await
 }
 
@@ -230,11 +264,16 @@ pub struct RebindRequest {
 
 fn rebind_scope(state: &AppState, request: &RebindRequest) -> Result<Option<Scope>, ApiError> {
     let Some(scope) = &request.scope else {
-        return Err(ApiError::InvalidRequest("\"scope\" is required: the new binding, or null for none".into()));
+        return Err(ApiError::InvalidRequest(
+            "\"scope\" is required: the new binding, or null for none".into(),
+        ));
     };
     scope
         .as_deref()
-        .map(|s| Scope::parse(s, state.kv.max_key_bytes).map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}"))))
+        .map(|s| {
+            Scope::parse(s, state.kv.max_key_bytes)
+                .map_err(|e| ApiError::InvalidRequest(format!("\"scope\": the scope {e}")))
+        })
         .transpose()
 }
 
@@ -258,14 +297,22 @@ async fn rebind(state: &AppState, rebind: Rebind) -> Result<Response, ApiError> 
     request_body(content = RebindRequest, content_type = "application/json"),
     responses((status = 200, description = "Rebound; the audit log has the row", body = RebindDone), doc::Rebind)
 )]
-pub async fn rebind_keys(State(state): State<AppState>, actor: Actor, JsonBody(request): JsonBody<RebindRequest>) -> Result<Response, ApiError> {
+pub async fn rebind_keys(
+    State(state): State<AppState>,
+    actor: Actor,
+    JsonBody(request): JsonBody<RebindRequest>,
+) -> Result<Response, ApiError> {
     check_admin(&actor)?;
     let scope = rebind_scope(&state, &request)?;
     let Some(prefix) = request.prefix else {
-        return Err(ApiError::InvalidRequest("\"prefix\" is required: the keys to rebind (\"\" for every key)".into()));
+        return Err(ApiError::InvalidRequest(
+            "\"prefix\" is required: the keys to rebind (\"\" for every key)".into(),
+        ));
     };
     if prefix.len() > state.kv.max_key_bytes || prefix.chars().any(char::is_control) {
-        return Err(ApiError::InvalidRequest("\"prefix\" is longer than kv.max_key_bytes or holds a control character".into()));
+        return Err(ApiError::InvalidRequest(
+            "\"prefix\" is longer than kv.max_key_bytes or holds a control character".into(),
+        ));
     }
     if let Some((bound, to)) = state.bindings.contradicting(&prefix, scope.as_ref()) {
         return Err(ApiError::BindingConflict(format!(
@@ -275,7 +322,16 @@ pub async fn rebind_keys(State(state): State<AppState>, actor: Actor, JsonBody(r
         )));
     }
     let target = RebindTarget::Keys { prefix };
-    rebind(&state, Rebind { target, scope, reason: request.reason, actor: actor_name(&actor) }).await
+    rebind(
+        &state,
+        Rebind {
+            target,
+            scope,
+            reason: request.reason,
+            actor: actor_name(&actor),
+        },
+    )
+    .await
 }
 
 /// `POST /v1/admin/tables/{resource}/rebind`: every row of the table fencegate holds a fence
@@ -300,7 +356,9 @@ pub async fn rebind_table(
     let resource = super::tables::resource(&state, &name)?;
     let scope = rebind_scope(&state, &request)?;
     if request.prefix.is_some() {
-        return Err(ApiError::InvalidRequest("a table is rebound whole: leave \"prefix\" out".into()));
+        return Err(ApiError::InvalidRequest(
+            "a table is rebound whole: leave \"prefix\" out".into(),
+        ));
     }
     if let Some(configured) = &resource.scope {
         if scope.as_ref() != Some(configured) {
@@ -312,7 +370,16 @@ pub async fn rebind_table(
         }
     }
     let target = RebindTarget::Table(resource);
-    rebind(&state, Rebind { target, scope, reason: request.reason, actor: actor_name(&actor) }).await
+    rebind(
+        &state,
+        Rebind {
+            target,
+            scope,
+            reason: request.reason,
+            actor: actor_name(&actor),
+        },
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -322,11 +389,16 @@ pub struct AuditQuery {
 }
 
 /// `?limit=N`: 1..=1000, default 100.
-fn limit_of(query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>) -> Result<u32, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
+fn limit_of(
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<u32, ApiError> {
+    let Query(query) = query
+        .map_err(|e| ApiError::InvalidRequest(format!("query: {}; use ?limit=N", e.body_text())))?;
     let limit = query.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!("limit must be 1..=1000, got {limit}")));
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be 1..=1000, got {limit}"
+        )));
     }
     Ok(limit)
 }

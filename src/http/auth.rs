@@ -45,8 +45,15 @@ impl Named {
 // The refusal is the response itself, built once, on the refusal path only: boxing it would
 // cost every caller an indirection for nothing.
 #[allow(clippy::result_large_err)]
-pub fn authenticate(auth: &Authenticator, need: Credential, req: &mut Request) -> Result<Actor, Response> {
-    let cert = req.extensions().get::<std::sync::Arc<ClientCert>>().map(|c| &**c);
+pub fn authenticate(
+    auth: &Authenticator,
+    need: Credential,
+    req: &mut Request,
+) -> Result<Actor, Response> {
+    let cert = req
+        .extensions()
+        .get::<std::sync::Arc<ClientCert>>()
+        .map(|c| &**c);
     let mut values = req.headers().get_all(AUTHORIZATION).iter();
     let found = match (values.next(), values.next()) {
         (None, _) => auth.authenticate(None, cert),
@@ -82,7 +89,10 @@ pub fn check(actor: &Actor, right: Right, named: Named, name: &str) -> Result<()
     if actor.allows(right, name) {
         Ok(())
     } else {
-        Err(ApiError::Forbidden { right, refused: Some((named, name.to_owned())) })
+        Err(ApiError::Forbidden {
+            right,
+            refused: Some((named, name.to_owned())),
+        })
     }
 }
 
@@ -91,7 +101,10 @@ pub fn check_table(actor: &Actor, right: Right, resource: &str) -> Result<(), Ap
     if actor.allows_table(right, resource) {
         Ok(())
     } else {
-        Err(ApiError::Forbidden { right, refused: Some((Named::Resource, resource.to_owned())) })
+        Err(ApiError::Forbidden {
+            right,
+            refused: Some((Named::Resource, resource.to_owned())),
+        })
     }
 }
 
@@ -100,6 +113,9 @@ pub fn check_admin(actor: &Actor) -> Result<(), ApiError> {
     if actor.is_admin() {
         Ok(())
     } else {
-        Err(ApiError::Forbidden { right: Right::Admin, refused: None })
+        Err(ApiError::Forbidden {
+            right: Right::Admin,
+            refused: None,
+        })
     }
 }

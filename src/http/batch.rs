@@ -121,17 +121,28 @@ pub async fn batch(
             Op::Kv(_) => state.kv.rule(),
             Op::Row(r) => r.resource.rule,
         }));
-        let guard = Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule };
+        let guard = Guard {
+            token: token.0,
+            target: scope.map_or(Target::Key, Target::Scope),
+            rule,
+        };
         return Err(super::binding::refused(&state, &guard, mismatch).await);
     }
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {
         return batch_tables(&state, token, scope, ops).await;
     }
-    let writes: Vec<Write> = ops.into_iter().filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None }).collect();
+    let writes: Vec<Write> = ops
+        .into_iter()
+        .filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None })
+        .collect();
     let guard = guard(&state, token, scope);
     let written = accepted(state.store.batch(&writes, &guard).await?)?;
     let results = op_results(&writes, &written);
-    Ok(Accepted(Json(BatchDone { fence_token: guard.token, results, scope: guard.scope().cloned() })))
+    Ok(Accepted(Json(BatchDone {
+        fence_token: guard.token,
+        results,
+        scope: guard.scope().cloned(),
+    })))
 }
 
 /// The one scope a batch is under: the header's if sent, else the scope its bound keys and
@@ -139,7 +150,11 @@ pub async fn batch(
 /// another scope, if any (a mismatch: a batch has one token, and tokens of different scopes are
 /// never compared). Unbound keys in a batch are written under the batch's scope, as with the
 /// header.
-fn batch_scope(state: &AppState, ops: &[Op], header: Option<Scope>) -> (Option<Scope>, Option<ScopeMismatch>) {
+fn batch_scope(
+    state: &AppState,
+    ops: &[Op],
+    header: Option<Scope>,
+) -> (Option<Scope>, Option<ScopeMismatch>) {
     let bound = |op: &Op| match op {
         Op::Kv(write) => state.bindings.of(write.key().as_str()).cloned(),
         Op::Row(op) => op.resource.scope.clone(),
@@ -162,13 +177,30 @@ async fn batch_tables(
     scope: Option<Scope>,
     ops: Vec<Op>,
 ) -> Result<Accepted<Json<BatchDone>>, ApiError> {
-    let guard = Guard { token: token.0, target: scope.clone().map_or(Target::Key, Target::Scope), rule: state.kv.rule() };
+    let guard = Guard {
+        token: token.0,
+        target: scope.clone().map_or(Target::Key, Target::Scope),
+        rule: state.kv.rule(),
+    };
     let (kv_written, rows_written) = accepted(state.store.batch_tables(&ops, &guard).await?)?;
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
-    let kv: Vec<Write> = ops.iter().filter_map(|op| if let Op::Kv(w) = op { Some(w.clone()) } else { None }).collect();
-    let rows = ops.iter().filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });
+    let kv: Vec<Write> = ops
+        .iter()
+        .filter_map(|op| {
+            if let Op::Kv(w) = op {
+                Some(w.clone())
+            } else {
+                None
+            }
+        })
+        .collect();
+    let rows = ops
+        .iter()
+        .filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });
     let mut kv_results = op_results(&kv, &kv_written).into_iter();
-    let mut row_results = rows.zip(&rows_written).map(|(op, written)| row_result(op, written));
+    let mut row_results = rows
+        .zip(&rows_written)
+        .map(|(op, written)| row_result(op, written));
     let results: Vec<OpResult> = ops
         .iter()
         .filter_map(|op| match op {
@@ -176,7 +208,11 @@ async fn batch_tables(
             Op::Row(_) => row_results.next(),
         })
         .collect();
-    Ok(Accepted(Json(BatchDone { fence_token: token.0, results, scope })))
+    Ok(Accepted(Json(BatchDone {
+        fence_token: token.0,
+        results,
+        scope,
+    })))
 }
 
 fn row_result(op: &TableOp, written: &RowWritten) -> OpResult {
@@ -184,13 +220,20 @@ fn row_result(op: &TableOp, written: &RowWritten) -> OpResult {
         RowWrite::Put(_) if !written.existed => 201,
         _ => 200,
     };
-    OpResult { key: written.key.clone(), op: op.write.op(), resource: Some(op.resource.name.clone()), status }
+    OpResult {
+        key: written.key.clone(),
+        op: op.write.op(),
+        resource: Some(op.resource.name.clone()),
+        status,
+    }
 }
 
 fn parse_ops(state: &AppState, request: BatchRequest) -> Result<Vec<Op>, ApiError> {
     let (max_key_bytes, max_ops) = (state.kv.max_key_bytes, state.kv.max_batch_ops);
     if request.ops.is_empty() {
-        return Err(ApiError::InvalidBatch("\"ops\" is empty; send at least one operation".into()));
+        return Err(ApiError::InvalidBatch(
+            "\"ops\" is empty; send at least one operation".into(),
+        ));
     }
     if request.ops.len() > max_ops {
         return Err(ApiError::InvalidBatch(format!(
@@ -245,20 +288,35 @@ fn parse_table_op(state: &AppState, i: usize, op: OpRequest) -> Result<TableOp, 
     }
     let key = RowKey::parse(&resource, &op.key, state.kv.max_key_bytes).map_err(|e| e.in_op(i))?;
     let write = match (op.op.as_str(), op.row) {
-        ("put", Some(row)) => RowWrite::Put(resource.check_row(row, false).map_err(|e| e.in_op(i))?),
-        ("patch", Some(row)) => RowWrite::Patch(resource.check_row(row, true).map_err(|e| e.in_op(i))?),
+        ("put", Some(row)) => {
+            RowWrite::Put(resource.check_row(row, false).map_err(|e| e.in_op(i))?)
+        }
+        ("patch", Some(row)) => {
+            RowWrite::Patch(resource.check_row(row, true).map_err(|e| e.in_op(i))?)
+        }
         ("put" | "patch", None) => {
-            return Err(ApiError::InvalidBatch(format!("ops[{i}]: a table {} needs a \"row\" object", op.op)))
+            return Err(ApiError::InvalidBatch(format!(
+                "ops[{i}]: a table {} needs a \"row\" object",
+                op.op
+            )))
         }
         ("delete", None) => RowWrite::Delete,
-        ("delete", Some(_)) => return Err(ApiError::InvalidBatch(format!("ops[{i}]: a delete takes no \"row\""))),
+        ("delete", Some(_)) => {
+            return Err(ApiError::InvalidBatch(format!(
+                "ops[{i}]: a delete takes no \"row\""
+            )))
+        }
         (other, _) => {
             return Err(ApiError::InvalidBatch(format!(
                 "ops[{i}]: unknown table op {other:?}; use \"put\", \"patch\" or \"delete\""
             )))
         }
     };
-    Ok(TableOp { resource, key, write })
+    Ok(TableOp {
+        resource,
+        key,
+        write,
+    })
 }
 
 /// Per-op statuses, as if the ops ran one after another: a put is 201 when its key was not live
@@ -276,7 +334,12 @@ fn op_results(writes: &[Write], written: &[Written]) -> Vec<OpResult> {
                 Write::Delete { .. } => ("delete", 200, false),
             };
             live.insert(key, now_live);
-            OpResult { key: key.as_str().to_owned(), op, resource: None, status }
+            OpResult {
+                key: key.as_str().to_owned(),
+                op,
+                resource: None,
+                status,
+            }
         })
         .collect()
 }

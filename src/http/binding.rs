@@ -4,7 +4,7 @@
 //! presented under first, so a zombie's stale token is 412 here as everywhere, and only a token
 //! that fence admits hears 409 `scope-mismatch`.
 
-use super::{problem::accepted, AppState, ApiError};
+use super::{problem::accepted, ApiError, AppState};
 use crate::fence::{Guard, ScopeMismatch};
 
 /// The refusal of a write refused by its binding. `guard` is the write under the presented

@@ -83,12 +83,17 @@ pub async fn events(State(state): State<AppState>, actor: Actor) -> Result<Respo
     // A stream outlives the request that opened it: it ends when its credential expires, as a
     // new request with that credential would be refused then.
     let ends = actor.expires_at().map(|exp| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         tokio::time::Instant::now() + Duration::from_secs(exp + 1).saturating_sub(now)
     });
     let mut response = Sse::new(stream_of(subscription, ends)).into_response();
     // Reverse proxies (nginx) would otherwise buffer the stream.
-    response.headers_mut().insert(HeaderName::from_static("x-accel-buffering"), HeaderValue::from_static("no"));
+    response.headers_mut().insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
     Ok(response)
 }
 
@@ -100,66 +105,80 @@ enum Phase {
 
 /// The events of `subscription`, until shutdown, a lag, or `ends` (the credential's expiry),
 /// which sends `expired` and ends the stream.
-fn stream_of(subscription: Subscription, ends: Option<tokio::time::Instant>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+fn stream_of(
+    subscription: Subscription,
+    ends: Option<tokio::time::Instant>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let first = SseEvent::default()
         .event("hello")
         .retry(Duration::from_secs(2))
-        .data(json!({"type": "hello", "channel_capacity": crate::events::CHANNEL_CAPACITY}).to_string());
+        .data(
+            json!({"type": "hello", "channel_capacity": crate::events::CHANNEL_CAPACITY})
+                .to_string(),
+        );
     // The last second ticked: none yet, so the first tick is for the second the stream opened in.
     let before_open = crate::events::now_secs().saturating_sub(1);
-    let rest = stream::unfold((subscription, Phase::Open, before_open), move |(mut sub, phase, mut ticked)| async move {
-        if let Phase::Ending = phase {
-            return None;
-        }
-        loop {
-            // A tick for every second that ended, from the one the stream opened in, each once
-            // and in order, even when this task wakes late (a loaded machine): a reader summing
-            // ticks misses no write. Overdue ticks follow on at once, else the next comes just
-            // after the next whole second.
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            let overdue = ticked + 1 < now.as_secs();
-            let to_next =
-                if overdue { Duration::ZERO } else { Duration::from_millis(1000 - (now.as_millis() % 1000) as u64 + 20) };
-            let event = tokio::select! {
-                next = sub.next() => match next {
-                    Next::Event(event) => {
-                        let name = event.what.name();
-                        let data = serde_json::to_string(&*event).unwrap_or_default();
-                        return Some((Ok(SseEvent::default().event(name).id(event.id.to_string()).data(data)), (sub, Phase::Open, ticked)));
+    let rest = stream::unfold(
+        (subscription, Phase::Open, before_open),
+        move |(mut sub, phase, mut ticked)| async move {
+            if let Phase::Ending = phase {
+                return None;
+            }
+            loop {
+                // A tick for every second that ended, from the one the stream opened in, each once
+                // and in order, even when this task wakes late (a loaded machine): a reader summing
+                // ticks misses no write. Overdue ticks follow on at once, else the next comes just
+                // after the next whole second.
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let overdue = ticked + 1 < now.as_secs();
+                let to_next = if overdue {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(1000 - (now.as_millis() % 1000) as u64 + 20)
+                };
+                let event = tokio::select! {
+                    next = sub.next() => match next {
+                        Next::Event(event) => {
+                            let name = event.what.name();
+                            let data = serde_json::to_string(&*event).unwrap_or_default();
+                            return Some((Ok(SseEvent::default().event(name).id(event.id.to_string()).data(data)), (sub, Phase::Open, ticked)));
+                        }
+                        Next::Lagged { skipped } => {
+                            let data = json!({"type": "dropped", "skipped": skipped,
+                                "detail": "this stream fell too far behind and is closed; reconnect and read the overview again"});
+                            return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                        }
+                        Next::Evicted => {
+                            let data = json!({"type": "dropped", "skipped": 0,
+                                "detail": "more event streams were opened than this server keeps, and this one read slowest: it is closed; reconnect when needed"});
+                            return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                        }
+                        Next::Closed => return None,
+                    },
+                    () = async { tokio::time::sleep_until(ends.unwrap_or_else(tokio::time::Instant::now)).await }, if ends.is_some() => {
+                        let data = json!({"type": "expired", "detail": "the credential of this stream expired; reconnect with a valid one"});
+                        return Some((Ok(SseEvent::default().event("expired").data(data.to_string())), (sub, Phase::Ending, ticked)));
                     }
-                    Next::Lagged { skipped } => {
-                        let data = json!({"type": "dropped", "skipped": skipped,
-                            "detail": "this stream fell too far behind and is closed; reconnect and read the overview again"});
-                        return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
+                    () = tokio::time::sleep(to_next) => {
+                        let ended = crate::events::now_secs().saturating_sub(1);
+                        // Seconds older than the window have no counts left to report.
+                        let oldest = ended.saturating_sub(crate::events::RATE_SECONDS as u64 - 2);
+                        let due = (ticked + 1).max(oldest);
+                        if due > ended || due <= ticked {
+                            continue;
+                        }
+                        ticked = due;
+                        let second = sub.events().second(due);
+                        let data = json!({"type": "tick", "second": second.second, "accepted": second.accepted, "refused": second.refused});
+                        SseEvent::default().event("tick").data(data.to_string())
                     }
-                    Next::Evicted => {
-                        let data = json!({"type": "dropped", "skipped": 0,
-                            "detail": "more event streams were opened than this server keeps, and this one read slowest: it is closed; reconnect when needed"});
-                        return Some((Ok(SseEvent::default().event("dropped").data(data.to_string())), (sub, Phase::Ending, ticked)));
-                    }
-                    Next::Closed => return None,
-                },
-                () = async { tokio::time::sleep_until(ends.unwrap_or_else(tokio::time::Instant::now)).await }, if ends.is_some() => {
-                    let data = json!({"type": "expired", "detail": "the credential of this stream expired; reconnect with a valid one"});
-                    return Some((Ok(SseEvent::default().event("expired").data(data.to_string())), (sub, Phase::Ending, ticked)));
-                }
-                () = tokio::time::sleep(to_next) => {
-                    let ended = crate::events::now_secs().saturating_sub(1);
-                    // Seconds older than the window have no counts left to report.
-                    let oldest = ended.saturating_sub(crate::events::RATE_SECONDS as u64 - 2);
-                    let due = (ticked + 1).max(oldest);
-                    if due > ended || due <= ticked {
-                        continue;
-                    }
-                    ticked = due;
-                    let second = sub.events().second(due);
-                    let data = json!({"type": "tick", "second": second.second, "accepted": second.accepted, "refused": second.refused});
-                    SseEvent::default().event("tick").data(data.to_string())
-                }
-            };
-            return Some((Ok(event), (sub, Phase::Open, ticked)));
-        }
-    });
+                };
+                return Some((Ok(event), (sub, Phase::Open, ticked)));
+            }
+        },
+    );
     stream::once(async move { Ok(first) }).chain(rest)
 }
 

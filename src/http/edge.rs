@@ -70,11 +70,16 @@ pub struct Edge {
 impl Edge {
     /// The request as the handler will see it (its body read in full), with the permit of its
     /// body's bytes; or why it is refused.
-    pub(super) async fn admit(&self, req: Request) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
+    pub(super) async fn admit(
+        &self,
+        req: Request,
+    ) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
         // RFC 9112 3.2: a request with more than one Host is 400. Were only the first checked,
         // `Host: localhost` then `Host: evil.example` would pass the rebinding check below.
         if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
-            return Err(ApiError::InvalidRequest("a request must carry exactly one Host header".into()));
+            return Err(ApiError::InvalidRequest(
+                "a request must carry exactly one Host header".into(),
+            ));
         }
         if self.loopback_hosts_only {
             check_host(&req)?;
@@ -87,11 +92,15 @@ impl Edge {
         check_content_type(req.headers())?;
         let declared = declared_length(req.headers())?;
         if declared.is_some_and(|len| len > self.body_limit as u64) {
-            return Err(ApiError::PayloadTooLarge { limit: self.body_limit });
+            return Err(ApiError::PayloadTooLarge {
+                limit: self.body_limit,
+            });
         }
         // A declared body that cannot fit in what is free now is refused before any of it is
         // read (a clean 503, not a cut upload). Nothing is reserved: only arrived bytes count.
-        if declared.is_some_and(|len| (len as usize).saturating_sub(FREE_BODY_BYTES) > self.buffered.available_permits()) {
+        if declared.is_some_and(|len| {
+            (len as usize).saturating_sub(FREE_BODY_BYTES) > self.buffered.available_permits()
+        }) {
             return Err(ApiError::BufferFull);
         }
         let (mut parts, body) = req.into_parts();
@@ -100,9 +109,12 @@ impl Edge {
         body_read(&parts.extensions);
         let (bytes, permit) = outcome.map_err(|_| ApiError::BodyTimeout(self.body_timeout))??;
         if !bytes.is_empty() {
-            check_numbers(&bytes, self.max_number_digits, self.body_limit).map_err(ApiError::InvalidJson)?;
+            check_numbers(&bytes, self.max_number_digits, self.body_limit)
+                .map_err(ApiError::InvalidJson)?;
         }
-        parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
         Ok((Request::from_parts(parts, Body::from(bytes)), permit))
     }
 }
@@ -116,27 +128,42 @@ fn body_read(extensions: &axum::http::Extensions) {
 
 /// Reads the whole body, holding a permit per byte beyond the first [`FREE_BODY_BYTES`], taken
 /// as the bytes arrive; refuses it when it falls below the minimum rate.
-async fn read_body(edge: &Edge, mut body: Body, started: Instant) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
+async fn read_body(
+    edge: &Edge,
+    mut body: Body,
+    started: Instant,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
     let mut permit: Option<OwnedSemaphorePermit> = None;
     let mut charged = 0usize;
     let mut buf = Vec::new();
     loop {
         let next = match rate_deadline(started, buf.len(), edge.min_body_rate) {
             None => body.frame().await,
-            Some(at) => tokio::time::timeout_at(at, body.frame()).await.map_err(|_| ApiError::BodyTooSlow(edge.min_body_rate))?,
+            Some(at) => tokio::time::timeout_at(at, body.frame())
+                .await
+                .map_err(|_| ApiError::BodyTooSlow(edge.min_body_rate))?,
         };
         let Some(frame) = next else { break };
-        let frame = frame.map_err(|err| ApiError::InvalidJson(format!("the body could not be read: {err}")))?;
-        let Ok(data) = frame.into_data() else { continue };
+        let frame = frame
+            .map_err(|err| ApiError::InvalidJson(format!("the body could not be read: {err}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
         let len = buf.len() + data.len();
         if len > edge.body_limit {
-            return Err(ApiError::PayloadTooLarge { limit: edge.body_limit });
+            return Err(ApiError::PayloadTooLarge {
+                limit: edge.body_limit,
+            });
         }
         let owed = len.saturating_sub(FREE_BODY_BYTES) - charged;
         if owed > 0 {
             // One frame's worth: at most hyper's read buffer, far below u32::MAX.
             let n = u32::try_from(owed).map_err(|_| ApiError::BufferFull)?;
-            let more = edge.buffered.clone().try_acquire_many_owned(n).map_err(|_| ApiError::BufferFull)?;
+            let more = edge
+                .buffered
+                .clone()
+                .try_acquire_many_owned(n)
+                .map_err(|_| ApiError::BufferFull)?;
             match &mut permit {
                 Some(held) => held.merge(more),
                 None => permit = Some(more),
@@ -151,7 +178,8 @@ async fn read_body(edge: &Edge, mut body: Body, started: Instant) -> Result<(Byt
 /// When a body that started at `started` and has `received` bytes falls below `rate` bytes a
 /// second (after the grace) if no more of it comes; `None`: no minimum rate.
 fn rate_deadline(started: Instant, received: usize, rate: u64) -> Option<Instant> {
-    (rate > 0).then(|| started + RATE_GRACE + Duration::from_secs_f64(received as f64 / rate as f64))
+    (rate > 0)
+        .then(|| started + RATE_GRACE + Duration::from_secs_f64(received as f64 / rate as f64))
 }
 
 /// Plain `chunked` only (any case, in one header or several). hyper takes the chunking off a
@@ -189,9 +217,18 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
             "a request body needs Content-Type: application/json (curl --json sets it)".into(),
         ));
     };
-    let mime = value.to_str().unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = value
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     let json = mime == "application/json"
-        || mime.strip_prefix("application/").is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"));
+        || mime
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"));
     if json {
         Ok(())
     } else {
@@ -210,7 +247,9 @@ fn check_host(req: &Request) -> Result<(), ApiError> {
         Some(authority) => Some(authority.host().to_owned()),
         None => match req.headers().get(header::HOST) {
             None => None,
-            Some(value) => Some(host_of(value.to_str().map_err(|_| misdirected("<not text>"))?).to_owned()),
+            Some(value) => {
+                Some(host_of(value.to_str().map_err(|_| misdirected("<not text>"))?).to_owned())
+            }
         },
     };
     match host {
@@ -244,8 +283,12 @@ fn is_loopback_host(host: &str) -> bool {
     if host.eq_ignore_ascii_case("localhost") {
         return true;
     }
-    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Refuses a JSON text holding a number whose decimal expansion is longer than `max` digits,
@@ -280,7 +323,9 @@ pub fn check_numbers(json: &[u8], max: usize, max_growth: usize) -> Result<(), S
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < json.len() && matches!(json[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                while i < json.len()
+                    && matches!(json[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
                     i += 1;
                 }
                 let text = &json[start..i];
@@ -407,7 +452,11 @@ mod tests {
             check_transfer_coding(&headers).is_ok()
         };
         assert!(coded(&[]) && coded(&["chunked"]) && coded(&["Chunked"]) && coded(&[" chunked "]));
-        assert!(!coded(&["gzip, chunked"]) && !coded(&["gzip", "chunked"]) && !coded(&["identity,chunked"]));
+        assert!(
+            !coded(&["gzip, chunked"])
+                && !coded(&["gzip", "chunked"])
+                && !coded(&["identity,chunked"])
+        );
     }
 
     #[test]
@@ -415,15 +464,34 @@ mod tests {
         let started = Instant::now();
         assert_eq!(rate_deadline(started, 0, 0), None);
         assert_eq!(rate_deadline(started, 0, 1000), Some(started + RATE_GRACE));
-        assert_eq!(rate_deadline(started, 500, 1000), Some(started + RATE_GRACE + Duration::from_millis(500)));
+        assert_eq!(
+            rate_deadline(started, 500, 1000),
+            Some(started + RATE_GRACE + Duration::from_millis(500))
+        );
     }
 
     #[test]
     fn hosts() {
-        for ok in ["localhost", "LOCALHOST:8080", "127.0.0.1", "127.0.0.1:80", "127.9.9.9:1", "[::1]", "[::1]:8080"] {
+        for ok in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "127.9.9.9:1",
+            "[::1]",
+            "[::1]:8080",
+        ] {
             assert!(is_loopback_host(host_of(ok)), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:8080", "localhost.evil.example", "10.0.0.1", "[::2]:1", "0.0.0.0", ""] {
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "10.0.0.1",
+            "[::2]:1",
+            "0.0.0.0",
+            "",
+        ] {
             assert!(!is_loopback_host(host_of(bad)), "{bad}");
         }
     }

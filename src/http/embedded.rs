@@ -13,8 +13,14 @@ pub fn page(body: &'static str, content_type: &'static str, csp: HeaderValue) ->
         [
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
             (header::CONTENT_SECURITY_POLICY, csp),
-            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            ),
             (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
             // Embedded in the binary: a new binary may serve a new page at the same URL.
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),

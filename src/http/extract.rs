@@ -51,9 +51,12 @@ impl FromRequestParts<AppState> for ScopeHeader {
                 "the X-Fencing-Scope header appears more than once; send exactly one".into(),
             )),
             Header::One(raw) => {
-                let text = crate::percent::decode_strict(raw)
-                    .map_err(|why| ApiError::InvalidScope(format!("the X-Fencing-Scope header: {why}")))?;
-                Scope::parse(&text, state.kv.max_key_bytes).map(|s| ScopeHeader(Some(s))).map_err(ApiError::invalid_scope)
+                let text = crate::percent::decode_strict(raw).map_err(|why| {
+                    ApiError::InvalidScope(format!("the X-Fencing-Scope header: {why}"))
+                })?;
+                Scope::parse(&text, state.kv.max_key_bytes)
+                    .map(|s| ScopeHeader(Some(s)))
+                    .map_err(ApiError::invalid_scope)
             }
         }
     }
@@ -115,8 +118,12 @@ impl FromRequestParts<AppState> for KeyPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let raw = path_segment(parts, state).await.map_err(ApiError::InvalidKey)?;
-        Key::parse(&raw, state.kv.max_key_bytes).map(KeyPath).map_err(ApiError::invalid_key)
+        let raw = path_segment(parts, state)
+            .await
+            .map_err(ApiError::InvalidKey)?;
+        Key::parse(&raw, state.kv.max_key_bytes)
+            .map(KeyPath)
+            .map_err(ApiError::invalid_key)
     }
 }
 
@@ -127,8 +134,12 @@ impl FromRequestParts<AppState> for ScopePath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let raw = path_segment(parts, state).await.map_err(ApiError::InvalidScope)?;
-        Scope::parse(&raw, state.kv.max_key_bytes).map(ScopePath).map_err(ApiError::invalid_scope)
+        let raw = path_segment(parts, state)
+            .await
+            .map_err(ApiError::InvalidScope)?;
+        Scope::parse(&raw, state.kv.max_key_bytes)
+            .map(ScopePath)
+            .map_err(ApiError::invalid_scope)
     }
 }
 
@@ -137,7 +148,11 @@ impl FromRequestParts<AppState> for ScopePath {
 /// the raw request path at the position of the parameter in the route's template: axum's own
 /// extractors (even `RawPathParams`) hand out leniently decoded text.
 async fn path_segment(parts: &mut Parts, _: &AppState) -> Result<String, String> {
-    let template = parts.extensions.get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or_default();
+    let template = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+        .unwrap_or_default();
     let raw = template
         .split('/')
         .position(|segment| segment.starts_with('{'))
@@ -157,18 +172,29 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0).unwrap_or_default();
+        let limit = req
+            .extensions()
+            .get::<BodyLimit>()
+            .map(|l| l.0)
+            .unwrap_or_default();
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge { limit }
             } else {
-                ApiError::InvalidJson(format!("the body could not be read: {}", rejection.body_text()))
+                ApiError::InvalidJson(format!(
+                    "the body could not be read: {}",
+                    rejection.body_text()
+                ))
             }
         })?;
         if bytes.is_empty() {
-            return Err(ApiError::InvalidJson("the body is empty; send a JSON document".into()));
+            return Err(ApiError::InvalidJson(
+                "the body is empty; send a JSON document".into(),
+            ));
         }
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::InvalidJson(e.to_string()))
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::InvalidJson(e.to_string()))
     }
 }
 

@@ -53,8 +53,21 @@ pub async fn claim(
     check(&actor, Right::Fence, Named::Scope, scope.as_str())?;
     state.issuers.check(&scope, token, proof.bytes())?;
     let claimed = accepted(state.store.claim(&scope, token).await?)?;
-    let status = if claimed.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(Accepted((status, Json(Fence { fence_token: token, scope: &scope })).into_response()))
+    let status = if claimed.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(Accepted(
+        (
+            status,
+            Json(Fence {
+                fence_token: token,
+                scope: &scope,
+            }),
+        )
+            .into_response(),
+    ))
 }
 
 #[utoipa::path(
@@ -66,10 +79,21 @@ pub async fn claim(
     params(ScopePath),
     responses((status = 200, description = "The fence", body = Fence), doc::FenceGet)
 )]
-pub async fn get(actor: Actor, State(state): State<AppState>, ScopePath(scope): ScopePath) -> Result<Response, ApiError> {
+pub async fn get(
+    actor: Actor,
+    State(state): State<AppState>,
+    ScopePath(scope): ScopePath,
+) -> Result<Response, ApiError> {
     check(&actor, Right::Read, Named::Scope, scope.as_str())?;
     match state.store.fence(&scope).await? {
-        Some(token) => Ok(Json(Fence { fence_token: token, scope: &scope }).into_response()),
-        None => Err(ApiError::NotFound(format!("no fence for scope {:?}", scope.as_str()))),
+        Some(token) => Ok(Json(Fence {
+            fence_token: token,
+            scope: &scope,
+        })
+        .into_response()),
+        None => Err(ApiError::NotFound(format!(
+            "no fence for scope {:?}",
+            scope.as_str()
+        ))),
     }
 }

@@ -56,8 +56,18 @@ struct Rules {
 pub struct GateLayer(Arc<Rules>);
 
 impl GateLayer {
-    pub fn new(edge: Edge, max_in_flight: usize, timeout: Duration, auth: Option<Arc<Live>>) -> Self {
-        GateLayer(Arc::new(Rules { edge, in_flight: Arc::new(Semaphore::new(max_in_flight)), timeout, auth }))
+    pub fn new(
+        edge: Edge,
+        max_in_flight: usize,
+        timeout: Duration,
+        auth: Option<Arc<Live>>,
+    ) -> Self {
+        GateLayer(Arc::new(Rules {
+            edge,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            timeout,
+            auth,
+        }))
     }
 }
 
@@ -65,7 +75,10 @@ impl<S> Layer<S> for GateLayer {
     type Service = Gate<S>;
 
     fn layer(&self, inner: S) -> Gate<S> {
-        Gate { inner, rules: self.0.clone() }
+        Gate {
+            inner,
+            rules: self.0.clone(),
+        }
     }
 }
 
@@ -96,8 +109,11 @@ where
         // Everything runs inside the future, so inside `observe`'s span (auth records the actor
         // on it), and a panic anywhere in it becomes a 500 here.
         Box::pin(async move {
-            let guarded = AssertUnwindSafe(pass(rules, inner, req)).catch_unwind().await;
-            Ok(guarded.unwrap_or_else(|_| ApiError::Internal("handler panicked".into()).into_response()))
+            let guarded = AssertUnwindSafe(pass(rules, inner, req))
+                .catch_unwind()
+                .await;
+            Ok(guarded
+                .unwrap_or_else(|_| ApiError::Internal("handler panicked".into()).into_response()))
         })
     }
 }
@@ -107,14 +123,19 @@ async fn pass<S>(rules: Arc<Rules>, mut inner: S, req: Request) -> Response
 where
     S: Service<Request, Response = Response, Error = Infallible>,
 {
-    let access = routes::access(req.extensions().get::<MatchedPath>().map(MatchedPath::as_str));
+    let access = routes::access(
+        req.extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+    );
     // 1. The edge: Host, Content-Type, the body read in full (its bytes held until the handler
     //    is done with them).
     let (mut req, _body_bytes) = match rules.edge.admit(req).await {
         Ok(admitted) => admitted,
         Err(err) => return err.into_response(),
     };
-    req.extensions_mut().insert(BodyLimit(rules.edge.body_limit));
+    req.extensions_mut()
+        .insert(BodyLimit(rules.edge.body_limit));
     // 2. An in-flight slot, taken only once the body is read: a client trickling a body holds
     //    a connection, never a slot. None free: 503 at once (shed), not a queue.
     let _slot = if access.shed() {
@@ -178,15 +199,32 @@ mod tests {
     }
 
     fn get() -> Request {
-        Request::builder().uri("/v1/kv/k").body(Body::empty()).unwrap()
+        Request::builder()
+            .uri("/v1/kv/k")
+            .body(Body::empty())
+            .unwrap()
     }
 
     async fn problem_type(response: Response) -> (StatusCode, String) {
         let status = response.status();
-        assert_eq!(response.headers()["content-type"], "application/problem+json");
-        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        (status, problem["type"].as_str().unwrap().rsplit('/').next().unwrap().to_owned())
+        (
+            status,
+            problem["type"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_owned(),
+        )
     }
 
     #[tokio::test]
@@ -204,8 +242,14 @@ mod tests {
         });
         let gate = GateLayer::new(edge(), 8, Duration::from_secs(5), None).layer(handler);
         let (status, kind) = problem_type(gate.clone().oneshot(get()).await.unwrap()).await;
-        assert_eq!((status, kind.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
-        assert_eq!(gate.oneshot(get()).await.unwrap().status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            (status, kind.as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        );
+        assert_eq!(
+            gate.oneshot(get()).await.unwrap().status(),
+            StatusCode::NO_CONTENT
+        );
     }
 
     /// A guarded route is shed beyond the slots (503 at once, no queue); a probe never is. A
@@ -235,11 +279,17 @@ mod tests {
                 assert!(second.is_finished(), "shed at once, not queued");
             }
             release.send_replace(true);
-            assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::NO_CONTENT);
+            assert_eq!(
+                held.await.unwrap().unwrap().status(),
+                StatusCode::NO_CONTENT
+            );
             let second = second.await.unwrap().unwrap();
             if sheds {
                 let (status, kind) = problem_type(second).await;
-                assert_eq!((status, kind.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+                assert_eq!(
+                    (status, kind.as_str()),
+                    (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+                );
             } else {
                 assert_eq!(second.status(), StatusCode::NO_CONTENT);
             }
@@ -247,7 +297,11 @@ mod tests {
             let after = tokio::spawn(router.clone().oneshot(at(path)));
             tokio::time::sleep(Duration::from_millis(50)).await;
             release.send_replace(true);
-            assert_eq!(after.await.unwrap().unwrap().status(), StatusCode::NO_CONTENT, "the slot came back");
+            assert_eq!(
+                after.await.unwrap().unwrap().status(),
+                StatusCode::NO_CONTENT,
+                "the slot came back"
+            );
         }
     }
 
@@ -262,7 +316,13 @@ mod tests {
         let gate = GateLayer::new(edge(), 1, Duration::from_millis(100), None).layer(handler);
         let slow = Request::builder().uri("/slow").body(Body::empty()).unwrap();
         let (status, kind) = problem_type(gate.clone().oneshot(slow).await.unwrap()).await;
-        assert_eq!((status, kind.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
-        assert_eq!(gate.oneshot(get()).await.unwrap().status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            (status, kind.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        );
+        assert_eq!(
+            gate.oneshot(get()).await.unwrap().status(),
+            StatusCode::NO_CONTENT
+        );
     }
 }

@@ -26,7 +26,11 @@ use crate::{
 /// Builds the guard for a kv write under `scope` (already resolved against the bindings):
 /// the scope's fence, or the key's own.
 pub(super) fn guard(state: &AppState, token: Token, scope: Option<Scope>) -> Guard {
-    Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: state.kv.rule() }
+    Guard {
+        token: token.0,
+        target: scope.map_or(Target::Key, Target::Scope),
+        rule: state.kv.rule(),
+    }
 }
 
 /// The guard of a write to `key`: under the key's bound scope if `[[scopes]]` binds it, else
@@ -129,8 +133,17 @@ pub async fn put(
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
     let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
     let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
-    let status = if written.was_live { StatusCode::OK } else { StatusCode::CREATED };
-    let body = KvWritten { fence_token: guard.token, key: &written.key, scope: guard.scope(), version: written.version };
+    let status = if written.was_live {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let body = KvWritten {
+        fence_token: guard.token,
+        key: &written.key,
+        scope: guard.scope(),
+        version: written.version,
+    };
     Ok(Accepted((status, Json(body)).into_response()))
 }
 
@@ -153,7 +166,12 @@ pub async fn delete(
 ) -> Result<Accepted<Response>, ApiError> {
     let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
     let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
-    let body = KvDeleted { deleted: true, fence_token: guard.token, key: &written.key, scope: guard.scope() };
+    let body = KvDeleted {
+        deleted: true,
+        fence_token: guard.token,
+        key: &written.key,
+        scope: guard.scope(),
+    };
     Ok(Accepted(Json(body).into_response()))
 }
 
@@ -170,15 +188,23 @@ pub async fn delete(
         doc::KvGet
     )
 )]
-pub async fn get(actor: Actor, State(state): State<AppState>, KeyPath(key): KeyPath) -> Result<Response, ApiError> {
+pub async fn get(
+    actor: Actor,
+    State(state): State<AppState>,
+    KeyPath(key): KeyPath,
+) -> Result<Response, ApiError> {
     check(&actor, Right::Read, Named::Key, key.as_str())?;
     let Some(entry) = state.store.get(&key).await? else {
-        return Err(ApiError::NotFound(format!("no value for key {:?} (never written, or deleted)", key.as_str())));
+        return Err(ApiError::NotFound(format!(
+            "no value for key {:?} (never written, or deleted)",
+            key.as_str()
+        )));
     };
     let mut headers = HeaderMap::new();
     headers.insert(
         super::extract::TOKEN_HEADER,
-        HeaderValue::from_str(&entry.fence_token.to_string()).expect("digits are a valid header value"),
+        HeaderValue::from_str(&entry.fence_token.to_string())
+            .expect("digits are a valid header value"),
     );
     let body = KvRead {
         fence_token: entry.fence_token,

@@ -94,16 +94,27 @@ pub async fn acquire(
     // One source of tokens per scope: an issuer's scope takes only its signed tokens, and a
     // grant here would make every later one of them "not issued" (whatever rights ask).
     if let Some(issuer) = state.issuers.covering(&name) {
-        return Err(ApiError::ScopeHasIssuer { scope: name.as_str().to_owned(), issuer: issuer.to_owned() });
+        return Err(ApiError::ScopeHasIssuer {
+            scope: name.as_str().to_owned(),
+            issuer: issuer.to_owned(),
+        });
     }
     let owner = parse_owner(&request.owner).map_err(ApiError::InvalidRequest)?;
-    let ttl = Ttl::parse(request.ttl_ms, state.locks.max_ttl_ms).map_err(ApiError::InvalidRequest)?;
+    let ttl =
+        Ttl::parse(request.ttl_ms, state.locks.max_ttl_ms).map_err(ApiError::InvalidRequest)?;
     match state.store.acquire(&name, owner, ttl, actor.name()).await? {
         Acquired::Granted(lease) => {
-            state.events.publish(|| What::Grant(LeaseEvent::of(&lease, ttl.ms())));
-            Ok(Accepted((StatusCode::CREATED, lease_body(&lease, ttl.ms())).into_response()))
+            state
+                .events
+                .publish(|| What::Grant(LeaseEvent::of(&lease, ttl.ms())));
+            Ok(Accepted(
+                (StatusCode::CREATED, lease_body(&lease, ttl.ms())).into_response(),
+            ))
         }
-        Acquired::Held(holder) => Err(ApiError::LockHeld { owner: holder.owner, remaining_ms: holder.remaining_ms }),
+        Acquired::Held(holder) => Err(ApiError::LockHeld {
+            owner: holder.owner,
+            remaining_ms: holder.remaining_ms,
+        }),
         Acquired::Exhausted => Err(ApiError::LockExhausted),
     }
 }
@@ -126,10 +137,17 @@ pub async fn renew(
     JsonBody(request): JsonBody<RenewRequest>,
 ) -> Result<Accepted<Response>, ApiError> {
     check(&actor, Right::Lock, Named::Lock, name.as_str())?;
-    let ttl = Ttl::parse(request.ttl_ms, state.locks.max_ttl_ms).map_err(ApiError::InvalidRequest)?;
-    match state.store.renew(&name, token, ttl, actor.lease_must_match()).await? {
+    let ttl =
+        Ttl::parse(request.ttl_ms, state.locks.max_ttl_ms).map_err(ApiError::InvalidRequest)?;
+    match state
+        .store
+        .renew(&name, token, ttl, actor.lease_must_match())
+        .await?
+    {
         Held::Yes(lease) => {
-            state.events.publish(|| What::Renew(LeaseEvent::of(&lease, ttl.ms())));
+            state
+                .events
+                .publish(|| What::Renew(LeaseEvent::of(&lease, ttl.ms())));
             Ok(Accepted(lease_body(&lease, ttl.ms()).into_response()))
         }
         Held::Lost { current } => Err(ApiError::LockLost { current }),
@@ -153,10 +171,24 @@ pub async fn release(
     Token(token): Token,
 ) -> Result<Accepted<Response>, ApiError> {
     check(&actor, Right::Lock, Named::Lock, name.as_str())?;
-    match state.store.release(&name, token, actor.lease_must_match()).await? {
+    match state
+        .store
+        .release(&name, token, actor.lease_must_match())
+        .await?
+    {
         Held::Yes(lease) => {
-            state.events.publish(|| What::Release { name: lease.name.as_str().to_owned(), token: lease.token });
-            Ok(Accepted(Json(Released { name: &lease.name, released: true, token: lease.token }).into_response()))
+            state.events.publish(|| What::Release {
+                name: lease.name.as_str().to_owned(),
+                token: lease.token,
+            });
+            Ok(Accepted(
+                Json(Released {
+                    name: &lease.name,
+                    released: true,
+                    token: lease.token,
+                })
+                .into_response(),
+            ))
         }
         Held::Lost { current } => Err(ApiError::LockLost { current }),
         Held::Foreign => Err(foreign(&name)),
@@ -172,14 +204,24 @@ pub async fn release(
     params(doc::LockName),
     responses((status = 200, description = "Held", body = LockHolder), doc::LockGet)
 )]
-pub async fn get(actor: Actor, State(state): State<AppState>, ScopePath(name): ScopePath) -> Result<Response, ApiError> {
+pub async fn get(
+    actor: Actor,
+    State(state): State<AppState>,
+    ScopePath(name): ScopePath,
+) -> Result<Response, ApiError> {
     check(&actor, Right::Read, Named::Lock, name.as_str())?;
     match state.store.holder(&name).await? {
         // The token is never shown: with it, anyone could renew or release the lease.
-        Some(holder) => {
-            Ok(Json(LockHolder { name: &name, owner: &holder.owner, remaining_ms: holder.remaining_ms }).into_response())
-        }
-        None => Err(ApiError::NotFound(format!("lock {:?} is free (never taken, released, or expired)", name.as_str()))),
+        Some(holder) => Ok(Json(LockHolder {
+            name: &name,
+            owner: &holder.owner,
+            remaining_ms: holder.remaining_ms,
+        })
+        .into_response()),
+        None => Err(ApiError::NotFound(format!(
+            "lock {:?} is free (never taken, released, or expired)",
+            name.as_str()
+        ))),
     }
 }
 

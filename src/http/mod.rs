@@ -108,14 +108,20 @@ pub struct Limits {
 fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     use utoipa::OpenApi as _;
     use utoipa_axum::{router::OpenApiRouter, routes};
-    let (described, mut doc) =
-        OpenApiRouter::with_openapi(openapi::ApiDoc::openapi()).routes(routes!(openapi::openapi_json)).split_for_parts();
+    let (described, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(openapi::openapi_json))
+        .split_for_parts();
     let (rest, rest_doc) = OpenApiRouter::new()
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(openapi::docs))
         .routes(routes!(kv::put, kv::get, kv::delete))
-        .routes(routes!(tables::put, tables::patch, tables::get, tables::delete))
+        .routes(routes!(
+            tables::put,
+            tables::patch,
+            tables::get,
+            tables::delete
+        ))
         .routes(routes!(batch::batch))
         .routes(routes!(fences::claim, fences::get))
         .routes(routes!(locks::acquire, locks::get, locks::release))
@@ -143,7 +149,11 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
 /// The whole application as a `Router`; tests build exactly this.
 pub fn app(state: AppState, limits: Limits) -> Router {
     let (described, rest, doc) = routers();
-    let served = openapi::Served(doc.to_pretty_json().expect("the document serializes").into());
+    let served = openapi::Served(
+        doc.to_pretty_json()
+            .expect("the document serializes")
+            .into(),
+    );
     let edge = edge::Edge {
         body_limit: limits.body_bytes,
         body_timeout: limits.body_timeout,
@@ -156,11 +166,18 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     // asks of each request what its route's access says (`routes`). axum's own body limit
     // stays in step with the edge's.
     let body_limit = DefaultBodyLimit::max(limits.body_bytes);
-    let gate = gate::GateLayer::new(edge, limits.max_in_flight, limits.request_timeout, state.auth.clone());
+    let gate = gate::GateLayer::new(
+        edge,
+        limits.max_in_flight,
+        limits.request_timeout,
+        state.auth.clone(),
+    );
     let app = described
         .layer(Extension(served))
         .merge(rest)
-        .fallback(|| async { ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()) })
+        .fallback(|| async {
+            ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into())
+        })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state.clone())
         .layer(ServiceBuilder::new().layer(gate).layer(body_limit));
@@ -182,14 +199,23 @@ fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(origins.to_vec())
-            .allow_methods([Method::GET, Method::PUT, Method::POST, Method::DELETE, Method::PATCH])
+            .allow_methods([
+                Method::GET,
+                Method::PUT,
+                Method::POST,
+                Method::DELETE,
+                Method::PATCH,
+            ])
             .allow_headers([
                 header::CONTENT_TYPE,
                 HeaderName::from_static(TOKEN_HEADER),
                 HeaderName::from_static(SCOPE_HEADER),
                 HeaderName::from_static("x-request-id"),
             ])
-            .expose_headers([HeaderName::from_static(TOKEN_HEADER), HeaderName::from_static("x-request-id")]),
+            .expose_headers([
+                HeaderName::from_static(TOKEN_HEADER),
+                HeaderName::from_static("x-request-id"),
+            ]),
     )
 }
 
@@ -203,10 +229,18 @@ mod tests {
     #[test]
     fn every_route_is_documented_and_in_the_table() {
         let (_, _, doc) = routers();
-        let documented: std::collections::BTreeSet<&str> = doc.paths.paths.keys().map(String::as_str).collect();
+        let documented: std::collections::BTreeSet<&str> =
+            doc.paths.paths.keys().map(String::as_str).collect();
         let listed: std::collections::BTreeSet<&str> = routes::ALL.iter().map(|r| r.path).collect();
-        assert_eq!(documented, listed, "routes::ALL and the OpenAPI document disagree");
-        assert_eq!(routes::ALL.len(), listed.len(), "a route template is listed twice");
+        assert_eq!(
+            documented, listed,
+            "routes::ALL and the OpenAPI document disagree"
+        );
+        assert_eq!(
+            routes::ALL.len(),
+            listed.len(),
+            "a route template is listed twice"
+        );
     }
 
     /// Every problem type is named in the document: in the `Problem` schema, and in the
@@ -219,10 +253,18 @@ mod tests {
         assert_eq!(listed, &serde_json::json!(all));
         let text = doc["paths"].to_string();
         for kind in problem::kinds::ALL {
-            assert!(text.contains(&kind.uri()), "no operation answers {}", kind.slug);
+            assert!(
+                text.contains(&kind.uri()),
+                "no operation answers {}",
+                kind.slug
+            );
         }
-        let slugs: std::collections::BTreeSet<_> = problem::kinds::ALL.iter().map(|k| k.slug).collect();
-        assert_eq!(slugs.len(), problem::kinds::ALL.len(), "a problem type is listed twice");
+        let slugs: std::collections::BTreeSet<_> =
+            problem::kinds::ALL.iter().map(|k| k.slug).collect();
+        assert_eq!(
+            slugs.len(),
+            problem::kinds::ALL.len(),
+            "a problem type is listed twice"
+        );
     }
-
 }

@@ -60,7 +60,11 @@ pub struct ObserveLayer {
 
 impl ObserveLayer {
     pub fn new(events: Events) -> Self {
-        ObserveLayer { ids: RequestIds::new(), events, metrics: Metrics::default() }
+        ObserveLayer {
+            ids: RequestIds::new(),
+            events,
+            metrics: Metrics::default(),
+        }
     }
 }
 
@@ -68,7 +72,12 @@ impl<S> Layer<S> for ObserveLayer {
     type Service = Observe<S>;
 
     fn layer(&self, inner: S) -> Observe<S> {
-        Observe { inner, ids: self.ids.clone(), events: self.events.clone(), metrics: self.metrics.clone() }
+        Observe {
+            inner,
+            ids: self.ids.clone(),
+            events: self.events.clone(),
+            metrics: self.metrics.clone(),
+        }
     }
 }
 
@@ -96,7 +105,11 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let started = Instant::now();
-        let id = match req.headers().get(REQUEST_ID).filter(|id| acceptable_id(id.as_bytes())) {
+        let id = match req
+            .headers()
+            .get(REQUEST_ID)
+            .filter(|id| acceptable_id(id.as_bytes()))
+        {
             Some(id) => id.clone(),
             None => {
                 let id = self.ids.next();
@@ -105,7 +118,10 @@ where
             }
         };
         let method = method_label(req.method());
-        let matched = req.extensions().get::<MatchedPath>().map(|m| routes::find(m.as_str()));
+        let matched = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map(|m| routes::find(m.as_str()));
         let route = match matched {
             None => "unmatched",
             Some(None) => "other",
@@ -129,8 +145,15 @@ where
             let status = response.status();
             let elapsed = started.elapsed();
             if status.is_server_error() {
-                let detail = response.extensions().get::<ServerFailure>().map_or("", |f| f.0.as_str());
-                let actor = response.extensions().get::<crate::auth::Actor>().and_then(|a| a.name()).unwrap_or("");
+                let detail = response
+                    .extensions()
+                    .get::<ServerFailure>()
+                    .map_or("", |f| f.0.as_str());
+                let actor = response
+                    .extensions()
+                    .get::<crate::auth::Actor>()
+                    .and_then(|a| a.name())
+                    .unwrap_or("");
                 tracing::error!(
                     request_id = %String::from_utf8_lossy(id.as_bytes()),
                     method,
@@ -141,16 +164,39 @@ where
                     "request failed"
                 );
             }
-            span.in_scope(|| tracing::debug!(status = status.as_u16(), latency_us = elapsed.as_micros() as u64, "response"));
+            span.in_scope(|| {
+                tracing::debug!(
+                    status = status.as_u16(),
+                    latency_us = elapsed.as_micros() as u64,
+                    "response"
+                )
+            });
             response.headers_mut().insert(REQUEST_ID, id);
-            let report = op.map(|op| Report { op, outcome: outcome_of(&response) });
+            let report = op.map(|op| Report {
+                op,
+                outcome: outcome_of(&response),
+            });
             metrics.record(method, route, status, report, elapsed.as_secs_f64());
             if let Some(report) = report.filter(|r| !r.op.is_lock()) {
                 match response.extensions_mut().remove::<Refused>() {
                     Some(refused) => {
-                        let actor = response.extensions().get::<crate::auth::Actor>().and_then(|a| a.name()).map(str::to_owned);
-                        let request_id = String::from_utf8_lossy(response.headers()[&REQUEST_ID].as_bytes()).into_owned();
-                        events.refused(refused, report.op.label(), crate::events::Origin { route, actor, request_id })
+                        let actor = response
+                            .extensions()
+                            .get::<crate::auth::Actor>()
+                            .and_then(|a| a.name())
+                            .map(str::to_owned);
+                        let request_id =
+                            String::from_utf8_lossy(response.headers()[&REQUEST_ID].as_bytes())
+                                .into_owned();
+                        events.refused(
+                            refused,
+                            report.op.label(),
+                            crate::events::Origin {
+                                route,
+                                actor,
+                                request_id,
+                            },
+                        )
                     }
                     None if report.outcome == Outcome::Accepted => events.accepted(),
                     None => {}
@@ -166,7 +212,10 @@ where
 /// both arms, and every refusal before them, are one or the other.
 fn outcome_of<B>(response: &Response<B>) -> Outcome {
     let outcome = response.extensions().get::<Outcome>().copied();
-    debug_assert!(outcome.is_some(), "an answer to a fenced write that says nothing of how it ended");
+    debug_assert!(
+        outcome.is_some(),
+        "an answer to a fenced write that says nothing of how it ended"
+    );
     outcome.unwrap_or(Outcome::Error)
 }
 
@@ -174,7 +223,10 @@ fn outcome_of<B>(response: &Response<B>) -> Outcome {
 /// `[A-Za-z0-9._:-]`: a 60 KB id would be logged verbatim on every line, and quotes or spaces
 /// in it could forge log fields. Otherwise the request gets a fresh id.
 fn acceptable_id(id: &[u8]) -> bool {
-    (1..=128).contains(&id.len()) && id.iter().all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b))
+    (1..=128).contains(&id.len())
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(b))
 }
 
 /// The metric handles of one label set (method, route, status, and the write's report).
@@ -194,16 +246,29 @@ type LabelSet = (&'static str, &'static str, u16, Option<Report>);
 /// are static strings of known routes, methods, statuses and outcomes (so foldhash, not SipHash:
 /// no request chooses them).
 #[derive(Clone, Default)]
-struct Metrics(Arc<std::sync::Mutex<std::collections::HashMap<LabelSet, Handles, foldhash::fast::RandomState>>>);
+struct Metrics(
+    Arc<
+        std::sync::Mutex<std::collections::HashMap<LabelSet, Handles, foldhash::fast::RandomState>>,
+    >,
+);
 
 impl Metrics {
     /// Counts the request (and the write, by op and outcome) and records its latency.
-    fn record(&self, method: &'static str, route: &'static str, status: StatusCode, report: Option<Report>, seconds: f64) {
+    fn record(
+        &self,
+        method: &'static str,
+        route: &'static str,
+        status: StatusCode,
+        report: Option<Report>,
+        seconds: f64,
+    ) {
         let set = (method, route, status.as_u16(), report);
         // Recorded under the lock (a few atomic adds) rather than cloning three handles out of
         // it: one thread serves requests by default, so the lock is never contended there.
         let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let handles = cached.entry(set).or_insert_with(|| handles(method, route, status, report));
+        let handles = cached
+            .entry(set)
+            .or_insert_with(|| handles(method, route, status, report));
         handles.requests.increment(1);
         handles.duration.record(seconds);
         if let Some(writes) = &handles.write {
@@ -213,7 +278,12 @@ impl Metrics {
 }
 
 /// The handles of one label set, from the recorder.
-fn handles(method: &'static str, route: &'static str, status: StatusCode, report: Option<Report>) -> Handles {
+fn handles(
+    method: &'static str,
+    route: &'static str,
+    status: StatusCode,
+    report: Option<Report>,
+) -> Handles {
     Handles {
         requests: metrics::counter!("fencegate_http_requests_total",
             "method" => method, "route" => route, "status" => status_label(status)),
@@ -238,8 +308,8 @@ fn method_label(method: &Method) -> &'static str {
 /// The status as a label: the codes fencegate answers with are static strings.
 fn status_label(status: StatusCode) -> metrics::SharedString {
     const KNOWN: [&str; 19] = [
-        "200", "201", "204", "400", "404", "405", "408", "409", "412", "413", "415", "421", "422", "423", "428",
-        "431", "500", "503", "504",
+        "200", "201", "204", "400", "404", "405", "408", "409", "412", "413", "415", "421", "422",
+        "423", "428", "431", "500", "503", "504",
     ];
     let code = status.as_str();
     match KNOWN.iter().find(|k| **k == code) {
@@ -260,7 +330,10 @@ struct RequestIds {
 impl RequestIds {
     fn new() -> Self {
         let random = uuid::Uuid::new_v4().simple().to_string();
-        RequestIds { prefix: random[..12].into(), next: Arc::new(AtomicU64::new(1)) }
+        RequestIds {
+            prefix: random[..12].into(),
+            next: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     fn next(&self) -> HeaderValue {
@@ -269,7 +342,8 @@ impl RequestIds {
         id.push_str(&self.prefix);
         id.push('-');
         id.push_str(itoa::Buffer::new().format(n));
-        HeaderValue::try_from(id).expect("hex digits, a dash and decimal digits are a valid header value")
+        HeaderValue::try_from(id)
+            .expect("hex digits, a dash and decimal digits are a valid header value")
     }
 }
 
@@ -287,7 +361,11 @@ mod tests {
         assert_eq!(prefix_a, prefix_b);
         assert_eq!(prefix_a.len(), 12);
         assert_eq!(n_b.parse::<u64>().unwrap(), n_a.parse::<u64>().unwrap() + 1);
-        assert_ne!(RequestIds::new().prefix, ids.prefix, "each process (layer) draws its own prefix");
+        assert_ne!(
+            RequestIds::new().prefix,
+            ids.prefix,
+            "each process (layer) draws its own prefix"
+        );
     }
 
     #[test]

@@ -48,21 +48,29 @@ const READY_WITHIN: std::time::Duration = std::time::Duration::from_millis(800);
 pub async fn readyz(State(state): State<AppState>) -> Response {
     // A probe usually gives up after 1 s: a database that does not answer in time (frozen, or
     // every connection busy) is a 503 that says so, never a probe timeout.
-    let ready = tokio::time::timeout(READY_WITHIN, state.store.ready()).await.unwrap_or_else(|_| {
-        Err(StoreError::NotReady(format!("the database did not answer within {} ms", READY_WITHIN.as_millis())))
-    });
+    let ready = tokio::time::timeout(READY_WITHIN, state.store.ready())
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::NotReady(format!(
+                "the database did not answer within {} ms",
+                READY_WITHIN.as_millis()
+            )))
+        });
     match ready {
         Ok(()) => Json(Status { status: "ready" }).into_response(),
         Err(err) => {
             tracing::warn!(error = %err, "not ready");
             // Always 503 (never 500): readiness is about "not now", whatever the cause.
             let err = match err {
-                StoreError::Unavailable(e) | StoreError::Internal(e) => ApiError::Store(StoreError::Unavailable(e)),
+                StoreError::Unavailable(e) | StoreError::Internal(e) => {
+                    ApiError::Store(StoreError::Unavailable(e))
+                }
                 // Says why (a standby, migrations owed): fencegate's own words, safe to send.
                 StoreError::NotReady(why) => ApiError::Store(StoreError::NotReady(why)),
-                StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Refused(msg) | StoreError::Raced(msg) => {
-                    ApiError::Store(StoreError::unavailable(msg))
-                }
+                StoreError::Corrupt(msg)
+                | StoreError::Task(msg)
+                | StoreError::Refused(msg)
+                | StoreError::Raced(msg) => ApiError::Store(StoreError::unavailable(msg)),
             };
             err.into_response()
         }
@@ -81,7 +89,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     crate::telemetry::record_pool(&state.store);
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()

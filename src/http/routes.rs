@@ -84,16 +84,27 @@ pub struct Route {
 impl Route {
     /// The fenced write `method` on this route is, if any.
     pub fn write(&self, method: &str) -> Option<Op> {
-        self.writes.iter().find(|(m, _)| *m == method).map(|(_, op)| *op)
+        self.writes
+            .iter()
+            .find(|(m, _)| *m == method)
+            .map(|(_, op)| *op)
     }
 }
 
 const fn route(path: &'static str, access: Access) -> Route {
-    Route { path, access, writes: &[] }
+    Route {
+        path,
+        access,
+        writes: &[],
+    }
 }
 
 const fn writes(path: &'static str, writes: &'static [(&'static str, Op)]) -> Route {
-    Route { path, access: Access::Guarded, writes }
+    Route {
+        path,
+        access: Access::Guarded,
+        writes,
+    }
 }
 
 /// Every route the router serves (a unit test holds this to the OpenAPI document).
@@ -107,10 +118,20 @@ pub const ALL: &[Route] = &[
     route(UI_STYLE, Access::Open),
     route(METRICS, Access::Metrics),
     writes(KV, &[("PUT", Op::Put), ("DELETE", Op::Delete)]),
-    writes(TABLES, &[("PUT", Op::TablePut), ("PATCH", Op::TablePatch), ("DELETE", Op::TableDelete)]),
+    writes(
+        TABLES,
+        &[
+            ("PUT", Op::TablePut),
+            ("PATCH", Op::TablePatch),
+            ("DELETE", Op::TableDelete),
+        ],
+    ),
     writes(BATCH, &[("POST", Op::Batch)]),
     writes(FENCES, &[("POST", Op::Claim)]),
-    writes(LOCKS, &[("POST", Op::LockAcquire), ("DELETE", Op::LockRelease)]),
+    writes(
+        LOCKS,
+        &[("POST", Op::LockAcquire), ("DELETE", Op::LockRelease)],
+    ),
     writes(LOCK_RENEW, &[("POST", Op::LockRenew)]),
     route(ADMIN_FENCE_RESET, Access::Guarded),
     route(ADMIN_KV_RESET, Access::Guarded),
@@ -132,5 +153,7 @@ pub fn find(template: &str) -> Option<&'static Route> {
 /// Who may call the route `template` matched; the fallback (`None`: no route matched) is
 /// guarded, so an unknown path tells a caller without a credential nothing but 401.
 pub fn access(template: Option<&str>) -> Access {
-    template.and_then(find).map_or(Access::Guarded, |r| r.access)
+    template
+        .and_then(find)
+        .map_or(Access::Guarded, |r| r.access)
 }

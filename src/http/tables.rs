@@ -29,11 +29,11 @@ use crate::{
 
 /// The configured resource called `name`, or 404.
 pub(super) fn resource(state: &AppState, name: &str) -> Result<Arc<Resource>, ApiError> {
-    state
-        .tables
-        .get(name)
-        .cloned()
-        .ok_or_else(|| ApiError::NotFound(format!("no resource {name:?} is configured ([[resources]] in the config file)")))
+    state.tables.get(name).cloned().ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "no resource {name:?} is configured ([[resources]] in the config file)"
+        ))
+    })
 }
 
 /// `{resource}/{key}` of the path: the resource (404 if not configured) and the row key, parsed
@@ -51,7 +51,9 @@ impl FromRequestParts<AppState> for RowPath {
         // The route is /v1/tables/{resource}/{key}, so these are the last two segments.
         let mut segments = parts.uri.path().rsplit('/');
         let (Some(key), Some(name)) = (segments.next(), segments.next()) else {
-            return Err(ApiError::NotFound("no such endpoint; see docs/api.md or GET /openapi.json".into()));
+            return Err(ApiError::NotFound(
+                "no such endpoint; see docs/api.md or GET /openapi.json".into(),
+            ));
         };
         let resource = resource(state, name)?;
         let key = RowKey::parse(&resource, key, state.kv.max_key_bytes)?;
@@ -61,8 +63,15 @@ impl FromRequestParts<AppState> for RowPath {
 
 /// The scope of a write to `resource`: its bound `scope` if configured (a different header is
 /// a mismatch, named by `key`), else the header's.
-pub(super) fn table_scope(resource: &Resource, key: &RowKey, scope: Option<Scope>) -> Result<Option<Scope>, ScopeMismatch> {
-    let fenced = || Fenced::Row { resource: resource.name.clone(), key: canonical_key(key.values()) };
+pub(super) fn table_scope(
+    resource: &Resource,
+    key: &RowKey,
+    scope: Option<Scope>,
+) -> Result<Option<Scope>, ScopeMismatch> {
+    let fenced = || Fenced::Row {
+        resource: resource.name.clone(),
+        key: canonical_key(key.values()),
+    };
     binding(resource.scope.as_ref(), scope, fenced)
 }
 
@@ -88,7 +97,11 @@ async fn guard(
     if let Some(scope) = &scope {
         check(actor, Right::Write, Named::Scope, scope.as_str())?;
     }
-    let guard = Guard { token: token.0, target: scope.map_or(Target::Key, Target::Scope), rule: resource.rule };
+    let guard = Guard {
+        token: token.0,
+        target: scope.map_or(Target::Key, Target::Scope),
+        rule: resource.rule,
+    };
     proof.check(state, &guard)?;
     match mismatch {
         Some(mismatch) => Err(super::binding::refused(state, &guard, mismatch).await),
@@ -114,15 +127,24 @@ pub struct RowWritten<'a> {
     scope: Option<&'a Scope>,
 }
 
-async fn write(state: &AppState, op: TableOp, guard: Guard) -> Result<Accepted<Response>, ApiError> {
+async fn write(
+    state: &AppState,
+    op: TableOp,
+    guard: Guard,
+) -> Result<Accepted<Response>, ApiError> {
     let written = accepted(state.store.table_write(&op, &guard).await?)?;
     let (status, deleted) = match op.write {
         RowWrite::Put(_) if !written.existed => (StatusCode::CREATED, None),
         RowWrite::Delete => (StatusCode::OK, Some(true)),
         _ => (StatusCode::OK, None),
     };
-    let body =
-        RowWritten { deleted, fence_token: guard.token, key: &written.key, resource: &op.resource.name, scope: guard.scope() };
+    let body = RowWritten {
+        deleted,
+        fence_token: guard.token,
+        key: &written.key,
+        resource: &op.resource.name,
+        scope: guard.scope(),
+    };
     Ok(Accepted((status, Json(body)).into_response()))
 }
 
@@ -151,7 +173,16 @@ pub async fn put(
 ) -> Result<Accepted<Response>, ApiError> {
     let write = RowWrite::Put(resource.check_row(body, false)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
-    self::write(&state, TableOp { resource, key, write }, guard).await
+    self::write(
+        &state,
+        TableOp {
+            resource,
+            key,
+            write,
+        },
+        guard,
+    )
+    .await
 }
 
 /// Updates the named columns of an existing row.
@@ -175,7 +206,16 @@ pub async fn patch(
 ) -> Result<Accepted<Response>, ApiError> {
     let write = RowWrite::Patch(resource.check_row(body, true)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
-    self::write(&state, TableOp { resource, key, write }, guard).await
+    self::write(
+        &state,
+        TableOp {
+            resource,
+            key,
+            write,
+        },
+        guard,
+    )
+    .await
 }
 
 /// Deletes the row; its fence stays (a tombstone in the ledger).
@@ -196,7 +236,16 @@ pub async fn delete(
     proof: Proof,
 ) -> Result<Accepted<Response>, ApiError> {
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
-    self::write(&state, TableOp { resource, key, write: RowWrite::Delete }, guard).await
+    self::write(
+        &state,
+        TableOp {
+            resource,
+            key,
+            write: RowWrite::Delete,
+        },
+        guard,
+    )
+    .await
 }
 
 /// The body of a GET.
@@ -230,10 +279,17 @@ pub struct RowRead<'a> {
         doc::TableGet
     )
 )]
-pub async fn get(actor: Actor, State(state): State<AppState>, RowPath { resource, key }: RowPath) -> Result<Response, ApiError> {
+pub async fn get(
+    actor: Actor,
+    State(state): State<AppState>,
+    RowPath { resource, key }: RowPath,
+) -> Result<Response, ApiError> {
     check_table(&actor, Right::Read, &resource.name)?;
     let Some(entry) = state.store.table_get(&resource, &key).await? else {
-        return Err(ApiError::NotFound(format!("resource {:?} has no such row (never written, or deleted)", resource.name)));
+        return Err(ApiError::NotFound(format!(
+            "resource {:?} has no such row (never written, or deleted)",
+            resource.name
+        )));
     };
     let mut headers = HeaderMap::new();
     if let Some(token) = entry.fence_token {

@@ -8,11 +8,7 @@ pub use settings::ServerSettings;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use tokio::{
-    net::TcpListener,
-    sync::watch,
-    task::JoinSet,
-};
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 
 use crate::{
     config::Settings,
@@ -43,8 +39,15 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
         coalesce_max_rows: db.coalesce_max_rows,
         schema: db.schema.clone(),
         lock_timeout_ms: db.lock_timeout_ms,
-        checks: crate::store::Checks { reserved: settings.locks.reserved()?, ..settings.kv.checks() },
-        issuer_scopes: settings.issuers.iter().flat_map(|i| i.scopes.iter().cloned()).collect(),
+        checks: crate::store::Checks {
+            reserved: settings.locks.reserved()?,
+            ..settings.kv.checks()
+        },
+        issuer_scopes: settings
+            .issuers
+            .iter()
+            .flat_map(|i| i.scopes.iter().cloned())
+            .collect(),
         max_scope_bytes: settings.kv.max_key_bytes,
         fence_cache_capacity: settings.kv.fence_cache_capacity,
     })
@@ -85,11 +88,19 @@ pub async fn serve_reloadable(
     reload: Option<Reload>,
 ) -> anyhow::Result<()> {
     // The safe default, before anything else: no open server on a reachable address.
-    let addr = listener.local_addr().context("listener has no local address")?;
+    let addr = listener
+        .local_addr()
+        .context("listener has no local address")?;
     settings.check_exposure(addr)?;
     let auth = crate::auth::Authenticator::new(&settings.auth, |var| std::env::var(var).ok())?
         .map(|auth| Arc::new(crate::auth::Live::new(auth)));
-    let tls = settings.server.tls.as_ref().map(crate::tls::Tls::new).transpose()?.map(Arc::new);
+    let tls = settings
+        .server
+        .tls
+        .as_ref()
+        .map(crate::tls::Tls::new)
+        .transpose()?
+        .map(Arc::new);
     let store = open_store(&settings).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
@@ -112,7 +123,9 @@ pub async fn serve_reloadable(
     let (refusals, queued) = tokio::sync::mpsc::channel(crate::events::SINK_CAPACITY);
     events.record_to(refusals);
     let _refusals = AbortOnDrop(tokio::spawn(state.store.clone().record_refusals(queued)));
-    let addr = listener.local_addr().context("listener has no local address")?;
+    let addr = listener
+        .local_addr()
+        .context("listener has no local address")?;
     let limits = limits(&settings, addr);
     // Aborted when this function returns or its future is dropped (an embedding caller may
     // cancel `serve`): the tick holds a `Store`, which would keep the pool and workers alive.
@@ -125,7 +138,11 @@ pub async fn serve_reloadable(
     // Listening for SIGHUP before announcing: a reload sent once the address is known is
     // never the signal's default action (exit).
     let _reloads = match reload {
-        Some(reload) => Some(AbortOnDrop(tokio::spawn(reloads(reload, auth, tls.clone())?))),
+        Some(reload) => Some(AbortOnDrop(tokio::spawn(reloads(
+            reload,
+            auth,
+            tls.clone(),
+        )?))),
         None => None,
     };
 
@@ -146,16 +163,31 @@ pub async fn serve_reloadable(
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();
     let slots = Slots::new(server.max_connections, server.max_connections_per_client);
-    accept(&listener, &router, &options, &slots, &stopped, &mut connections, shutdown).await;
+    accept(
+        &listener,
+        &router,
+        &options,
+        &slots,
+        &stopped,
+        &mut connections,
+        shutdown,
+    )
+    .await;
     drop(listener);
-    tracing::info!(connections = connections.len(), "shutting down: draining in-flight requests");
+    tracing::info!(
+        connections = connections.len(),
+        "shutting down: draining in-flight requests"
+    );
     let _ = stop.send(true);
     // Event streams never end by themselves: end them, so that their connections (handling a
     // response until its body ends) finish it within the grace, and their clients see the end
     // of the stream rather than a cut connection.
     events.close();
     let grace = settings.server.shutdown_grace();
-    let drained = tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} }).await;
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
     if drained.is_err() {
         tracing::warn!(
             ?grace,
@@ -244,14 +276,16 @@ fn reloads(
             match settings().and_then(|new| reload(&new, auth.as_deref(), tls.as_deref())) {
                 Ok(what) => {
                     tracing::info!(reloaded = %what, "SIGHUP: configuration reloaded; connections already open are kept");
-                    metrics::counter!("fencegate_config_reloads_total", "result" => "ok").increment(1);
+                    metrics::counter!("fencegate_config_reloads_total", "result" => "ok")
+                        .increment(1);
                 }
                 Err(err) => {
                     tracing::error!(
                         error = %format!("{err:#}"),
                         "SIGHUP: the configuration was NOT reloaded; the one in force is kept. Fix the error and send SIGHUP again"
                     );
-                    metrics::counter!("fencegate_config_reloads_total", "result" => "error").increment(1);
+                    metrics::counter!("fencegate_config_reloads_total", "result" => "error")
+                        .increment(1);
                 }
             }
         }
@@ -265,7 +299,11 @@ fn reloads(
 /// file is read and checked before anything is replaced. Turning authentication or TLS on or
 /// off needs a restart (the edge and the listener were set up for one or the other). Returns
 /// what is now in force, for the log.
-pub fn reload(new: &Settings, auth: Option<&crate::auth::Live>, tls: Option<&crate::tls::Tls>) -> anyhow::Result<String> {
+pub fn reload(
+    new: &Settings,
+    auth: Option<&crate::auth::Live>,
+    tls: Option<&crate::tls::Tls>,
+) -> anyhow::Result<String> {
     if new.auth.enabled() != auth.is_some() {
         anyhow::bail!(
             "the new configuration turns authentication {}; that needs a restart of fencegate",
@@ -275,11 +313,20 @@ pub fn reload(new: &Settings, auth: Option<&crate::auth::Live>, tls: Option<&cra
     if new.server.tls.is_some() != tls.is_some() {
         anyhow::bail!(
             "the new configuration turns TLS (server.tls) {}; that needs a restart of fencegate",
-            if new.server.tls.is_some() { "on" } else { "off" }
+            if new.server.tls.is_some() {
+                "on"
+            } else {
+                "off"
+            }
         );
     }
     let authenticator = crate::auth::Authenticator::new(&new.auth, |var| std::env::var(var).ok())?;
-    let tls_config = new.server.tls.as_ref().map(crate::tls::server_config).transpose()?;
+    let tls_config = new
+        .server
+        .tls
+        .as_ref()
+        .map(crate::tls::server_config)
+        .transpose()?;
     if let (Some(live), Some(authenticator)) = (auth, authenticator) {
         live.replace(authenticator);
     }
@@ -291,14 +338,20 @@ pub fn reload(new: &Settings, auth: Option<&crate::auth::Live>, tls: Option<&cra
         new.auth.keys.len(),
         new.auth.certs.len(),
         if new.auth.jwt.is_some() { "on" } else { "off" },
-        new.server.tls.as_ref().map_or("none".to_owned(), |t| t.cert_file.display().to_string())
+        new.server
+            .tls
+            .as_ref()
+            .map_or("none".to_owned(), |t| t.cert_file.display().to_string())
     ))
 }
 
 /// Errors of one connection that the client gave up on: accept the next at once.
 fn is_connection_error(err: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
-    matches!(err.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
+    matches!(
+        err.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    )
 }
 
 /// 10 ms, doubling up to 1 s while failures keep coming (a success in between, one freed
@@ -315,11 +368,20 @@ impl Backoff {
     /// How long to wait, and the failures to log now (at most once a second), if any.
     fn failed(&mut self) -> (Duration, Option<u64>) {
         let now = std::time::Instant::now();
-        let streak = self.last_failure.is_some_and(|at| now - at < Duration::from_secs(1) + self.wait);
-        self.wait = if streak { (self.wait * 2).min(Duration::from_secs(1)) } else { Duration::from_millis(10) };
+        let streak = self
+            .last_failure
+            .is_some_and(|at| now - at < Duration::from_secs(1) + self.wait);
+        self.wait = if streak {
+            (self.wait * 2).min(Duration::from_secs(1))
+        } else {
+            Duration::from_millis(10)
+        };
         self.last_failure = Some(now);
         self.unlogged += 1;
-        if self.last_log.is_some_and(|at| now - at < Duration::from_secs(1)) {
+        if self
+            .last_log
+            .is_some_and(|at| now - at < Duration::from_secs(1))
+        {
             return (self.wait, None);
         }
         self.last_log = Some(now);
@@ -389,7 +451,10 @@ pub(crate) fn limits(settings: &Settings, listen: std::net::SocketAddr) -> Limit
         cors_origins: server
             .cors_origins
             .iter()
-            .map(|o| axum::http::HeaderValue::from_str(o).expect("origins are checked by Settings::validate"))
+            .map(|o| {
+                axum::http::HeaderValue::from_str(o)
+                    .expect("origins are checked by Settings::validate")
+            })
             .collect(),
     }
 }
@@ -404,7 +469,10 @@ mod tests {
         let on = |addr: &str| limits(&settings, addr.parse().unwrap()).loopback_hosts_only;
         assert!(on("127.0.0.1:8080"));
         assert!(on("[::1]:8080"));
-        assert!(!on("0.0.0.0:8080"), "a non-loopback listener serves any Host");
+        assert!(
+            !on("0.0.0.0:8080"),
+            "a non-loopback listener serves any Host"
+        );
         assert!(!on("192.168.1.5:8080"));
         // With credentials configured, no Host check (docs/security.md, *The edge*: with auth off).
         let mut with_auth = crate::config::Settings::default();

@@ -89,7 +89,10 @@ impl ServerSettings {
             bail!("server.body_limit_bytes must be at least 1");
         }
         if self.worker_threads > 1024 {
-            bail!("server.worker_threads must be at most 1024 (0 = automatic), got {}", self.worker_threads);
+            bail!(
+                "server.worker_threads must be at most 1024 (0 = automatic), got {}",
+                self.worker_threads
+            );
         }
         if self.max_in_flight == 0 {
             bail!("server.max_in_flight must be at least 1");
@@ -121,7 +124,10 @@ impl ServerSettings {
                 self.max_buffered_bytes, self.body_limit_bytes);
         }
         for origin in &self.cors_origins {
-            if axum::http::HeaderValue::from_str(origin).is_err() || !origin.contains("://") || origin.ends_with('/') {
+            if axum::http::HeaderValue::from_str(origin).is_err()
+                || !origin.contains("://")
+                || origin.ends_with('/')
+            {
                 bail!("server.cors_origins: {origin:?} is not an origin (scheme://host[:port], no path)");
             }
         }

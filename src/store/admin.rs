@@ -31,7 +31,10 @@ use crate::{
 pub enum ResetTarget {
     Scope(Scope),
     Key(Key),
-    Row { resource: Arc<Resource>, key: RowKey },
+    Row {
+        resource: Arc<Resource>,
+        key: RowKey,
+    },
     /// Retire the built-in lock of this name (no `to`, no `scope`).
     Lock(Scope),
 }
@@ -89,8 +92,13 @@ pub struct ResetDone {
 pub enum ResetRefused {
     #[error("{0}")]
     NotFound(String),
-    #[error("`to` ({to}) must be below the current fence ({current}): a reset only lowers a fence")]
-    NotBelow { to: FencingToken, current: FencingToken },
+    #[error(
+        "`to` ({to}) must be below the current fence ({current}): a reset only lowers a fence"
+    )]
+    NotBelow {
+        to: FencingToken,
+        current: FencingToken,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -108,7 +116,9 @@ pub struct Rebind {
 #[derive(Debug, Clone)]
 pub enum RebindTarget {
     /// Keys starting with the prefix (`""`: every key).
-    Keys { prefix: String },
+    Keys {
+        prefix: String,
+    },
     Table(Arc<Resource>),
 }
 
@@ -202,10 +212,14 @@ pub(crate) fn decide(
 /// line or repaint the screen.
 pub fn validate_reason(reason: &str) -> Result<(), ResetRefused> {
     if reason.trim().is_empty() || reason.len() > 1000 {
-        return Err(ResetRefused::Invalid("\"reason\" is required: 1..=1000 bytes saying why".into()));
+        return Err(ResetRefused::Invalid(
+            "\"reason\" is required: 1..=1000 bytes saying why".into(),
+        ));
     }
     if reason.chars().any(char::is_control) {
-        return Err(ResetRefused::Invalid("\"reason\" must not contain control characters (newlines, escapes)".into()));
+        return Err(ResetRefused::Invalid(
+            "\"reason\" must not contain control characters (newlines, escapes)".into(),
+        ));
     }
     Ok(())
 }
@@ -215,12 +229,18 @@ pub fn validate(reset: &Reset) -> Result<(), ResetRefused> {
     validate_reason(&reset.reason)?;
     match (&reset.target, reset.to, &reset.scope) {
         (ResetTarget::Lock(_), None, None) => Ok(()),
-        (ResetTarget::Lock(_), _, _) => Err(ResetRefused::Invalid("retiring a lock takes only \"reason\"".into())),
-        (ResetTarget::Scope(_), None, _) => Err(ResetRefused::Invalid("\"to\" is required for a scope's fence".into())),
-        (ResetTarget::Scope(_), _, Some(_)) => {
-            Err(ResetRefused::Invalid("\"scope\" rebinds a key or a table row; a scope has no binding".into()))
-        }
-        (_, None, None) => Err(ResetRefused::Invalid("give \"to\" (the new fence), \"scope\" (a new binding), or both".into())),
+        (ResetTarget::Lock(_), _, _) => Err(ResetRefused::Invalid(
+            "retiring a lock takes only \"reason\"".into(),
+        )),
+        (ResetTarget::Scope(_), None, _) => Err(ResetRefused::Invalid(
+            "\"to\" is required for a scope's fence".into(),
+        )),
+        (ResetTarget::Scope(_), _, Some(_)) => Err(ResetRefused::Invalid(
+            "\"scope\" rebinds a key or a table row; a scope has no binding".into(),
+        )),
+        (_, None, None) => Err(ResetRefused::Invalid(
+            "give \"to\" (the new fence), \"scope\" (a new binding), or both".into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -245,7 +265,10 @@ impl Store {
 
     /// Rebinds every key under a prefix, or every fenced row of a table, with its audit row, in
     /// one transaction. Nothing about fences changes, so the cache stays as it is.
-    pub async fn rebind(&self, rebind: Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+    pub async fn rebind(
+        &self,
+        rebind: Rebind,
+    ) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
         if let Err(refused) = validate_reason(&rebind.reason) {
             return Ok(Err(refused));
         }
@@ -273,7 +296,10 @@ impl Store {
             match newest {
                 Ok(newest) => {
                     if seen.is_some() && seen != Some(newest) {
-                        tracing::info!(audit_id = newest, "a fence was reset: forgetting cached fences");
+                        tracing::info!(
+                            audit_id = newest,
+                            "a fence was reset: forgetting cached fences"
+                        );
                         self.high_water.clear();
                     }
                     seen = Some(newest);
@@ -305,11 +331,26 @@ mod tests {
 
     #[test]
     fn a_reset_only_lowers_and_rebinds_when_asked() {
-        assert_eq!(decide(&reset(Some(5), None), t(10), Some("s".into())), Ok((t(5), Some("s".into()))));
-        assert!(matches!(decide(&reset(Some(10), None), t(10), None), Err(ResetRefused::NotBelow { .. })));
-        assert!(matches!(decide(&reset(Some(11), None), t(10), None), Err(ResetRefused::NotBelow { .. })));
-        assert_eq!(decide(&reset(None, Some(None)), t(10), Some("s".into())), Ok((t(10), None)));
-        assert_eq!(decide(&reset(None, Some(Some("x"))), t(10), None), Ok((t(10), Some("x".into()))));
+        assert_eq!(
+            decide(&reset(Some(5), None), t(10), Some("s".into())),
+            Ok((t(5), Some("s".into())))
+        );
+        assert!(matches!(
+            decide(&reset(Some(10), None), t(10), None),
+            Err(ResetRefused::NotBelow { .. })
+        ));
+        assert!(matches!(
+            decide(&reset(Some(11), None), t(10), None),
+            Err(ResetRefused::NotBelow { .. })
+        ));
+        assert_eq!(
+            decide(&reset(None, Some(None)), t(10), Some("s".into())),
+            Ok((t(10), None))
+        );
+        assert_eq!(
+            decide(&reset(None, Some(Some("x"))), t(10), None),
+            Ok((t(10), Some("x".into())))
+        );
     }
 
     #[test]
@@ -325,7 +366,10 @@ mod tests {
             r.reason = forged.into();
             assert!(validate(&r).is_err(), "{forged:?}");
         }
-        let scope = Reset { target: ResetTarget::Scope(Scope::parse("s", 8).unwrap()), ..reset(None, None) };
+        let scope = Reset {
+            target: ResetTarget::Scope(Scope::parse("s", 8).unwrap()),
+            ..reset(None, None)
+        };
         assert!(validate(&scope).is_err(), "a scope reset needs `to`");
     }
 }

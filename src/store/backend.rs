@@ -19,9 +19,10 @@ use serde_json::Value;
 
 use super::{
     admin::{AuditEntry, Rebind, RebindDone, Reset, ResetDone, ResetRefused},
-    overview::Overview,
     decode::ScopeState,
-    BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, StoreError, TableError, Write, Written,
+    overview::Overview,
+    BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, StoreError, TableError, Write,
+    Written,
 };
 use crate::{
     events::Event,
@@ -64,7 +65,17 @@ macro_rules! detached {
 
 /// A database backend: every part below, plus how it is kept (`mod.rs` of each backend).
 pub(super) trait Backend:
-    KvStore + LockStore + AdminStore + OverviewStore + RefusalStore + TableStore + HighAvailability + Clone + Send + Sync + 'static
+    KvStore
+    + LockStore
+    + AdminStore
+    + OverviewStore
+    + RefusalStore
+    + TableStore
+    + HighAvailability
+    + Clone
+    + Send
+    + Sync
+    + 'static
 {
     /// Reachable, able to take writes, every migration this binary knows applied.
     async fn ready(&self) -> Result<(), StoreError>;
@@ -88,12 +99,20 @@ pub(super) trait KvStore {
     async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError>;
 
     /// Every write or none, under one token.
-    async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError>;
+    async fn batch(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Outcome<Vec<Written>>, StoreError>;
 
     async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError>;
 
     /// Raises the scope's fence to `token` (inclusive rule), or says why not.
-    async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError>;
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<Outcome<Claimed>, StoreError>;
 
     async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError>;
 
@@ -106,13 +125,30 @@ pub(super) trait KvStore {
 pub(super) trait LockStore {
     /// Grants the lock if it is free or its lease lapsed, claiming the scope of its name in
     /// the same transaction.
-    async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError>;
+    async fn acquire(
+        &self,
+        name: &Scope,
+        owner: &str,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Acquired, StoreError>;
 
     /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
-    async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError>;
+    async fn renew(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError>;
 
     /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
-    async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError>;
+    async fn release(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError>;
 
     /// Who holds the lock now (a live lease), if anyone.
     async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError>;
@@ -124,7 +160,8 @@ pub(super) trait AdminStore {
     async fn reset(&self, reset: &Reset) -> Result<Result<ResetDone, ResetRefused>, StoreError>;
 
     /// A bulk rebind and its audit row, in one transaction.
-    async fn rebind(&self, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError>;
+    async fn rebind(&self, rebind: &Rebind)
+        -> Result<Result<RebindDone, ResetRefused>, StoreError>;
 
     /// The newest audit rows first, at most `limit`.
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError>;
@@ -159,12 +196,24 @@ pub(super) trait TableStore {
     /// Validates `[[resources]]` against the database; a bad resource fails start-up.
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources>;
 
-    async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError>;
+    async fn table_write(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+    ) -> Result<Outcome<RowWritten>, TableError>;
 
     /// Every kv write and table op or none, under one token.
-    async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError>;
+    async fn batch_tables(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError>;
 
-    async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError>;
+    async fn table_get(
+        &self,
+        resource: &Resource,
+        key: &RowKey,
+    ) -> Result<Option<RowEntry>, TableError>;
 
     /// Writes to guarded tables without a fence, counted by their triggers, per resource.
     async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError>;

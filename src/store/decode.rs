@@ -14,15 +14,21 @@ use crate::fence::FencingToken;
 /// A token as the database holds it; a negative one means the database was written by
 /// something other than fencegate (or is corrupt), never a token to act on.
 pub(crate) fn token_from_db(value: i64) -> Result<FencingToken, StoreError> {
-    FencingToken::from_db(value).ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
+    FencingToken::from_db(value)
+        .ok_or_else(|| StoreError::Corrupt(format!("negative fence token {value}")))
 }
 
 /// A scope's fence and the latest token granted by the built-in lock of that name.
 pub(crate) type ScopeState = (Option<FencingToken>, Option<FencingToken>);
 
 /// Decodes a row of [`super::SCOPE_STATE`].
-pub(crate) fn scope_state_from((fence, latest): (Option<i64>, Option<i64>)) -> Result<ScopeState, StoreError> {
-    Ok((fence.map(token_from_db).transpose()?, latest.map(token_from_db).transpose()?))
+pub(crate) fn scope_state_from(
+    (fence, latest): (Option<i64>, Option<i64>),
+) -> Result<ScopeState, StoreError> {
+    Ok((
+        fence.map(token_from_db).transpose()?,
+        latest.map(token_from_db).transpose()?,
+    ))
 }
 
 /// A [`Holder`](crate::locks::Holder) from a row of either backend's holder query: owner, the
@@ -67,7 +73,11 @@ where
 }
 
 /// Rows of (name, owner, token, expires_at text, remaining ms) and (scope, fence, updated_at text).
-pub(crate) fn overview_from<R: sqlx::Row>(locks: Vec<R>, fences: Vec<R>, refusals: Vec<R>) -> Result<Overview, StoreError>
+pub(crate) fn overview_from<R: sqlx::Row>(
+    locks: Vec<R>,
+    fences: Vec<R>,
+    refusals: Vec<R>,
+) -> Result<Overview, StoreError>
 where
     usize: sqlx::ColumnIndex<R>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -75,7 +85,10 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let refusals = refusals.iter().map(refusal_json).collect::<Result<_, StoreError>>()?;
+    let refusals = refusals
+        .iter()
+        .map(refusal_json)
+        .collect::<Result<_, StoreError>>()?;
     let locks = locks
         .iter()
         .map(|row| {
@@ -91,10 +104,19 @@ where
     let fences = fences
         .iter()
         .map(|row| {
-            Ok(FenceView { scope: row.try_get(0)?, fence_token: token_from_db(row.try_get(1)?)?, updated_at: row.try_get(2)? })
+            Ok(FenceView {
+                scope: row.try_get(0)?,
+                fence_token: token_from_db(row.try_get(1)?)?,
+                updated_at: row.try_get(2)?,
+            })
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok(Overview { locks, fences, refusals, unfenced: Vec::new() })
+    Ok(Overview {
+        locks,
+        fences,
+        refusals,
+        unfenced: Vec::new(),
+    })
 }
 
 /// A row of a backend's refusal `SELECT` as JSON: the live event's fields, plus `at` (the database's clock) and

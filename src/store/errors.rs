@@ -73,7 +73,8 @@ impl StoreError {
     /// above the jump cap (the trigger `fencegate_kv_created`, `pg/sql.rs`): the statement was
     /// aborted, nothing of it was committed, and the write is refused as a jump.
     pub fn is_key_jump(&self) -> bool {
-        self.database_error().is_some_and(|db| db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE))
+        self.database_error()
+            .is_some_and(|db| db.code().as_deref() == Some(super::pg::KEY_JUMP_SQLSTATE))
     }
 
     /// The token and key a key-jump refusal names (the trigger's DETAIL: the token, a space, the
@@ -82,7 +83,10 @@ impl StoreError {
         if !self.is_key_jump() {
             return None;
         }
-        let detail = self.database_error()?.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?.detail()?;
+        let detail = self
+            .database_error()?
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?
+            .detail()?;
         let (token, key) = detail.split_once(' ')?;
         Some((token.parse().ok()?, key.to_owned()))
     }

@@ -26,7 +26,10 @@ pub fn check_storable(value: &serde_json::Value) -> Result<(), String> {
     while let Some(v) = stack.pop() {
         match v {
             Value::String(s) if s.contains('\0') => {
-                return Err("JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into())
+                return Err(
+                    "JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)"
+                        .into(),
+                )
             }
             Value::Array(items) => stack.extend(items),
             Value::Object(map) => {

@@ -38,14 +38,16 @@ use crate::{
     locks::{Acquired, Held, Ttl},
 };
 
-use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _, TableStore as _};
+pub(crate) use crate::fence::Refusal;
+use backend::{
+    AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _, TableStore as _,
+};
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, StoreError};
 pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use settings::Settings;
 pub use sql::Checks;
-pub(crate) use crate::fence::Refusal;
 pub(crate) use sql::SCOPE_STATE;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
@@ -71,7 +73,9 @@ pub struct Store {
 /// the transaction, and later writes on it would be acknowledged but never committed. Detached,
 /// the work always ends in COMMIT or ROLLBACK and the connection goes back clean; the caller
 /// that went away just never hears the outcome (which is "unknown" for it, as with any 503).
-async fn run_detached<T, E>(work: impl std::future::Future<Output = Result<T, E>> + Send + 'static) -> Result<T, E>
+async fn run_detached<T, E>(
+    work: impl std::future::Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, E>
 where
     T: Send + 'static,
     E: From<StoreError> + Send + 'static,
@@ -103,7 +107,12 @@ pub(crate) struct Seen<'a> {
 /// an audited admin reset) and a key's scope changes only under the rule that refused, so what
 /// is read still refuses the write; if nothing does, a concurrent change (a grant, a reset)
 /// explains it (below).
-pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: &Checks) -> Result<Refusal, StoreError> {
+pub(crate) fn explain_refusal(
+    keys: &[Key],
+    seen: &Seen,
+    guard: &Guard,
+    checks: &Checks,
+) -> Result<Refusal, StoreError> {
     let held = keys
         .iter()
         .map(|key| {
@@ -117,7 +126,10 @@ pub(crate) fn explain_refusal(keys: &[Key], seen: &Seen, guard: &Guard, checks: 
         .collect();
     let seen = fence::Seen {
         held,
-        scope: fence::ScopeHeld::Read { fence: seen.scope_fence, latest_issued: seen.latest_issued },
+        scope: fence::ScopeHeld::Read {
+            fence: seen.scope_fence,
+            latest_issued: seen.latest_issued,
+        },
         binding: None,
     };
     match fence::verdict(&seen, guard, checks) {
@@ -142,7 +154,9 @@ pub(crate) fn raced(token: FencingToken, scope: Option<&Scope>, things: usize) -
 fn migrated(applied: i64, migrator: &sqlx::migrate::Migrator) -> Result<(), StoreError> {
     let known = migrator.iter().count() as i64;
     if applied < known {
-        return Err(StoreError::Corrupt(format!("{applied} of {known} migrations applied; run `fencegate migrate`")));
+        return Err(StoreError::Corrupt(format!(
+            "{applied} of {known} migrations applied; run `fencegate migrate`"
+        )));
     }
     Ok(())
 }
@@ -225,7 +239,11 @@ impl Store {
 
     /// Applies every write or none, under one token. Always asks the database, so a refusal
     /// names every stale key, not just the ones the cache knows.
-    pub async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+    pub async fn batch(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Outcome<Vec<Written>>, StoreError> {
         let since = self.high_water.epoch();
         let (owned_writes, owned_guard) = (writes.to_vec(), guard.clone());
         let outcome = detached!(self, b => b.batch(&owned_writes, &owned_guard).await);
@@ -234,7 +252,11 @@ impl Store {
         match &outcome {
             Outcome::Accepted(written) => {
                 for w in written {
-                    self.high_water.observe(since, &HighWater::fence_of(guard, &w.key), guard.token);
+                    self.high_water.observe(
+                        since,
+                        &HighWater::fence_of(guard, &w.key),
+                        guard.token,
+                    );
                 }
             }
             Outcome::Stale(stale) => self.learn_refusals(since, stale),
@@ -264,11 +286,18 @@ impl Store {
     /// (or unissued, or jumping) token is told so before the binding, as on every path. Nothing
     /// is written; the caller checked the actor's rights on that scope first (this reads its
     /// fence).
-    pub async fn refuse_binding(&self, guard: &Guard, mismatch: fence::ScopeMismatch) -> Result<Refusal, StoreError> {
+    pub async fn refuse_binding(
+        &self,
+        guard: &Guard,
+        mismatch: fence::ScopeMismatch,
+    ) -> Result<Refusal, StoreError> {
         let scope = guard.scope().cloned();
         let (fence, latest_issued) = match &scope {
             Some(scope) => {
-                if let Some(stale) = self.high_water.refuse(&Fenced::Scope(scope.clone()), guard.token, guard.rule) {
+                if let Some(stale) =
+                    self.high_water
+                        .refuse(&Fenced::Scope(scope.clone()), guard.token, guard.rule)
+                {
                     metrics::counter!("fencegate_cache_refusals_total").increment(1);
                     return Ok(Refusal::Stale(vec![stale]));
                 }
@@ -278,8 +307,16 @@ impl Store {
             // A binding mismatch always has a presented scope; without one there is no fence.
             None => (None, None),
         };
-        let seen = fence::Seen { held: vec![], scope: fence::ScopeHeld::Read { fence, latest_issued }, binding: Some(mismatch) };
-        Ok(fence::verdict(&seen, guard, &self.checks).expect_err("a binding mismatch refuses whatever else admits"))
+        let seen = fence::Seen {
+            held: vec![],
+            scope: fence::ScopeHeld::Read {
+                fence,
+                latest_issued,
+            },
+            binding: Some(mismatch),
+        };
+        Ok(fence::verdict(&seen, guard, &self.checks)
+            .expect_err("a binding mismatch refuses whatever else admits"))
     }
 
     pub async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -293,7 +330,11 @@ impl Store {
 
     /// Raises a scope's fence to `token` (a claim: QJM's newEpoch). Claims use the inclusive
     /// rule whatever `kv.strict` says: a claim consumes nothing, it only shuts out lower tokens.
-    pub async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+    pub async fn claim(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<Outcome<Claimed>, StoreError> {
         let since = self.high_water.epoch();
         let fence = Fenced::Scope(scope.clone());
         if let Some(stale) = self.high_water.refuse(&fence, token, Rule::Inclusive) {
@@ -315,20 +356,34 @@ impl Store {
 
     /// Grants the lock `name` if it is free or expired, claiming the scope `name` in the same
     /// transaction. `actor` (the authenticated actor, if auth is on) is recorded with the lease.
-    pub async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+    pub async fn acquire(
+        &self,
+        name: &Scope,
+        owner: &str,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Acquired, StoreError> {
         let since = self.high_water.epoch();
         let (owned_name, owner, actor) = (name.clone(), owner.to_owned(), actor.map(str::to_owned));
-        let acquired = detached!(self, b => b.acquire(&owned_name, &owner, ttl, actor.as_deref()).await)?;
+        let acquired =
+            detached!(self, b => b.acquire(&owned_name, &owner, ttl, actor.as_deref()).await)?;
         if let Acquired::Granted(lease) = &acquired {
             // The grant claimed the scope: this process can refuse the old holder at once.
-            self.high_water.observe(since, &Fenced::Scope(name.clone()), lease.token);
+            self.high_water
+                .observe(since, &Fenced::Scope(name.clone()), lease.token);
         }
         Ok(acquired)
     }
 
     /// Extends the lease if `token` still holds it (and, with `actor`, that actor took it);
     /// else who holds the lock now, if anyone.
-    pub async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Held, StoreError> {
+    pub async fn renew(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Held, StoreError> {
         let (name, actor) = (name.clone(), actor.map(str::to_owned));
         detached!(self, b => match b.renew(&name, token, ttl, actor.as_deref()).await? {
             Some(lease) => Ok(Held::Yes(lease)),
@@ -338,7 +393,12 @@ impl Store {
 
     /// Frees the lock if `token` still holds it (and, with `actor`, that actor took it); else
     /// who holds the lock now, if anyone.
-    pub async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Held, StoreError> {
+    pub async fn release(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        actor: Option<&str>,
+    ) -> Result<Held, StoreError> {
         let (name, actor) = (name.clone(), actor.map(str::to_owned));
         detached!(self, b => match b.release(&name, token, actor.as_deref()).await? {
             Some(lease) => Ok(Held::Yes(lease)),
@@ -362,7 +422,8 @@ impl Store {
         match on_backend!(&self.backend, b => b.unfenced_writes().await) {
             Ok(counts) => {
                 for (resource, writes) in counts {
-                    metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource).absolute(writes as u64);
+                    metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource)
+                        .absolute(writes as u64);
                 }
             }
             Err(err) => tracing::debug!(error = %err, "cannot read the unfenced writes"),

@@ -41,7 +41,8 @@ impl Pressure {
             }
             Err(err) => {
                 if let Some(why) = err.as_store_error().and_then(lack_of_resources) {
-                    *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), why));
+                    *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((Instant::now(), why));
                     self.any.store(true, Ordering::Relaxed);
                 }
             }
@@ -64,12 +65,17 @@ impl Pressure {
 
 /// The database's own words for a class-53 refusal.
 fn lack_of_resources(err: &StoreError) -> Option<String> {
-    let (StoreError::Unavailable(Cause::Database(err)) | StoreError::Internal(Cause::Database(err))) = err else {
+    let (StoreError::Unavailable(Cause::Database(err))
+    | StoreError::Internal(Cause::Database(err))) = err
+    else {
         return None;
     };
-    let sqlx::Error::Database(db) = &**err else { return None };
+    let sqlx::Error::Database(db) = &**err else {
+        return None;
+    };
     let code = db.code()?;
-    code.starts_with("53").then(|| format!("SQLSTATE {code}: {}", db.message()))
+    code.starts_with("53")
+        .then(|| format!("SQLSTATE {code}: {}", db.message()))
 }
 
 /// The store error inside a store call's error type.

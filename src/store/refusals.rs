@@ -76,7 +76,9 @@ where
     Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    let What::Refusal(r) = &event.what else { return None };
+    let What::Refusal(r) = &event.what else {
+        return None;
+    };
     let presented_scope = r.presented_scope.as_ref().and_then(|s| s.as_deref());
     Some(
         query

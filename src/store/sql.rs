@@ -15,7 +15,10 @@ pub(crate) struct ByRule<T> {
 
 impl<T> ByRule<T> {
     pub fn build(mut make: impl FnMut(Rule) -> T) -> Self {
-        ByRule { inclusive: make(Rule::Inclusive), strict: make(Rule::Strict) }
+        ByRule {
+            inclusive: make(Rule::Inclusive),
+            strict: make(Rule::Strict),
+        }
     }
 
     pub fn get(&self, rule: Rule) -> &T {
@@ -73,7 +76,10 @@ fn sql_reserved(reserved: &Reserved, scope: &str) -> String {
         if prefix.is_empty() {
             return "TRUE".to_owned();
         }
-        any.push(format!("substr({scope}, 1, {}) = '{prefix}'", prefix.chars().count()));
+        any.push(format!(
+            "substr({scope}, 1, {}) = '{prefix}'",
+            prefix.chars().count()
+        ));
     }
     if any.is_empty() {
         "FALSE".to_owned()
@@ -103,7 +109,6 @@ pub(crate) fn sql_jump_check(jump: JumpCap, fence: &str, token: &str) -> String 
 /// SQLite too). Decoded by [`super::scope_state_from`].
 pub(crate) const SCOPE_STATE: &str = "SELECT (SELECT fence_token FROM fencegate_fences WHERE scope = $1),
                                              (SELECT token FROM fencegate_locks WHERE name = $1 AND NOT retired)";
-
 
 /// How many migrations have been applied: readiness, on either backend.
 pub(crate) const MIGRATIONS_APPLIED: &str = "SELECT count(*) FROM _sqlx_migrations WHERE success";

@@ -61,12 +61,17 @@ impl Store {
         }
         let resources = on_backend!(&self.backend, b => b.resources(settings).await)?;
         if resources.iter().any(|r| r.guard.is_some()) {
-            self.guarded.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.guarded
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(resources)
     }
 
-    pub async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
+    pub async fn table_write(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+    ) -> Result<Outcome<RowWritten>, TableError> {
         let (op, guard) = (op.clone(), guard.clone());
         let written = detached!(self, b => b.table_write(&op, &guard).await);
         self.pressure.observe(&written);
@@ -77,14 +82,22 @@ impl Store {
     /// its op as `ops[i]`, `i` counting all ops.
     /// `guard`: the batch's token, its scope if any, and the kv rule (each table op follows its
     /// resource's rule; a scope is claimed under the strictest rule of the ops it guards).
-    pub async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+    pub async fn batch_tables(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError> {
         let (ops, guard) = (ops.to_vec(), guard.clone());
         let written = detached!(self, b => b.batch_tables(&ops, &guard).await);
         self.pressure.observe(&written);
         written
     }
 
-    pub async fn table_get(&self, resource: &Arc<Resource>, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+    pub async fn table_get(
+        &self,
+        resource: &Arc<Resource>,
+        key: &RowKey,
+    ) -> Result<Option<RowEntry>, TableError> {
         let (resource, key) = (resource.clone(), key.clone());
         detached!(self, b => b.table_get(&resource, &key).await)
     }

@@ -17,9 +17,13 @@ impl Unfenced {
     /// `schema`: PostgreSQL only, the demo's scratch schema (a name the demo made, never input).
     pub async fn connect(url: &str, schema: Option<&str>) -> anyhow::Result<Self> {
         if url.starts_with("sqlite:") {
-            Ok(Unfenced::Sqlite(sqlite::unfenced::Writer::connect(url).await?))
+            Ok(Unfenced::Sqlite(
+                sqlite::unfenced::Writer::connect(url).await?,
+            ))
         } else {
-            Ok(Unfenced::Pg(pg::unfenced::Writer::connect(url, schema).await?))
+            Ok(Unfenced::Pg(
+                pg::unfenced::Writer::connect(url, schema).await?,
+            ))
         }
     }
 

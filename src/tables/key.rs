@@ -18,15 +18,28 @@ pub struct RowKey {
 
 /// Everything but RFC 3986 unreserved characters is encoded in a canonical key, so the same
 /// values always give the same text.
-const ENCODE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 impl RowKey {
     /// Parses the raw path segment (or a batch op's `key`) for `resource`. `max_bytes` bounds
     /// the raw segment (`kv.max_key_bytes`).
     pub fn parse(resource: &Resource, raw: &str, max_bytes: usize) -> Result<Self, RowError> {
-        let invalid = |column: Option<&str>, detail: String| RowError::Key { column: column.map(str::to_owned), detail };
+        let invalid = |column: Option<&str>, detail: String| RowError::Key {
+            column: column.map(str::to_owned),
+            detail,
+        };
         if raw.len() > max_bytes {
-            return Err(invalid(None, format!("the key is {} bytes long; the limit is {max_bytes} bytes", raw.len())));
+            return Err(invalid(
+                None,
+                format!(
+                    "the key is {} bytes long; the limit is {max_bytes} bytes",
+                    raw.len()
+                ),
+            ));
         }
         let parts: Vec<&str> = raw.split(',').collect();
         if parts.len() != resource.key.len() {
@@ -48,13 +61,19 @@ impl RowKey {
             let value = crate::percent::decode_strict(part.as_bytes())
                 .map_err(|why| invalid(name, format!("key column {:?}: {why}", column.name)))?;
             if value.is_empty() {
-                return Err(invalid(name, format!("key column {:?}: the value is empty", column.name)));
+                return Err(invalid(
+                    name,
+                    format!("key column {:?}: the value is empty", column.name),
+                ));
             }
             // PostgreSQL text cannot hold NUL; other control characters end up in logs.
             if let Some(c) = value.chars().find(|c| c.is_control()) {
                 return Err(invalid(
                     name,
-                    format!("key column {:?}: the value contains a control character (U+{:04X})", column.name, c as u32),
+                    format!(
+                        "key column {:?}: the value contains a control character (U+{:04X})",
+                        column.name, c as u32
+                    ),
                 ));
             }
             values.push(value);
@@ -71,7 +90,11 @@ impl RowKey {
 /// The canonical key: PostgreSQL's text of each key value, percent-encoded, joined by `,`.
 /// It is what the ledger stores and what responses show, and it is itself a valid URL key.
 pub fn canonical_key(texts: &[String]) -> String {
-    texts.iter().map(|t| utf8_percent_encode(t, ENCODE).to_string()).collect::<Vec<_>>().join(",")
+    texts
+        .iter()
+        .map(|t| utf8_percent_encode(t, ENCODE).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -111,14 +134,20 @@ mod tests {
         let r = resource(&["id", "region"]);
         let key = RowKey::parse(&r, "42,a%2Cb%25", 512).unwrap();
         assert_eq!(key.values(), ["42", "a,b%"]);
-        assert_eq!(RowKey::parse(&r, "caf%C3%A9,%20x", 512).unwrap().values(), ["café", " x"]);
+        assert_eq!(
+            RowKey::parse(&r, "caf%C3%A9,%20x", 512).unwrap().values(),
+            ["café", " x"]
+        );
     }
 
     #[test]
     fn refuses_what_cannot_be_a_key() {
         let r = resource(&["id", "region"]);
         for bad in ["42", "1,2,3", "42,", ",EU", "42,%FF", "42,a%00", "42,a%0Ab"] {
-            assert!(matches!(RowKey::parse(&r, bad, 512), Err(RowError::Key { .. })), "{bad:?} was accepted");
+            assert!(
+                matches!(RowKey::parse(&r, bad, 512), Err(RowError::Key { .. })),
+                "{bad:?} was accepted"
+            );
         }
         assert!(RowKey::parse(&r, &"x,".repeat(300), 512).is_err());
         let err = RowKey::parse(&r, "42,%FF", 512).unwrap_err();
@@ -131,6 +160,9 @@ mod tests {
         let texts = vec!["42".to_string(), "a,b %é".to_string()];
         let canonical = canonical_key(&texts);
         assert_eq!(canonical, "42,a%2Cb%20%25%C3%A9");
-        assert_eq!(RowKey::parse(&r, &canonical, 512).unwrap().values(), texts.as_slice());
+        assert_eq!(
+            RowKey::parse(&r, &canonical, 512).unwrap().values(),
+            texts.as_slice()
+        );
     }
 }

@@ -21,13 +21,23 @@ pub use settings::{validate, FenceMode, GuardMode, ResourceSettings};
 pub enum RowError {
     /// The key in the URL (or in a batch op) does not parse as the key columns' types.
     #[error("{detail}")]
-    Key { column: Option<String>, detail: String },
+    Key {
+        column: Option<String>,
+        detail: String,
+    },
     /// The body is not a row of this table: unknown or unwritable column, key mismatch.
     #[error("{detail}")]
-    Row { column: Option<String>, detail: String },
+    Row {
+        column: Option<String>,
+        detail: String,
+    },
     /// PostgreSQL refused a value: a type error, NOT NULL, CHECK, foreign or unique key.
     #[error("{detail}")]
-    Value { column: Option<String>, constraint: Option<String>, detail: String },
+    Value {
+        column: Option<String>,
+        constraint: Option<String>,
+        detail: String,
+    },
     /// PATCH of a row that does not exist.
     #[error("{0}")]
     NoRow(String),
@@ -38,15 +48,18 @@ pub enum RowError {
 
 impl RowError {
     pub fn row(column: &str, detail: impl Into<String>) -> Self {
-        RowError::Row { column: Some(column.to_owned()), detail: detail.into() }
+        RowError::Row {
+            column: Some(column.to_owned()),
+            detail: detail.into(),
+        }
     }
 
     /// The column the error is about, if any.
     pub fn column(&self) -> Option<&str> {
         match self {
-            RowError::Key { column, .. } | RowError::Row { column, .. } | RowError::Value { column, .. } => {
-                column.as_deref()
-            }
+            RowError::Key { column, .. }
+            | RowError::Row { column, .. }
+            | RowError::Value { column, .. } => column.as_deref(),
             RowError::NoRow(_) | RowError::Token(_) => None,
         }
     }
@@ -55,9 +68,23 @@ impl RowError {
     pub fn in_op(self, index: usize) -> Self {
         let at = |detail: String| format!("ops[{index}]: {detail}");
         match self {
-            RowError::Key { column, detail } => RowError::Key { column, detail: at(detail) },
-            RowError::Row { column, detail } => RowError::Row { column, detail: at(detail) },
-            RowError::Value { column, constraint, detail } => RowError::Value { column, constraint, detail: at(detail) },
+            RowError::Key { column, detail } => RowError::Key {
+                column,
+                detail: at(detail),
+            },
+            RowError::Row { column, detail } => RowError::Row {
+                column,
+                detail: at(detail),
+            },
+            RowError::Value {
+                column,
+                constraint,
+                detail,
+            } => RowError::Value {
+                column,
+                constraint,
+                detail: at(detail),
+            },
             RowError::NoRow(detail) => RowError::NoRow(at(detail)),
             RowError::Token(detail) => RowError::Token(at(detail)),
         }

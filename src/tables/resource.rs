@@ -81,7 +81,10 @@ impl Resource {
 
     /// "id, region" — for messages.
     pub fn key_names(&self) -> String {
-        self.key_columns().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+        self.key_columns()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -91,7 +94,12 @@ pub struct Resources(Arc<HashMap<String, Arc<Resource>>>);
 
 impl Resources {
     pub fn new(resources: impl IntoIterator<Item = Resource>) -> Self {
-        Resources(Arc::new(resources.into_iter().map(|r| (r.name.clone(), Arc::new(r))).collect()))
+        Resources(Arc::new(
+            resources
+                .into_iter()
+                .map(|r| (r.name.clone(), Arc::new(r)))
+                .collect(),
+        ))
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Resource>> {

@@ -61,11 +61,17 @@ impl Resource {
         let mut key_echo = Vec::new();
         for (name, value) in body {
             let Some(index) = self.column(&name) else {
-                return Err(RowError::row(&name, format!("table {} has no column {name:?}", self.relation)));
+                return Err(RowError::row(
+                    &name,
+                    format!("table {} has no column {name:?}", self.relation),
+                ));
             };
             let column = &self.columns[index];
             if let Some(why) = column.read_only {
-                return Err(RowError::row(&name, format!("column {name:?} is {why} and cannot be written")));
+                return Err(RowError::row(
+                    &name,
+                    format!("column {name:?} is {why} and cannot be written"),
+                ));
             }
             if matches!(self.fence, Fence::Column { column, .. } if column == index) {
                 return Err(RowError::row(
@@ -92,7 +98,9 @@ impl Resource {
 /// The text a key column's JSON value stands for (what PostgreSQL parses), to compare with the
 /// URL key. Only scalars can be key values.
 fn key_text(column: &str, value: &RawValue) -> Result<String, RowError> {
-    let mismatch = || RowError::row(column, format!("key column {column:?} must be a string, number or boolean equal to the key in the URL"));
+    let mismatch = || {
+        RowError::row(column, format!("key column {column:?} must be a string, number or boolean equal to the key in the URL"))
+    };
     match serde_json::from_str::<serde_json::Value>(value.get()).map_err(|_| mismatch())? {
         serde_json::Value::String(text) => Ok(text),
         serde_json::Value::Bool(b) => Ok(b.to_string()),
@@ -111,7 +119,13 @@ mod tests {
     };
 
     fn column(name: &str) -> Column {
-        Column { name: name.into(), sql_type: "text".into(), read_only: None, identity: false, key_text: KeyText::Output }
+        Column {
+            name: name.into(),
+            sql_type: "text".into(),
+            read_only: None,
+            identity: false,
+            key_text: KeyText::Output,
+        }
     }
 
     fn resource() -> Resource {
@@ -124,7 +138,10 @@ mod tests {
             table: "orders".into(),
             columns: vec![column("id"), column("note"), generated, column("fence")],
             key: vec![0],
-            fence: Fence::Column { column: 3, max: i64::MAX },
+            fence: Fence::Column {
+                column: 3,
+                max: i64::MAX,
+            },
             rule: Rule::Inclusive,
             scope: None,
             guard: None,
@@ -137,7 +154,9 @@ mod tests {
 
     #[test]
     fn splits_key_echo_from_values() {
-        let v = resource().check_row(body(r#"{"id": 42, "note": {"a": 1.10}}"#), false).unwrap();
+        let v = resource()
+            .check_row(body(r#"{"id": 42, "note": {"a": 1.10}}"#), false)
+            .unwrap();
         assert_eq!(v.key_echo, vec![(0, "42".to_string())]);
         assert_eq!(v.set.len(), 1);
         assert_eq!(v.set[0].1.get(), r#"{"a": 1.10}"#);
@@ -155,7 +174,13 @@ mod tests {
             let err = r.check_row(body(json), false).unwrap_err();
             assert_eq!(err.column(), Some(column), "{json}: {err}");
         }
-        assert!(r.check_row(body(r#"{"id": "1"}"#), true).is_err(), "a PATCH with nothing to change");
-        assert!(r.check_row(body(r#"{}"#), false).is_ok(), "a PUT of defaults only");
+        assert!(
+            r.check_row(body(r#"{"id": "1"}"#), true).is_err(),
+            "a PATCH with nothing to change"
+        );
+        assert!(
+            r.check_row(body(r#"{}"#), false).is_ok(),
+            "a PUT of defaults only"
+        );
     }
 }

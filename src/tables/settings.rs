@@ -83,13 +83,19 @@ impl ResourceSettings {
     pub fn bound_scope(&self, max_key_bytes: usize) -> Result<Option<crate::fence::Scope>, String> {
         self.scope
             .as_deref()
-            .map(|name| crate::fence::Scope::parse(name, max_key_bytes).map_err(|e| format!("scope {name:?} {e}")))
+            .map(|name| {
+                crate::fence::Scope::parse(name, max_key_bytes)
+                    .map_err(|e| format!("scope {name:?} {e}"))
+            })
             .transpose()
     }
 
     /// How the resource is named in start-up errors.
     pub fn label(&self, index: usize) -> String {
-        format!("resources[{index}] ({:?}, table {:?})", self.name, self.table)
+        format!(
+            "resources[{index}] ({:?}, table {:?})",
+            self.name, self.table
+        )
     }
 
     fn check(&self) -> Result<(), String> {
@@ -98,12 +104,18 @@ impl ResourceSettings {
             return Err(format!("name must be 1..={MAX_NAME} characters"));
         }
         // A plain URL segment: no percent-encoding needed, nothing to confuse a log reader.
-        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
             return Err("name may contain only ASCII letters, digits, '_' and '-'".into());
         }
         let (schema, table) = self.schema_and_table();
         if schema.is_empty() || table.is_empty() || table.contains('.') {
-            return Err("table must be \"schema.table\" or \"table\" (names as the catalog spells them)".into());
+            return Err(
+                "table must be \"schema.table\" or \"table\" (names as the catalog spells them)"
+                    .into(),
+            );
         }
         if self.key.is_empty() {
             return Err("key must name at least one column".into());
@@ -136,7 +148,11 @@ impl ResourceSettings {
 
 /// Checks every resource on its own and against the others. `postgres` is false when the
 /// store is not PostgreSQL: legacy tables are PostgreSQL tables.
-pub fn validate(resources: &[ResourceSettings], postgres: bool, max_key_bytes: usize) -> anyhow::Result<()> {
+pub fn validate(
+    resources: &[ResourceSettings],
+    postgres: bool,
+    max_key_bytes: usize,
+) -> anyhow::Result<()> {
     let mut problems = Vec::new();
     for (i, resource) in resources.iter().enumerate() {
         if let Err(problem) = resource.check() {
@@ -146,10 +162,16 @@ pub fn validate(resources: &[ResourceSettings], postgres: bool, max_key_bytes: u
             problems.push(format!("{}: {problem}", resource.label(i)));
         }
         if let Some(j) = resources[..i].iter().position(|r| r.name == resource.name) {
-            problems.push(format!("{}: the name is already used by resources[{j}]", resource.label(i)));
+            problems.push(format!(
+                "{}: the name is already used by resources[{j}]",
+                resource.label(i)
+            ));
         }
         // Fences are kept per table: two resources on one table would be two fences for one row.
-        if let Some(j) = resources[..i].iter().position(|r| r.schema_and_table() == resource.schema_and_table()) {
+        if let Some(j) = resources[..i]
+            .iter()
+            .position(|r| r.schema_and_table() == resource.schema_and_table())
+        {
             problems.push(format!(
                 "{}: the table is already configured as resources[{j}] ({:?}); configure each table once",
                 resource.label(i),
@@ -197,8 +219,9 @@ mod tests {
 
     #[test]
     fn mistakes_name_the_resource() {
-        let col = resource("name = \"orders\"\ntable = \"orders\"\nkey = [\"id\"]\nfence = \"column\"\n");
-        assert!(err(&[col], true).contains("\"orders\"") );
+        let col =
+            resource("name = \"orders\"\ntable = \"orders\"\nkey = [\"id\"]\nfence = \"column\"\n");
+        assert!(err(&[col], true).contains("\"orders\""));
         let bad = resource("name = \"or ders\"\ntable = \"orders\"\nkey = [\"id\"]\n");
         assert!(err(&[bad], true).contains("name may contain only"));
         let twice = resource("name = \"a\"\ntable = \"t\"\nkey = [\"id\", \"id\"]\n");
@@ -209,6 +232,9 @@ mod tests {
         assert!(e.contains("already configured as resources[0]"), "{e}");
         let e = err(&[a], false);
         assert!(e.contains("need PostgreSQL") && e.contains("\"a\""), "{e}");
-        assert!(toml::from_str::<ResourceSettings>("name = \"a\"\ntable = \"t\"\nkey = [\"id\"]\nfence = \"row\"\n").is_err());
+        assert!(toml::from_str::<ResourceSettings>(
+            "name = \"a\"\ntable = \"t\"\nkey = [\"id\"]\nfence = \"row\"\n"
+        )
+        .is_err());
     }
 }

@@ -21,7 +21,12 @@ pub(crate) const RIGHTS: [&str; 5] = ["read", "write", "lock", "fence", "admin"]
 pub(crate) type KeySpec<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
 
 /// An API key (the secret a client sends) and its `[[auth.keys]]` entry.
-pub(crate) fn api_key(name: &str, rights: &[&str], prefixes: &[&str], tables: &[&str]) -> (String, ApiKeySettings) {
+pub(crate) fn api_key(
+    name: &str,
+    rights: &[&str],
+    prefixes: &[&str],
+    tables: &[&str],
+) -> (String, ApiKeySettings) {
     let secret = fencegate::auth::new_key().unwrap();
     let settings = ApiKeySettings {
         name: name.into(),
@@ -40,7 +45,12 @@ struct Keys {
 
 impl Keys {
     fn of(&self, name: &str) -> &str {
-        &self.secrets.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no key {name}")).1
+        &self
+            .secrets
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no key {name}"))
+            .1
     }
 }
 
@@ -48,9 +58,14 @@ async fn spawn_with_keys(
     keys: &[KeySpec<'_>],
     configure: impl FnOnce(&mut Settings),
 ) -> (TestApp, Keys) {
-    let made: Vec<(String, ApiKeySettings)> =
-        keys.iter().map(|(name, rights, prefixes, tables)| api_key(name, rights, prefixes, tables)).collect();
-    let secrets = made.iter().map(|(secret, s)| (s.name.clone(), secret.clone())).collect();
+    let made: Vec<(String, ApiKeySettings)> = keys
+        .iter()
+        .map(|(name, rights, prefixes, tables)| api_key(name, rights, prefixes, tables))
+        .collect();
+    let secrets = made
+        .iter()
+        .map(|(secret, s)| (s.name.clone(), secret.clone()))
+        .collect();
     let settings: Vec<ApiKeySettings> = made.into_iter().map(|(_, s)| s).collect();
     let app = spawn_app_with(|s| {
         s.auth.keys = settings;
@@ -65,8 +80,10 @@ async fn spawn_with_keys(
 async fn spawn_one_key_per_right() -> (TestApp, Keys) {
     let all: &[&str] = &[""];
     let tables: &[&str] = &["orders"];
-    let keys: Vec<KeySpec<'_>> =
-        RIGHTS.iter().map(|r| (*r, std::slice::from_ref(r), all, tables)).collect();
+    let keys: Vec<KeySpec<'_>> = RIGHTS
+        .iter()
+        .map(|r| (*r, std::slice::from_ref(r), all, tables))
+        .collect();
     spawn_with_keys(&keys, |_| {}).await
 }
 
@@ -75,8 +92,12 @@ pub(crate) fn bearer(rb: RequestBuilder, secret: &str) -> RequestBuilder {
 }
 
 async fn put(app: &TestApp, secret: &str, path_key: &str, token: &str) -> Resp {
-    app.send(bearer(app.req(Method::PUT, &format!("/v1/kv/{path_key}")), secret).header(TOKEN, token).json(&json!({"v": 1})))
-        .await
+    app.send(
+        bearer(app.req(Method::PUT, &format!("/v1/kv/{path_key}")), secret)
+            .header(TOKEN, token)
+            .json(&json!({"v": 1})),
+    )
+    .await
 }
 
 async fn put_scoped(app: &TestApp, secret: &str, path_key: &str, token: &str, scope: &str) -> Resp {
@@ -94,21 +115,34 @@ async fn get(app: &TestApp, secret: &str, path: &str) -> Resp {
 }
 
 async fn acquire(app: &TestApp, secret: &str, name: &str) -> Resp {
-    app.send(bearer(app.req(Method::POST, &format!("/v1/locks/{name}")), secret).json(&json!({"owner": "w", "ttl_ms": 30_000})))
-        .await
+    app.send(
+        bearer(app.req(Method::POST, &format!("/v1/locks/{name}")), secret)
+            .json(&json!({"owner": "w", "ttl_ms": 30_000})),
+    )
+    .await
 }
 
 async fn renew(app: &TestApp, secret: &str, name: &str, token: &str) -> Resp {
     app.send(
-        bearer(app.req(Method::POST, &format!("/v1/locks/{name}/renew")), secret)
-            .header(TOKEN, token)
-            .json(&json!({"ttl_ms": 30_000})),
+        bearer(
+            app.req(Method::POST, &format!("/v1/locks/{name}/renew")),
+            secret,
+        )
+        .header(TOKEN, token)
+        .json(&json!({"ttl_ms": 30_000})),
     )
     .await
 }
 
 async fn release(app: &TestApp, secret: &str, name: &str, token: &str) -> Resp {
-    app.send(bearer(app.req(Method::DELETE, &format!("/v1/locks/{name}")), secret).header(TOKEN, token)).await
+    app.send(
+        bearer(
+            app.req(Method::DELETE, &format!("/v1/locks/{name}")),
+            secret,
+        )
+        .header(TOKEN, token),
+    )
+    .await
 }
 
 /// A 403 `forbidden` naming `right` and the refused `field` = `name`.
@@ -123,11 +157,19 @@ pub(crate) fn forbidden(resp: &Resp, right: &str, field: &str, name: &str) {
 #[track_caller]
 fn unauthenticated(resp: &Resp) {
     resp.problem(401, "unauthenticated");
-    assert_eq!(resp.header("www-authenticate"), Some("Bearer"), "{}", resp.text);
+    assert_eq!(
+        resp.header("www-authenticate"),
+        Some("Bearer"),
+        "{}",
+        resp.text
+    );
 }
 
 fn token_of(body: &Value) -> String {
-    body["token"].as_str().unwrap_or_else(|| panic!("token: {body}")).to_owned()
+    body["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("token: {body}"))
+        .to_owned()
 }
 
 /// The routes of the rights table: each sends one request as `who`, on fresh names, after the
@@ -184,19 +226,42 @@ impl Route {
             Route::PutKv => (put(app, secret, &name, "1").await, 201),
             Route::DeleteKv => {
                 put(app, admin, &name, "1").await.expect(201);
-                (app.send(bearer(app.req(Method::DELETE, &format!("/v1/kv/{name}")), secret).header(TOKEN, "1")).await, 200)
+                (
+                    app.send(
+                        bearer(app.req(Method::DELETE, &format!("/v1/kv/{name}")), secret)
+                            .header(TOKEN, "1"),
+                    )
+                    .await,
+                    200,
+                )
             }
             Route::Batch => {
                 let body = json!({"ops": [{"op": "put", "key": name, "value": 1}]});
-                (app.send(bearer(app.req(Method::POST, "/v1/batch"), secret).header(TOKEN, "1").json(&body)).await, 200)
+                (
+                    app.send(
+                        bearer(app.req(Method::POST, "/v1/batch"), secret)
+                            .header(TOKEN, "1")
+                            .json(&body),
+                    )
+                    .await,
+                    200,
+                )
             }
-            Route::Claim => {
-                (app.send(bearer(app.req(Method::POST, &format!("/v1/fences/{name}")), secret).header(TOKEN, "5")).await, 201)
-            }
+            Route::Claim => (
+                app.send(
+                    bearer(app.req(Method::POST, &format!("/v1/fences/{name}")), secret)
+                        .header(TOKEN, "5"),
+                )
+                .await,
+                201,
+            ),
             Route::GetFence => {
-                app.send(bearer(app.req(Method::POST, &format!("/v1/fences/{name}")), admin).header(TOKEN, "5"))
-                    .await
-                    .expect(201);
+                app.send(
+                    bearer(app.req(Method::POST, &format!("/v1/fences/{name}")), admin)
+                        .header(TOKEN, "5"),
+                )
+                .await
+                .expect(201);
                 (get(app, secret, &format!("/v1/fences/{name}")).await, 200)
             }
             Route::Acquire => (acquire(app, secret, &name).await, 201),
@@ -220,11 +285,17 @@ impl Route {
     async fn unchanged(self, app: &TestApp, keys: &Keys, name: &str) {
         let admin = keys.of("admin");
         match self {
-            Route::PutKv | Route::Batch => get(app, admin, &format!("/v1/kv/{name}")).await.problem(404, "not-found"),
+            Route::PutKv | Route::Batch => get(app, admin, &format!("/v1/kv/{name}"))
+                .await
+                .problem(404, "not-found"),
             Route::DeleteKv => get(app, admin, &format!("/v1/kv/{name}")).await.expect(200),
-            Route::Claim | Route::Acquire => get(app, admin, &format!("/v1/fences/{name}")).await.problem(404, "not-found"),
+            Route::Claim | Route::Acquire => get(app, admin, &format!("/v1/fences/{name}"))
+                .await
+                .problem(404, "not-found"),
             // The lease is still held by the lock key: a second grant is refused.
-            Route::Renew | Route::Release => acquire(app, admin, name).await.problem(409, "lock-held"),
+            Route::Renew | Route::Release => {
+                acquire(app, admin, name).await.problem(409, "lock-held")
+            }
             Route::GetKv | Route::GetFence | Route::GetLock => json!(null),
         };
     }
@@ -251,7 +322,12 @@ async fn every_cell_of_the_rights_table() {
 async fn prefixes_match_the_decoded_name() {
     let rights: &[&str] = &["read", "write", "lock", "fence"];
     let (app, keys) = spawn_with_keys(
-        &[("billing", rights, &["billing/"], &[]), ("everything", rights, &[""], &[]), ("nothing", rights, &[], &[]), ("admin", &["admin"], &[], &[])],
+        &[
+            ("billing", rights, &["billing/"], &[]),
+            ("everything", rights, &[""], &[]),
+            ("nothing", rights, &[], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
         |_| {},
     )
     .await;
@@ -261,10 +337,18 @@ async fn prefixes_match_the_decoded_name() {
     for (path_key, decoded) in [
         ("billing%2F".to_string(), "billing/".to_string()),
         (format!("billing%2F{run}"), format!("billing/{run}")),
-        (format!("%62illing%2F{run}-enc"), format!("billing/{run}-enc")),
-        (format!("billing%2F{}", enc(&format!("caf\u{e9}-{run}"))), format!("billing/caf\u{e9}-{run}")),
+        (
+            format!("%62illing%2F{run}-enc"),
+            format!("billing/{run}-enc"),
+        ),
+        (
+            format!("billing%2F{}", enc(&format!("caf\u{e9}-{run}"))),
+            format!("billing/caf\u{e9}-{run}"),
+        ),
     ] {
-        let body = put(&app, billing, &path_key, "1").await.expect_any(&[200, 201]);
+        let body = put(&app, billing, &path_key, "1")
+            .await
+            .expect_any(&[200, 201]);
         assert_eq!(body["key"], json!(decoded));
     }
     // Shorter, a sibling, and keys that decode out of the prefix.
@@ -275,53 +359,134 @@ async fn prefixes_match_the_decoded_name() {
         (format!("billin%67.{run}"), format!("billing.{run}")),
         (format!("%2Fbilling%2F{run}"), format!("/billing/{run}")),
     ] {
-        forbidden(&put(&app, billing, &path_key, "1").await, "write", "key", &decoded);
-        get(&app, keys.of("admin"), &format!("/v1/kv/{path_key}")).await.problem(404, "not-found");
+        forbidden(
+            &put(&app, billing, &path_key, "1").await,
+            "write",
+            "key",
+            &decoded,
+        );
+        get(&app, keys.of("admin"), &format!("/v1/kv/{path_key}"))
+            .await
+            .problem(404, "not-found");
     }
     // The empty prefix is every name; no prefix is no name.
-    put(&app, keys.of("everything"), &format!("anything-{run}"), "1").await.expect(201);
-    forbidden(&put(&app, keys.of("nothing"), &format!("billing%2F{run}-n"), "1").await, "write", "key", &format!("billing/{run}-n"));
-    // Lock names and scopes are names too.
-    acquire(&app, billing, &format!("billing%2Flock-{run}")).await.expect(201);
-    forbidden(&acquire(&app, billing, &format!("payroll-{run}")).await, "lock", "lock", &format!("payroll-{run}"));
+    put(&app, keys.of("everything"), &format!("anything-{run}"), "1")
+        .await
+        .expect(201);
     forbidden(
-        &app.send(bearer(app.req(Method::POST, &format!("/v1/fences/bill{run}")), billing).header(TOKEN, "1")).await,
+        &put(&app, keys.of("nothing"), &format!("billing%2F{run}-n"), "1").await,
+        "write",
+        "key",
+        &format!("billing/{run}-n"),
+    );
+    // Lock names and scopes are names too.
+    acquire(&app, billing, &format!("billing%2Flock-{run}"))
+        .await
+        .expect(201);
+    forbidden(
+        &acquire(&app, billing, &format!("payroll-{run}")).await,
+        "lock",
+        "lock",
+        &format!("payroll-{run}"),
+    );
+    forbidden(
+        &app.send(
+            bearer(
+                app.req(Method::POST, &format!("/v1/fences/bill{run}")),
+                billing,
+            )
+            .header(TOKEN, "1"),
+        )
+        .await,
         "fence",
         "scope",
         &format!("bill{run}"),
     );
-    forbidden(&get(&app, billing, &format!("/v1/fences/payroll-{run}")).await, "read", "scope", &format!("payroll-{run}"));
+    forbidden(
+        &get(&app, billing, &format!("/v1/fences/payroll-{run}")).await,
+        "read",
+        "scope",
+        &format!("payroll-{run}"),
+    );
 }
 
 #[tokio::test]
 async fn a_scoped_write_needs_write_on_the_scope_too() {
     let rights: &[&str] = &["read", "write"];
     let (app, keys) = spawn_with_keys(
-        &[("billing", rights, &["billing/"], &[]), ("admin", &["admin"], &[], &[])],
-        |s| s.scopes = vec![fencegate::fence::ScopeBinding { name: "payroll".into(), keys: vec!["billing/bound-".into()] }],
+        &[
+            ("billing", rights, &["billing/"], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
+        |s| {
+            s.scopes = vec![fencegate::fence::ScopeBinding {
+                name: "payroll".into(),
+                keys: vec!["billing/bound-".into()],
+            }]
+        },
     )
     .await;
     let (billing, admin) = (keys.of("billing"), keys.of("admin"));
     let key = unique("k");
     // A foreign scope in the header.
-    forbidden(&put_scoped(&app, billing, &format!("billing%2F{key}"), "1", "payroll").await, "write", "scope", "payroll");
-    get(&app, admin, &format!("/v1/kv/billing%2F{key}")).await.problem(404, "not-found");
-    get(&app, admin, "/v1/fences/payroll").await.problem(404, "not-found");
+    forbidden(
+        &put_scoped(&app, billing, &format!("billing%2F{key}"), "1", "payroll").await,
+        "write",
+        "scope",
+        "payroll",
+    );
+    get(&app, admin, &format!("/v1/kv/billing%2F{key}"))
+        .await
+        .problem(404, "not-found");
+    get(&app, admin, "/v1/fences/payroll")
+        .await
+        .problem(404, "not-found");
     // Its own scope is fine.
-    put_scoped(&app, billing, &format!("billing%2F{key}"), "1", "billing%2Fjob").await.expect(201);
+    put_scoped(
+        &app,
+        billing,
+        &format!("billing%2F{key}"),
+        "1",
+        "billing%2Fjob",
+    )
+    .await
+    .expect(201);
     // A [[scopes]] binding puts the key under "payroll" without the header: still refused.
-    forbidden(&put(&app, billing, &format!("billing%2Fbound-{key}"), "1").await, "write", "scope", "payroll");
-    get(&app, admin, &format!("/v1/kv/billing%2Fbound-{key}")).await.problem(404, "not-found");
+    forbidden(
+        &put(&app, billing, &format!("billing%2Fbound-{key}"), "1").await,
+        "write",
+        "scope",
+        "payroll",
+    );
+    get(&app, admin, &format!("/v1/kv/billing%2Fbound-{key}"))
+        .await
+        .problem(404, "not-found");
     // A batch that would be bound to payroll, or names it.
     let body = json!({"ops": [{"op": "put", "key": format!("billing/bound-{key}-b"), "value": 1}]});
-    let resp = app.send(bearer(app.req(Method::POST, "/v1/batch"), billing).header(TOKEN, "1").json(&body)).await;
+    let resp = app
+        .send(
+            bearer(app.req(Method::POST, "/v1/batch"), billing)
+                .header(TOKEN, "1")
+                .json(&body),
+        )
+        .await;
     forbidden(&resp, "write", "scope", "payroll");
     let body = json!({"ops": [{"op": "put", "key": format!("billing/{key}-c"), "value": 1}]});
-    let resp =
-        app.send(bearer(app.req(Method::POST, "/v1/batch"), billing).header(TOKEN, "1").header(SCOPE, "payroll").json(&body)).await;
+    let resp = app
+        .send(
+            bearer(app.req(Method::POST, "/v1/batch"), billing)
+                .header(TOKEN, "1")
+                .header(SCOPE, "payroll")
+                .json(&body),
+        )
+        .await;
     forbidden(&resp, "write", "scope", "payroll");
-    get(&app, admin, &format!("/v1/kv/billing%2F{key}-c")).await.problem(404, "not-found");
-    get(&app, admin, "/v1/fences/payroll").await.problem(404, "not-found");
+    get(&app, admin, &format!("/v1/kv/billing%2F{key}-c"))
+        .await
+        .problem(404, "not-found");
+    get(&app, admin, "/v1/fences/payroll")
+        .await
+        .problem(404, "not-found");
 }
 
 /// A header that contradicts a binding is answered from the presented scope's fence (412 for a
@@ -332,14 +497,29 @@ async fn a_scoped_write_needs_write_on_the_scope_too() {
 async fn a_contradicting_header_reveals_no_fence_the_actor_may_not_write() {
     let rights: &[&str] = &["read", "write"];
     let (app, keys) = spawn_with_keys(
-        &[("billing", rights, &["billing/"], &[]), ("admin", &["admin"], &[], &[])],
-        |s| s.scopes = vec![fencegate::fence::ScopeBinding { name: "billing/lock".into(), keys: vec!["billing/bound-".into()] }],
+        &[
+            ("billing", rights, &["billing/"], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
+        |s| {
+            s.scopes = vec![fencegate::fence::ScopeBinding {
+                name: "billing/lock".into(),
+                keys: vec!["billing/bound-".into()],
+            }]
+        },
     )
     .await;
     let (billing, admin) = (keys.of("billing"), keys.of("admin"));
     let claim = |scope: &'static str| {
         let app = &app;
-        async move { app.send(bearer(app.req(Method::POST, &format!("/v1/fences/{scope}")), admin).header(TOKEN, "10")).await.expect(201) }
+        async move {
+            app.send(
+                bearer(app.req(Method::POST, &format!("/v1/fences/{scope}")), admin)
+                    .header(TOKEN, "10"),
+            )
+            .await
+            .expect(201)
+        }
     };
     claim("payroll").await;
     claim("billing%2Fother").await;
@@ -350,56 +530,119 @@ async fn a_contradicting_header_reveals_no_fence_the_actor_may_not_write() {
     let body = refused.problem(403, "forbidden");
     assert!(body.get("current_token").is_none(), "{body}");
     // Under a scope it may write: the 412 it would get from any write there.
-    let stale = put_scoped(&app, billing, &format!("billing%2F{key}"), "5", "billing%2Fother").await;
+    let stale = put_scoped(
+        &app,
+        billing,
+        &format!("billing%2F{key}"),
+        "5",
+        "billing%2Fother",
+    )
+    .await;
     stale.stale_scope("billing/other", "5", "10");
     // Admitted by that fence: the binding's 409. Nothing written.
-    put_scoped(&app, billing, &format!("billing%2F{key}"), "10", "billing%2Fother").await.mismatch(
+    put_scoped(
+        &app,
+        billing,
+        &format!("billing%2F{key}"),
+        "10",
+        "billing%2Fother",
+    )
+    .await
+    .mismatch(
         &format!("billing/{key}"),
         Some("billing/lock"),
         Some("billing/other"),
     );
-    get(&app, admin, &format!("/v1/kv/billing%2F{key}")).await.problem(404, "not-found");
+    get(&app, admin, &format!("/v1/kv/billing%2F{key}"))
+        .await
+        .problem(404, "not-found");
 }
 
 #[tokio::test]
 async fn a_batch_with_one_foreign_key_applies_nothing() {
-    let (app, keys) =
-        spawn_with_keys(&[("billing", &["read", "write"], &["billing/"], &[]), ("admin", &["admin"], &[], &[])], |_| {}).await;
+    let (app, keys) = spawn_with_keys(
+        &[
+            ("billing", &["read", "write"], &["billing/"], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
+        |_| {},
+    )
+    .await;
     let key = unique("k");
     let body = json!({"ops": [
         {"op": "put", "key": format!("billing/{key}-1"), "value": 1},
         {"op": "put", "key": format!("payroll/{key}"), "value": 2},
         {"op": "delete", "key": format!("billing/{key}-2")},
     ]});
-    let resp = app.send(bearer(app.req(Method::POST, "/v1/batch"), keys.of("billing")).header(TOKEN, "1").json(&body)).await;
+    let resp = app
+        .send(
+            bearer(app.req(Method::POST, "/v1/batch"), keys.of("billing"))
+                .header(TOKEN, "1")
+                .json(&body),
+        )
+        .await;
     forbidden(&resp, "write", "key", &format!("payroll/{key}"));
     for k in [format!("billing%2F{key}-1"), format!("payroll%2F{key}")] {
-        get(&app, keys.of("admin"), &format!("/v1/kv/{k}")).await.problem(404, "not-found");
+        get(&app, keys.of("admin"), &format!("/v1/kv/{k}"))
+            .await
+            .problem(404, "not-found");
     }
 }
 
 #[tokio::test]
 async fn a_lease_belongs_to_the_actor_that_took_it() {
     let lock: &[&str] = &["lock", "read", "write"];
-    let (app, keys) =
-        spawn_with_keys(&[("a", lock, &[""], &[]), ("b", lock, &[""], &[]), ("admin", &["admin"], &[], &[])], |_| {}).await;
+    let (app, keys) = spawn_with_keys(
+        &[
+            ("a", lock, &[""], &[]),
+            ("b", lock, &[""], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
+        |_| {},
+    )
+    .await;
     let name = unique("lease");
     let token = token_of(&acquire(&app, keys.of("a"), &name).await.expect(201));
     // B knows the token (anyone who reads the scope's fence does) but did not take the lease.
-    forbidden(&renew(&app, keys.of("b"), &name, &token).await, "lock", "lock", &name);
-    forbidden(&release(&app, keys.of("b"), &name, &token).await, "lock", "lock", &name);
+    forbidden(
+        &renew(&app, keys.of("b"), &name, &token).await,
+        "lock",
+        "lock",
+        &name,
+    );
+    forbidden(
+        &release(&app, keys.of("b"), &name, &token).await,
+        "lock",
+        "lock",
+        &name,
+    );
     // Still A's: a grant to B is refused, A renews.
-    acquire(&app, keys.of("b"), &name).await.problem(409, "lock-held");
+    acquire(&app, keys.of("b"), &name)
+        .await
+        .problem(409, "lock-held");
     renew(&app, keys.of("a"), &name, &token).await.expect(200);
     // A stale token is still 409 for B, not 403: only the live lease is owned.
-    renew(&app, keys.of("b"), &name, "999999").await.problem(409, "lock-lost");
+    renew(&app, keys.of("b"), &name, "999999")
+        .await
+        .problem(409, "lock-lost");
     // Admin may renew and release anyone's lease.
-    renew(&app, keys.of("admin"), &name, &token).await.expect(200);
-    release(&app, keys.of("admin"), &name, &token).await.expect(200);
+    renew(&app, keys.of("admin"), &name, &token)
+        .await
+        .expect(200);
+    release(&app, keys.of("admin"), &name, &token)
+        .await
+        .expect(200);
     // Free again: B takes it, and A cannot release B's lease.
     let token_b = token_of(&acquire(&app, keys.of("b"), &name).await.expect(201));
-    forbidden(&release(&app, keys.of("a"), &name, &token_b).await, "lock", "lock", &name);
-    release(&app, keys.of("b"), &name, &token_b).await.expect(200);
+    forbidden(
+        &release(&app, keys.of("a"), &name, &token_b).await,
+        "lock",
+        "lock",
+        &name,
+    );
+    release(&app, keys.of("b"), &name, &token_b)
+        .await
+        .expect(200);
 }
 
 #[tokio::test]
@@ -408,7 +651,11 @@ async fn missing_and_malformed_authorization_is_401() {
     let secret = keys.of("w");
     let key = unique("k");
     let path = format!("/v1/kv/{key}");
-    let write = || app.req(Method::PUT, &path).header(TOKEN, "1").json(&json!(1));
+    let write = || {
+        app.req(Method::PUT, &path)
+            .header(TOKEN, "1")
+            .json(&json!(1))
+    };
     unauthenticated(&app.send(write()).await);
     for value in [
         format!("Basic {secret}"),
@@ -424,7 +671,9 @@ async fn missing_and_malformed_authorization_is_401() {
         unauthenticated(&app.send(write().header(AUTHORIZATION, value)).await);
     }
     // Two Authorization headers, even both valid: which one would count?
-    let twice = write().header(AUTHORIZATION, format!("Bearer {secret}")).header(AUTHORIZATION, format!("Bearer {secret}"));
+    let twice = write()
+        .header(AUTHORIZATION, format!("Bearer {secret}"))
+        .header(AUTHORIZATION, format!("Bearer {secret}"));
     unauthenticated(&app.send(twice).await);
     // Every route needs one, unknown routes included; 401 comes before any other check.
     unauthenticated(&app.get(&path).await);
@@ -432,7 +681,9 @@ async fn missing_and_malformed_authorization_is_401() {
     unauthenticated(&app.send(app.req(Method::PUT, "/v1/kv/%ZZ")).await);
     app.assert_absent_as(secret, &key).await;
     // The scheme is case-insensitive.
-    app.send(write().header(AUTHORIZATION, format!("bearer {secret}"))).await.expect(201);
+    app.send(write().header(AUTHORIZATION, format!("bearer {secret}")))
+        .await
+        .expect(201);
 }
 
 #[tokio::test]
@@ -443,11 +694,23 @@ async fn health_readiness_and_metrics_stay_open() {
     unauthenticated(&app.get("/v1/kv/x").await);
     let metrics = app.get("/metrics").await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics.text.contains("fencegate_auth_failures_total{reason=\"missing\"}"), "{}", metrics.text);
+    assert!(
+        metrics
+            .text
+            .contains("fencegate_auth_failures_total{reason=\"missing\"}"),
+        "{}",
+        metrics.text
+    );
     drop(keys);
 
-    let (app, keys) =
-        spawn_with_keys(&[("w", &["read"], &[""], &[]), ("admin", &["admin"], &[], &[])], |s| s.auth.protect_metrics = true).await;
+    let (app, keys) = spawn_with_keys(
+        &[
+            ("w", &["read"], &[""], &[]),
+            ("admin", &["admin"], &[], &[]),
+        ],
+        |s| s.auth.protect_metrics = true,
+    )
+    .await;
     app.get("/healthz").await.expect(200);
     app.get("/readyz").await.expect(200);
     unauthenticated(&app.get("/metrics").await);
@@ -460,32 +723,52 @@ async fn health_readiness_and_metrics_stay_open() {
 async fn an_open_server_on_a_reachable_address_refuses_to_start() {
     let mut settings = Settings::default();
     settings.database.url = Some(pg::fresh_database().await);
-    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.expect("bind 0.0.0.0:0");
-    let err = fencegate::serve(settings.clone(), listener, async {}).await.expect_err("must refuse to start");
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0")
+        .await
+        .expect("bind 0.0.0.0:0");
+    let err = fencegate::serve(settings.clone(), listener, async {})
+        .await
+        .expect_err("must refuse to start");
     let msg = format!("{err:#}");
     assert!(msg.contains("fencegate auth new-key"), "{msg}");
     assert!(msg.contains("allow_unauthenticated"), "{msg}");
     // The same check, as the settings see it.
-    assert!(settings.check_exposure("10.1.2.3:8080".parse().unwrap()).is_err());
-    assert!(settings.check_exposure("[::]:8080".parse().unwrap()).is_err());
-    assert!(settings.check_exposure("127.0.0.1:8080".parse().unwrap()).is_ok());
-    assert!(settings.check_exposure("[::1]:8080".parse().unwrap()).is_ok());
+    assert!(settings
+        .check_exposure("10.1.2.3:8080".parse().unwrap())
+        .is_err());
+    assert!(settings
+        .check_exposure("[::]:8080".parse().unwrap())
+        .is_err());
+    assert!(settings
+        .check_exposure("127.0.0.1:8080".parse().unwrap())
+        .is_ok());
+    assert!(settings
+        .check_exposure("[::1]:8080".parse().unwrap())
+        .is_ok());
     assert!(!settings.auth_enabled());
     // Opting out, or configuring a credential, lets it start.
     let mut open = settings.clone();
     open.auth.allow_unauthenticated = true;
-    assert!(open.check_exposure("10.1.2.3:8080".parse().unwrap()).is_ok());
+    assert!(open
+        .check_exposure("10.1.2.3:8080".parse().unwrap())
+        .is_ok());
     let mut keyed = settings.clone();
     keyed.auth.keys = vec![api_key("svc", &["read"], &[""], &[]).1];
     assert!(keyed.auth_enabled());
-    assert!(keyed.check_exposure("10.1.2.3:8080".parse().unwrap()).is_ok());
+    assert!(keyed
+        .check_exposure("10.1.2.3:8080".parse().unwrap())
+        .is_ok());
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let port = listener.local_addr().unwrap().port();
     let server = tokio::spawn(fencegate::serve(keyed, listener, async move {
         let _ = rx.await;
     }));
-    let resp = crate::helpers::client().get(format!("http://127.0.0.1:{port}/healthz")).send().await.unwrap();
+    let resp = crate::helpers::client()
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let _ = tx.send(());
     server.await.unwrap().unwrap();
@@ -495,11 +778,16 @@ async fn an_open_server_on_a_reachable_address_refuses_to_start() {
 // JWTs
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jwt").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jwt")
+        .join(name)
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// Claims: write+read on `jobs/`, valid for an hour, from the test issuer to fencegate.
@@ -548,12 +836,31 @@ async fn rs256_tokens_are_verified_and_bad_ones_are_401() {
     let app = spawn_jwt(public_key("rsa_public.pem")).await;
     let key = rsa_key();
     // Valid: the claims' rights and prefixes apply.
-    put_jwt(&app, &sign(Algorithm::RS256, &key, &claims("scheduler"))).await.expect(201);
-    let resp = put(&app, &sign(Algorithm::RS256, &key, &claims("scheduler")), "payroll%2Fx", "1").await;
+    put_jwt(&app, &sign(Algorithm::RS256, &key, &claims("scheduler")))
+        .await
+        .expect(201);
+    let resp = put(
+        &app,
+        &sign(Algorithm::RS256, &key, &claims("scheduler")),
+        "payroll%2Fx",
+        "1",
+    )
+    .await;
     forbidden(&resp, "write", "key", "payroll/x");
     let mut no_rights = claims("nobody");
     no_rights.as_object_mut().unwrap().remove("fencegate");
-    forbidden(&put(&app, &sign(Algorithm::RS256, &key, &no_rights), "jobs%2Fx", "1").await, "write", "key", "jobs/x");
+    forbidden(
+        &put(
+            &app,
+            &sign(Algorithm::RS256, &key, &no_rights),
+            "jobs%2Fx",
+            "1",
+        )
+        .await,
+        "write",
+        "key",
+        "jobs/x",
+    );
 
     let with = |edit: &dyn Fn(&mut Value)| {
         let mut c = claims("scheduler");
@@ -563,17 +870,32 @@ async fn rs256_tokens_are_verified_and_bad_ones_are_401() {
     let bad = [
         ("expired", with(&|c| c["exp"] = json!(now() - 3600))),
         ("not yet valid", with(&|c| c["nbf"] = json!(now() + 3600))),
-        ("wrong audience", with(&|c| c["aud"] = json!("someone-else"))),
-        ("wrong issuer", with(&|c| c["iss"] = json!("https://evil.test"))),
-        ("no exp", with(&|c| {
-            c.as_object_mut().unwrap().remove("exp");
-        })),
-        ("no audience", with(&|c| {
-            c.as_object_mut().unwrap().remove("aud");
-        })),
-        ("no sub", with(&|c| {
-            c.as_object_mut().unwrap().remove("sub");
-        })),
+        (
+            "wrong audience",
+            with(&|c| c["aud"] = json!("someone-else")),
+        ),
+        (
+            "wrong issuer",
+            with(&|c| c["iss"] = json!("https://evil.test")),
+        ),
+        (
+            "no exp",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("exp");
+            }),
+        ),
+        (
+            "no audience",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("aud");
+            }),
+        ),
+        (
+            "no sub",
+            with(&|c| {
+                c.as_object_mut().unwrap().remove("sub");
+            }),
+        ),
     ];
     for (what, jwt) in &bad {
         let resp = put_jwt(&app, jwt).await;
@@ -592,13 +914,26 @@ async fn rs256_tokens_are_verified_and_bad_ones_are_401() {
     unauthenticated(&put_jwt(&app, &sign(Algorithm::ES256, &ec, &claims("scheduler"))).await);
     // alg "none": the claims with no signature at all.
     let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
-    let none = format!("{}.{}.", b64(&json!({"alg": "none", "typ": "JWT"})), b64(&claims("scheduler")));
+    let none = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims("scheduler"))
+    );
     unauthenticated(&put_jwt(&app, &none).await);
-    let none_sig = format!("{}.{}.{}", b64(&json!({"alg": "none", "typ": "JWT"})), b64(&claims("scheduler")), sig);
+    let none_sig = format!(
+        "{}.{}.{}",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims("scheduler")),
+        sig
+    );
     unauthenticated(&put_jwt(&app, &none_sig).await);
     // HS256 signed with the RSA public key (PEM bytes) as the HMAC secret: algorithm confusion.
     let public_pem = std::fs::read(fixture("rsa_public.pem")).unwrap();
-    let confused = sign(Algorithm::HS256, &EncodingKey::from_secret(&public_pem), &claims("scheduler"));
+    let confused = sign(
+        Algorithm::HS256,
+        &EncodingKey::from_secret(&public_pem),
+        &claims("scheduler"),
+    );
     unauthenticated(&put_jwt(&app, &confused).await);
     // An API key is not accepted where none is configured.
     unauthenticated(&put_jwt(&app, &fencegate::auth::new_key().unwrap()).await);
@@ -608,12 +943,23 @@ async fn rs256_tokens_are_verified_and_bad_ones_are_401() {
 async fn es256_and_eddsa_keys_are_chosen_by_their_type() {
     let app = spawn_jwt(public_key("ec_public.pem")).await;
     let ec = EncodingKey::from_ec_pem(&std::fs::read(fixture("ec_private.pem")).unwrap()).unwrap();
-    put_jwt(&app, &sign(Algorithm::ES256, &ec, &claims("ec-client"))).await.expect(201);
-    unauthenticated(&put_jwt(&app, &sign(Algorithm::RS256, &rsa_key(), &claims("rsa-client"))).await);
+    put_jwt(&app, &sign(Algorithm::ES256, &ec, &claims("ec-client")))
+        .await
+        .expect(201);
+    unauthenticated(
+        &put_jwt(
+            &app,
+            &sign(Algorithm::RS256, &rsa_key(), &claims("rsa-client")),
+        )
+        .await,
+    );
 
     let app = spawn_jwt(public_key("ed25519_public.pem")).await;
-    let ed = EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519_private.pem")).unwrap()).unwrap();
-    put_jwt(&app, &sign(Algorithm::EdDSA, &ed, &claims("ed-client"))).await.expect(201);
+    let ed =
+        EncodingKey::from_ed_pem(&std::fs::read(fixture("ed25519_private.pem")).unwrap()).unwrap();
+    put_jwt(&app, &sign(Algorithm::EdDSA, &ed, &claims("ed-client")))
+        .await
+        .expect(201);
     unauthenticated(&put_jwt(&app, &sign(Algorithm::ES256, &ec, &claims("ec-client"))).await);
 }
 
@@ -622,19 +968,39 @@ async fn es256_and_eddsa_keys_are_chosen_by_their_type() {
 async fn hs256_tokens_use_the_secret_from_the_environment() {
     let var = hs256_secret_var();
     let secret = std::env::var(&var).unwrap();
-    let app = spawn_jwt(JwtSettings { hs256_secret_env: Some(var.clone()), ..Default::default() }).await;
+    let app = spawn_jwt(JwtSettings {
+        hs256_secret_env: Some(var.clone()),
+        ..Default::default()
+    })
+    .await;
     let key = EncodingKey::from_secret(secret.as_bytes());
     let mut c = claims("hs-client");
     c.as_object_mut().unwrap().remove("aud"); // no audience configured: not checked
-    put_jwt(&app, &sign(Algorithm::HS256, &key, &c)).await.expect(201);
-    unauthenticated(&put_jwt(&app, &sign(Algorithm::HS256, &EncodingKey::from_secret(&[b'x'; 40]), &c)).await);
+    put_jwt(&app, &sign(Algorithm::HS256, &key, &c))
+        .await
+        .expect(201);
+    unauthenticated(
+        &put_jwt(
+            &app,
+            &sign(Algorithm::HS256, &EncodingKey::from_secret(&[b'x'; 40]), &c),
+        )
+        .await,
+    );
     unauthenticated(&put_jwt(&app, &sign(Algorithm::HS384, &key, &c)).await);
     // An unset variable fails start-up, naming it.
     let mut settings = Settings::default();
     settings.database.url = Some(pg::fresh_database().await);
-    settings.auth.jwt = Some(JwtSettings { hs256_secret_env: Some("FENCEGATE_TEST_UNSET_SECRET".into()), ..Default::default() });
+    settings.auth.jwt = Some(JwtSettings {
+        hs256_secret_env: Some("FENCEGATE_TEST_UNSET_SECRET".into()),
+        ..Default::default()
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let err = format!("{:#}", fencegate::serve(settings, listener, async {}).await.unwrap_err());
+    let err = format!(
+        "{:#}",
+        fencegate::serve(settings, listener, async {})
+            .await
+            .unwrap_err()
+    );
     assert!(err.contains("FENCEGATE_TEST_UNSET_SECRET"), "{err}");
 }
 
@@ -650,9 +1016,13 @@ async fn jwt_leases_belong_to_their_subject() {
     };
     let name = format!("jobs%2F{}", unique("lease"));
     let token = token_of(&acquire(&app, &as_sub("one"), &name).await.expect(201));
-    renew(&app, &as_sub("two"), &name, &token).await.problem(403, "forbidden");
+    renew(&app, &as_sub("two"), &name, &token)
+        .await
+        .problem(403, "forbidden");
     renew(&app, &as_sub("one"), &name, &token).await.expect(200);
-    release(&app, &as_sub("one"), &name, &token).await.expect(200);
+    release(&app, &as_sub("one"), &name, &token)
+        .await
+        .expect(200);
 }
 
 /// Actors live in namespaces: a JWT whose `sub` is an API key's name is another actor, and
@@ -661,20 +1031,42 @@ async fn jwt_leases_belong_to_their_subject() {
 #[tokio::test]
 async fn a_jwt_subject_named_like_an_api_key_is_another_actor() {
     let lock: &[&str] = &["lock", "read"];
-    let (app, keys) = spawn_with_keys(&[("locker", lock, &[""], &[])], |s| s.auth.jwt = Some(public_key("rsa_public.pem"))).await;
+    let (app, keys) = spawn_with_keys(&[("locker", lock, &[""], &[])], |s| {
+        s.auth.jwt = Some(public_key("rsa_public.pem"))
+    })
+    .await;
     let mut c = claims("locker");
     c["fencegate"]["rights"] = json!(["lock"]);
     let jwt = sign(Algorithm::RS256, &rsa_key(), &c);
     let plain = format!("jobs/{}", unique("lease"));
     let name = enc(&plain);
     let token = token_of(&acquire(&app, keys.of("locker"), &name).await.expect(201));
-    forbidden(&renew(&app, &jwt, &name, &token).await, "lock", "lock", &plain);
-    forbidden(&release(&app, &jwt, &name, &token).await, "lock", "lock", &plain);
-    renew(&app, keys.of("locker"), &name, &token).await.expect(200);
-    release(&app, keys.of("locker"), &name, &token).await.expect(200);
+    forbidden(
+        &renew(&app, &jwt, &name, &token).await,
+        "lock",
+        "lock",
+        &plain,
+    );
+    forbidden(
+        &release(&app, &jwt, &name, &token).await,
+        "lock",
+        "lock",
+        &plain,
+    );
+    renew(&app, keys.of("locker"), &name, &token)
+        .await
+        .expect(200);
+    release(&app, keys.of("locker"), &name, &token)
+        .await
+        .expect(200);
     // And the other way round: the key does not own the JWT subject's lease.
     let token = token_of(&acquire(&app, &jwt, &name).await.expect(201));
-    forbidden(&release(&app, keys.of("locker"), &name, &token).await, "lock", "lock", &plain);
+    forbidden(
+        &release(&app, keys.of("locker"), &name, &token).await,
+        "lock",
+        "lock",
+        &plain,
+    );
     release(&app, &jwt, &name, &token).await.expect(200);
 }
 
@@ -689,18 +1081,29 @@ async fn an_event_stream_ends_when_its_credential_expires() {
     c["exp"] = json!(now() - 57);
     let jwt = sign(Algorithm::RS256, &rsa_key(), &c);
     let started = std::time::Instant::now();
-    let mut response = bearer(app.req(Method::GET, "/v1/admin/events"), &jwt).send().await.unwrap();
+    let mut response = bearer(app.req(Method::GET, "/v1/admin/events"), &jwt)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let mut text = String::new();
     loop {
-        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk()).await;
-        match chunk.expect("the stream was still open 10 s after its credential expired").expect("read the stream") {
+        let chunk =
+            tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk()).await;
+        match chunk
+            .expect("the stream was still open 10 s after its credential expired")
+            .expect("read the stream")
+        {
             Some(bytes) => text.push_str(&String::from_utf8_lossy(&bytes)),
             None => break,
         }
     }
     assert!(text.contains("event: expired"), "{text}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(9), "ended after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(9),
+        "ended after {:?}",
+        started.elapsed()
+    );
     unauthenticated(&get(&app, &jwt, "/v1/admin/overview").await);
 }
 
@@ -709,7 +1112,14 @@ fn hs256_secret_var() -> String {
     static VAR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VAR.get_or_init(|| {
         let var = format!("FENCEGATE_TEST_JWT_SECRET_{}", std::process::id());
-        std::env::set_var(&var, format!("{}{}", fencegate::auth::new_key().unwrap(), fencegate::auth::new_key().unwrap()));
+        std::env::set_var(
+            &var,
+            format!(
+                "{}{}",
+                fencegate::auth::new_key().unwrap(),
+                fencegate::auth::new_key().unwrap()
+            ),
+        );
         var
     })
     .clone()
@@ -719,7 +1129,9 @@ fn hs256_secret_var() -> String {
 
 impl TestApp {
     async fn assert_absent_as(&self, secret: &str, key: &str) {
-        get(self, secret, &format!("/v1/kv/{key}")).await.problem(404, "not-found");
+        get(self, secret, &format!("/v1/kv/{key}"))
+            .await
+            .problem(404, "not-found");
     }
 }
 
@@ -730,17 +1142,41 @@ async fn admin_routes_need_the_admin_right_and_audit_the_actor() {
     let (admin, writer) = (keys.of("admin"), keys.of("write"));
     put(&app, writer, "k", "100").await.expect(201);
     let reset = |secret: &str| {
-        bearer(app.req(Method::POST, "/v1/admin/kv/k/reset"), secret).json(&json!({"to": "5", "reason": "audit test"}))
+        bearer(app.req(Method::POST, "/v1/admin/kv/k/reset"), secret)
+            .json(&json!({"to": "5", "reason": "audit test"}))
     };
     for who in ["read", "write", "lock", "fence"] {
         let r = app.send(reset(keys.of(who))).await;
-        assert_eq!(r.problem(403, "forbidden")["right"], json!("admin"), "{}", r.text);
-        app.send(bearer(app.req(Method::GET, "/v1/admin/audit"), keys.of(who))).await.problem(403, "forbidden");
+        assert_eq!(
+            r.problem(403, "forbidden")["right"],
+            json!("admin"),
+            "{}",
+            r.text
+        );
+        app.send(bearer(
+            app.req(Method::GET, "/v1/admin/audit"),
+            keys.of(who),
+        ))
+        .await
+        .problem(403, "forbidden");
     }
-    unauthenticated(&app.send(app.req(Method::POST, "/v1/admin/kv/k/reset").json(&json!({"to": "5", "reason": "x"}))).await);
+    unauthenticated(
+        &app.send(
+            app.req(Method::POST, "/v1/admin/kv/k/reset")
+                .json(&json!({"to": "5", "reason": "x"})),
+        )
+        .await,
+    );
     app.send(reset(admin)).await.expect(200);
-    let audit = app.send(bearer(app.req(Method::GET, "/v1/admin/audit"), admin)).await.expect(200);
-    assert_eq!(audit["entries"].as_array().unwrap().len(), 1, "only the admin's reset happened: {audit}");
+    let audit = app
+        .send(bearer(app.req(Method::GET, "/v1/admin/audit"), admin))
+        .await
+        .expect(200);
+    assert_eq!(
+        audit["entries"].as_array().unwrap().len(),
+        1,
+        "only the admin's reset happened: {audit}"
+    );
     assert_eq!(audit["entries"][0]["actor"], json!("key:admin"), "{audit}");
     put(&app, writer, "k", "6").await.expect(200);
 }

@@ -24,17 +24,31 @@ async fn exchange(stream: &mut TcpStream, request: &[u8]) -> (u16, String) {
         let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte)).await;
         match read {
             Ok(Ok(1)) => head.push(byte[0]),
-            other => panic!("no whole response head ({other:?}): {:?}", String::from_utf8_lossy(&head)),
+            other => panic!(
+                "no whole response head ({other:?}): {:?}",
+                String::from_utf8_lossy(&head)
+            ),
         }
     }
     let head = String::from_utf8_lossy(&head).into_owned();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
     let length = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap()))
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
+        })
         .unwrap_or(0);
     let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).await.expect("the response body");
+    stream
+        .read_exact(&mut body)
+        .await
+        .expect("the response body");
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -43,20 +57,34 @@ const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 /// A client that opens a new connection for every request (no pool): what a fresh client or a
 /// load balancer's probe does.
 fn fresh_client() -> reqwest::Client {
-    reqwest::Client::builder().pool_max_idle_per_host(0).timeout(Duration::from_secs(3)).build().unwrap()
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap()
 }
 
 /// GET `path` on a new connection: its status, and how long it took.
 async fn probe(app: &TestApp, path: &str) -> (Option<u16>, Duration) {
     let started = Instant::now();
-    let status = fresh_client().get(format!("{}{path}", app.address)).send().await.ok().map(|r| r.status().as_u16());
+    let status = fresh_client()
+        .get(format!("{}{path}", app.address))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16());
     (status, started.elapsed())
 }
 
 /// PUT of `value` on a new connection: its status, and how long it took.
 async fn fresh_put(app: &TestApp, key: &str, value: &Value) -> (Option<u16>, Duration) {
     let started = Instant::now();
-    let sent = fresh_client().put(format!("{}{}", app.address, kv(key))).header(TOKEN, "1").json(value).send().await;
+    let sent = fresh_client()
+        .put(format!("{}{}", app.address, kv(key)))
+        .header(TOKEN, "1")
+        .json(value)
+        .send()
+        .await;
     (sent.ok().map(|r| r.status().as_u16()), started.elapsed())
 }
 
@@ -67,13 +95,25 @@ fn put_head(key: &str, length: usize) -> String {
 
 /// Takes lock `name` for a minute; returns its token.
 async fn acquire(app: &TestApp, name: &str) -> String {
-    let granted = app.send(app.req(Method::POST, &format!("/v1/locks/{name}")).json(&json!({"owner": "holder", "ttl_ms": 60_000}))).await;
-    granted.expect(201)["token"].as_str().expect("a token").to_owned()
+    let granted = app
+        .send(
+            app.req(Method::POST, &format!("/v1/locks/{name}"))
+                .json(&json!({"owner": "holder", "ttl_ms": 60_000})),
+        )
+        .await;
+    granted.expect(201)["token"]
+        .as_str()
+        .expect("a token")
+        .to_owned()
 }
 
 async fn renew(app: &TestApp, name: &str, token: &str) -> u16 {
     let renewed = app
-        .send(app.req(Method::POST, &format!("/v1/locks/{name}/renew")).header(TOKEN, token).json(&json!({"ttl_ms": 60_000})))
+        .send(
+            app.req(Method::POST, &format!("/v1/locks/{name}/renew"))
+                .header(TOKEN, token)
+                .json(&json!({"ttl_ms": 60_000})),
+        )
         .await;
     renewed.status
 }
@@ -91,7 +131,10 @@ async fn stalled_and_trickled_bodies_at_the_buffer_cap_leave_small_writes_and_re
     let mut stalled = Vec::new();
     for i in 0..64 {
         let mut stream = connect(&app).await;
-        stream.write_all(put_head(&format!("stalled{i}"), 1024 * 1024).as_bytes()).await.unwrap();
+        stream
+            .write_all(put_head(&format!("stalled{i}"), 1024 * 1024).as_bytes())
+            .await
+            .unwrap();
         stalled.push(stream);
     }
     let trickling = (0..8)
@@ -99,7 +142,10 @@ async fn stalled_and_trickled_bodies_at_the_buffer_cap_leave_small_writes_and_re
             let address = app.address.trim_start_matches("http://").to_owned();
             tokio::spawn(async move {
                 let mut stream = TcpStream::connect(address).await.unwrap();
-                stream.write_all(put_head(&format!("trickled{i}"), 1024 * 1024).as_bytes()).await.unwrap();
+                stream
+                    .write_all(put_head(&format!("trickled{i}"), 1024 * 1024).as_bytes())
+                    .await
+                    .unwrap();
                 stream.write_all(b"\"").await.unwrap();
                 while stream.write_all(b"a").await.is_ok() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -111,10 +157,24 @@ async fn stalled_and_trickled_bodies_at_the_buffer_cap_leave_small_writes_and_re
 
     let started = Instant::now();
     for i in 0..5 {
-        app.kv_put(&format!("honest{i}"), "1", &json!({"i": i, "pad": "x".repeat(8000)})).await.expect(201);
+        app.kv_put(
+            &format!("honest{i}"),
+            "1",
+            &json!({"i": i, "pad": "x".repeat(8000)}),
+        )
+        .await
+        .expect(201);
     }
-    assert_eq!(renew(&app, &lock, &token).await, 200, "a lease renewal was refused while bodies stalled");
-    assert!(started.elapsed() < Duration::from_secs(3), "small requests took {:?}", started.elapsed());
+    assert_eq!(
+        renew(&app, &lock, &token).await,
+        200,
+        "a lease renewal was refused while bodies stalled"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "small requests took {:?}",
+        started.elapsed()
+    );
     for task in trickling {
         task.abort();
     }
@@ -132,32 +192,59 @@ async fn a_body_slower_than_the_minimum_rate_is_408_long_before_the_body_timeout
     })
     .await;
     let mut stalled = connect(&app).await;
-    stalled.write_all(put_head("stalled", 100).as_bytes()).await.unwrap();
+    stalled
+        .write_all(put_head("stalled", 100).as_bytes())
+        .await
+        .unwrap();
     let mut trickled = connect(&app).await;
-    trickled.write_all(put_head("trickled", 100).as_bytes()).await.unwrap();
+    trickled
+        .write_all(put_head("trickled", 100).as_bytes())
+        .await
+        .unwrap();
     trickled.write_all(b"[").await.unwrap();
     let started = Instant::now();
     let trickle = async {
         // 10 bytes a second: a hundredth of the minimum.
-        while trickled.write_all(b"1,").await.is_ok() && started.elapsed() < Duration::from_secs(6) {
+        while trickled.write_all(b"1,").await.is_ok() && started.elapsed() < Duration::from_secs(6)
+        {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         read_status(&mut trickled, Duration::from_secs(1)).await
     };
-    let (stalled_status, trickled_status) = tokio::join!(read_status(&mut stalled, Duration::from_secs(6)), trickle);
-    assert_eq!(stalled_status, Some(408), "a stalled body was not cut within 6 s");
-    assert_eq!(trickled_status, Some(408), "a trickled body was not cut within 6 s");
-    assert!(closed_within(&mut stalled, Duration::from_secs(2)).await.is_some(), "the connection of a cut body stayed open");
+    let (stalled_status, trickled_status) =
+        tokio::join!(read_status(&mut stalled, Duration::from_secs(6)), trickle);
+    assert_eq!(
+        stalled_status,
+        Some(408),
+        "a stalled body was not cut within 6 s"
+    );
+    assert_eq!(
+        trickled_status,
+        Some(408),
+        "a trickled body was not cut within 6 s"
+    );
+    assert!(
+        closed_within(&mut stalled, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the connection of a cut body stayed open"
+    );
 
     // 3000 bytes at 2000 bytes a second, past the first second: served.
     let mut steady = connect(&app).await;
     let body = format!("\"{}\"", "s".repeat(2998));
-    steady.write_all(put_head("steady", body.len()).as_bytes()).await.unwrap();
+    steady
+        .write_all(put_head("steady", body.len()).as_bytes())
+        .await
+        .unwrap();
     for chunk in body.as_bytes().chunks(500) {
         steady.write_all(chunk).await.unwrap();
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert_eq!(read_status(&mut steady, Duration::from_secs(3)).await, Some(201));
+    assert_eq!(
+        read_status(&mut steady, Duration::from_secs(3)).await,
+        Some(201)
+    );
     app.assert_absent("stalled").await;
     app.assert_absent("trickled").await;
 }
@@ -173,17 +260,28 @@ async fn large_bodies_holding_the_buffer_refuse_large_ones_but_never_small_ones(
     })
     .await;
     let mut holder = connect(&app).await;
-    holder.write_all(put_head("held", 100_000).as_bytes()).await.unwrap();
-    holder.write_all(format!("\"{}", "h".repeat(89_999)).as_bytes()).await.unwrap();
+    holder
+        .write_all(put_head("held", 100_000).as_bytes())
+        .await
+        .unwrap();
+    holder
+        .write_all(format!("\"{}", "h".repeat(89_999)).as_bytes())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let large = json!("l".repeat(50_000));
     let refused = app.kv_put("large", "1", &large).await;
     refused.problem(503, "unavailable");
     assert_eq!(refused.header("retry-after"), Some("1"));
-    app.kv_put("small", "1", &json!("s".repeat(10_000))).await.expect(201);
+    app.kv_put("small", "1", &json!("s".repeat(10_000)))
+        .await
+        .expect(201);
 
-    assert_eq!(read_status(&mut holder, Duration::from_secs(4)).await, Some(408));
+    assert_eq!(
+        read_status(&mut holder, Duration::from_secs(4)).await,
+        Some(408)
+    );
     app.kv_put("large", "1", &large).await.expect(201);
     app.assert_absent("held").await;
 }
@@ -205,25 +303,48 @@ async fn at_the_connection_cap_the_longest_idle_connections_make_room() {
     let mut half = Vec::new();
     for _ in 0..10 {
         let mut stream = connect(&app).await;
-        stream.write_all(b"PUT /v1/kv/half HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fen").await.unwrap();
+        stream
+            .write_all(b"PUT /v1/kv/half HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fen")
+            .await
+            .unwrap();
         half.push(stream);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let (status, took) = probe(&app, "/healthz").await;
-    assert_eq!(status, Some(200), "/healthz did not answer at the cap (after {took:?})");
+    assert_eq!(
+        status,
+        Some(200),
+        "/healthz did not answer at the cap (after {took:?})"
+    );
     assert!(took < Duration::from_secs(2), "/healthz took {took:?}");
     let (status, took) = fresh_put(&app, "in", &json!(1)).await;
-    assert_eq!(status, Some(201), "a PUT did not get in at the cap (after {took:?})");
+    assert_eq!(
+        status,
+        Some(201),
+        "a PUT did not get in at the cap (after {took:?})"
+    );
     assert!(took < Duration::from_secs(2), "the PUT took {took:?}");
     // Oldest first: the two first idle connections made room; the others are still served.
     for stream in &mut idle[..2] {
-        assert!(closed_within(stream, Duration::from_secs(1)).await.is_some(), "the longest idle connection was not the one closed");
+        assert!(
+            closed_within(stream, Duration::from_secs(1))
+                .await
+                .is_some(),
+            "the longest idle connection was not the one closed"
+        );
     }
-    assert_eq!(exchange(&mut idle[9], HEALTHZ).await.0, 200, "a younger idle connection was closed");
+    assert_eq!(
+        exchange(&mut idle[9], HEALTHZ).await.0,
+        200,
+        "a younger idle connection was closed"
+    );
     let metrics = app.get("/metrics").await;
     assert!(
-        metrics.text.lines().any(|l| l.starts_with("fencegate_connections_closed_total") && l.contains("reaped")),
+        metrics
+            .text
+            .lines()
+            .any(|l| l.starts_with("fencegate_connections_closed_total") && l.contains("reaped")),
         "no reaped connection counted:\n{}",
         metrics.text
     );
@@ -243,19 +364,36 @@ async fn connections_handling_a_request_are_never_reaped() {
     app.kv_put(&key, "1", &json!("before")).await.expect(201);
     let mut holder = PgConnection::connect(&db).await.unwrap();
     holder.execute("BEGIN").await.unwrap();
-    sqlx::query("SELECT 1 FROM fencegate.fencegate_kv WHERE key = $1 FOR UPDATE").bind(&key).execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate.fencegate_kv WHERE key = $1 FOR UPDATE")
+        .bind(&key)
+        .execute(&mut holder)
+        .await
+        .unwrap();
     let stuck: Vec<_> = (2..4)
         .map(|token| {
             let url = format!("{}{}", app.address, kv(&key));
             tokio::spawn(async move {
-                let sent = fresh_client().put(url).timeout(Duration::from_secs(20)).header(TOKEN, token.to_string()).json(&json!(token)).send().await;
+                let sent = fresh_client()
+                    .put(url)
+                    .timeout(Duration::from_secs(20))
+                    .header(TOKEN, token.to_string())
+                    .json(&json!(token))
+                    .send()
+                    .await;
                 sent.map(|r| r.status().as_u16())
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let waiting = fresh_client().get(format!("{}/healthz", app.address)).timeout(Duration::from_millis(700)).send().await;
-    assert!(waiting.is_err(), "a third connection got in by closing one handling a request: {waiting:?}");
+    let waiting = fresh_client()
+        .get(format!("{}/healthz", app.address))
+        .timeout(Duration::from_millis(700))
+        .send()
+        .await;
+    assert!(
+        waiting.is_err(),
+        "a third connection got in by closing one handling a request: {waiting:?}"
+    );
     holder.execute("COMMIT").await.unwrap();
     for task in stuck {
         let status = task.await.unwrap().expect("a stuck request was cut");
@@ -278,7 +416,10 @@ async fn connections_beyond_max_connections_per_client_are_closed_at_once() {
     let mut excess = connect(&app).await;
     let _ = excess.write_all(HEALTHZ).await;
     let closed = closed_within(&mut excess, Duration::from_secs(1)).await;
-    assert!(closed.is_some(), "a connection beyond the per-client cap was kept open");
+    assert!(
+        closed.is_some(),
+        "a connection beyond the per-client cap was kept open"
+    );
     assert_eq!(exchange(&mut kept[0], HEALTHZ).await.0, 200);
     drop(kept.pop());
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -288,7 +429,9 @@ async fn connections_beyond_max_connections_per_client_are_closed_at_once() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let metrics = app.get("/metrics").await;
     assert!(
-        metrics.text.lines().any(|l| l.starts_with("fencegate_connections_closed_total") && l.contains("per-client")),
+        metrics.text.lines().any(
+            |l| l.starts_with("fencegate_connections_closed_total") && l.contains("per-client")
+        ),
         "no connection over the per-client cap counted:\n{}",
         metrics.text
     );
@@ -310,7 +453,11 @@ async fn slowloris_at_twice_the_cap_leaves_probes_and_writes_answering() {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     };
-                    if stream.write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ").await.is_err() {
+                    if stream
+                        .write_all(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+                        .await
+                        .is_err()
+                    {
                         continue;
                     }
                     while stream.write_all(b"a").await.is_ok() {
@@ -324,12 +471,26 @@ async fn slowloris_at_twice_the_cap_leaves_probes_and_writes_answering() {
     for round in 0..5 {
         for path in ["/healthz", "/readyz"] {
             let (status, took) = probe(&app, path).await;
-            assert_eq!(status, Some(200), "{path} in round {round}: no answer (after {took:?})");
-            assert!(took < Duration::from_secs(2), "{path} in round {round} took {took:?}");
+            assert_eq!(
+                status,
+                Some(200),
+                "{path} in round {round}: no answer (after {took:?})"
+            );
+            assert!(
+                took < Duration::from_secs(2),
+                "{path} in round {round} took {took:?}"
+            );
         }
         let (status, took) = fresh_put(&app, &format!("w{round}"), &json!(round)).await;
-        assert_eq!(status, Some(201), "a PUT in round {round}: no answer (after {took:?})");
-        assert!(took < Duration::from_secs(2), "a PUT in round {round} took {took:?}");
+        assert_eq!(
+            status,
+            Some(201),
+            "a PUT in round {round}: no answer (after {took:?})"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "a PUT in round {round} took {took:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for attacker in attackers {
@@ -364,7 +525,12 @@ async fn a_401_or_403_closes_its_connection_and_refused_sockets_never_hold_the_c
     let unauthenticated = b"GET /v1/kv/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     let mut refused = connect(&app).await;
     assert_eq!(exchange(&mut refused, unauthenticated).await.0, 401);
-    assert!(closed_within(&mut refused, Duration::from_secs(1)).await.is_some(), "a connection stayed open after its 401");
+    assert!(
+        closed_within(&mut refused, Duration::from_secs(1))
+            .await
+            .is_some(),
+        "a connection stayed open after its 401"
+    );
 
     let mut forbidden = connect(&app).await;
     let put = format!(
@@ -372,7 +538,12 @@ async fn a_401_or_403_closes_its_connection_and_refused_sockets_never_hold_the_c
     );
     let (status, body) = exchange(&mut forbidden, put.as_bytes()).await;
     assert_eq!(status, 403, "{body}");
-    assert!(closed_within(&mut forbidden, Duration::from_secs(1)).await.is_some(), "a connection stayed open after its 403");
+    assert!(
+        closed_within(&mut forbidden, Duration::from_secs(1))
+            .await
+            .is_some(),
+        "a connection stayed open after its 403"
+    );
 
     let mut held = Vec::new();
     for _ in 0..20 {
@@ -381,7 +552,11 @@ async fn a_401_or_403_closes_its_connection_and_refused_sockets_never_hold_the_c
         held.push(stream);
     }
     let (status, took) = probe(&app, "/healthz").await;
-    assert_eq!(status, Some(200), "/healthz did not answer (after {took:?})");
+    assert_eq!(
+        status,
+        Some(200),
+        "/healthz did not answer (after {took:?})"
+    );
     assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
 }
 
@@ -398,8 +573,16 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_is_stored() {
     for (key, codings, body) in [
         ("gz", "Transfer-Encoding: gzip, chunked\r\n", gzipped),
         ("label", "Transfer-Encoding: gzip, chunked\r\n", labelled),
-        ("split", "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", labelled),
-        ("deflate", "Transfer-Encoding: deflate,chunked\r\n", labelled),
+        (
+            "split",
+            "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+            labelled,
+        ),
+        (
+            "deflate",
+            "Transfer-Encoding: deflate,chunked\r\n",
+            labelled,
+        ),
     ] {
         let mut stream = connect(&app).await;
         let mut request = format!(
@@ -412,9 +595,21 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_is_stored() {
         let (status, text) = exchange(&mut stream, &request).await;
         assert_eq!(status, 501, "{key}: {text}");
         let problem: Value = serde_json::from_str(&text).expect("a problem+json body");
-        assert_eq!(problem["type"], json!("https://fencegate.dev/problems/unsupported-transfer-coding"), "{text}");
-        assert!(problem["detail"].as_str().unwrap().contains("chunked"), "{text}");
-        assert!(closed_within(&mut stream, Duration::from_secs(1)).await.is_some(), "{key}: the connection stayed open");
+        assert_eq!(
+            problem["type"],
+            json!("https://fencegate.dev/problems/unsupported-transfer-coding"),
+            "{text}"
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains("chunked"),
+            "{text}"
+        );
+        assert!(
+            closed_within(&mut stream, Duration::from_secs(1))
+                .await
+                .is_some(),
+            "{key}: the connection stayed open"
+        );
         app.assert_absent(key).await;
     }
     let mut stream = connect(&app).await;

@@ -57,7 +57,11 @@ async fn one_stale_key_rejects_the_whole_batch() {
         )
         .await;
     let body = r.stale_key("b", "10", "50");
-    assert_eq!(body["stale_keys"], json!([{"key": "b", "current_token": "50"}]), "{body}");
+    assert_eq!(
+        body["stale_keys"],
+        json!([{"key": "b", "current_token": "50"}]),
+        "{body}"
+    );
 
     // Nothing applied: not the earlier op, not the later ones, not the delete's tombstone.
     app.assert_value("a", &json!("a-old"), "1").await;
@@ -75,7 +79,11 @@ async fn all_stale_keys_are_named() {
     app.kv_delete("b", "40").await.expect(200);
 
     let r = app
-        .batch(Some("10"), None, &json!({"ops": [put("ok", json!(1)), put("a", json!(2)), del("b")]}))
+        .batch(
+            Some("10"),
+            None,
+            &json!({"ops": [put("ok", json!(1)), put("a", json!(2)), del("b")]}),
+        )
         .await;
     // "key"/"current_token" describe the first stale key in request order.
     let body = r.stale_key("a", "10", "30");
@@ -83,7 +91,10 @@ async fn all_stale_keys_are_named() {
     stale.sort_by_key(|v| v["key"].as_str().unwrap_or_default().to_string());
     assert_eq!(
         stale,
-        vec![json!({"key": "a", "current_token": "30"}), json!({"key": "b", "current_token": "40"})],
+        vec![
+            json!({"key": "a", "current_token": "30"}),
+            json!({"key": "b", "current_token": "40"})
+        ],
         "{body}"
     );
     app.assert_absent("ok").await;
@@ -97,8 +108,12 @@ async fn delete_ops_leave_tombstones() {
         .await
         .expect(200);
     app.assert_absent("k").await;
-    app.kv_put("k", "49", &json!(2)).await.stale_key("k", "49", "50");
-    app.kv_put("never", "49", &json!(2)).await.stale_key("never", "49", "50");
+    app.kv_put("k", "49", &json!(2))
+        .await
+        .stale_key("k", "49", "50");
+    app.kv_put("never", "49", &json!(2))
+        .await
+        .stale_key("never", "49", "50");
     app.kv_put("k", "50", &json!(3)).await.expect(201);
 }
 
@@ -107,14 +122,22 @@ async fn scoped_batch_is_checked_against_the_scope_fence() {
     let app = spawn_app().await;
     app.claim("S", "30").await.expect(201);
     let r = app
-        .batch(Some("10"), Some("S"), &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}))
+        .batch(
+            Some("10"),
+            Some("S"),
+            &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}),
+        )
         .await;
     r.stale_scope("S", "10", "30");
     app.assert_absent("a").await;
     app.assert_absent("b").await;
 
     let body = app
-        .batch(Some("30"), Some("S"), &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}))
+        .batch(
+            Some("30"),
+            Some("S"),
+            &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}),
+        )
         .await
         .expect(200);
     assert_eq!(body["scope"], json!("S"), "{body}");
@@ -131,7 +154,9 @@ async fn a_scoped_batch_raises_the_scope_fence() {
         .expect(200);
     let body = app.fence("S").await.expect(200);
     assert_eq!(body["fence_token"], json!("7"), "{body}");
-    app.kv_put_scoped("z", "6", "S", &json!(1)).await.stale_scope("S", "6", "7");
+    app.kv_put_scoped("z", "6", "S", &json!(1))
+        .await
+        .stale_scope("S", "6", "7");
 }
 
 #[tokio::test]
@@ -143,12 +168,36 @@ async fn invalid_batches_are_400_and_apply_nothing() {
     let cases = [
         ("empty ops", json!({"ops": []}), "invalid-batch"),
         ("1001 ops", json!({"ops": too_many}), "invalid-batch"),
-        ("unknown op", json!({"ops": [put("a", json!(1)), {"op": "frobnicate", "key": "b"}]}), "invalid-batch"),
-        ("put without value", json!({"ops": [put("a", json!(1)), {"op": "put", "key": "b"}]}), "invalid-batch"),
-        ("op without key", json!({"ops": [put("a", json!(1)), {"op": "delete"}]}), "invalid-json"),
-        ("ops missing", json!({"operations": [put("a", json!(1))]}), "invalid-json"),
-        ("ops not an array", json!({"ops": put("a", json!(1))}), "invalid-json"),
-        ("body not an object", json!([put("a", json!(1))]), "invalid-json"),
+        (
+            "unknown op",
+            json!({"ops": [put("a", json!(1)), {"op": "frobnicate", "key": "b"}]}),
+            "invalid-batch",
+        ),
+        (
+            "put without value",
+            json!({"ops": [put("a", json!(1)), {"op": "put", "key": "b"}]}),
+            "invalid-batch",
+        ),
+        (
+            "op without key",
+            json!({"ops": [put("a", json!(1)), {"op": "delete"}]}),
+            "invalid-json",
+        ),
+        (
+            "ops missing",
+            json!({"operations": [put("a", json!(1))]}),
+            "invalid-json",
+        ),
+        (
+            "ops not an array",
+            json!({"ops": put("a", json!(1))}),
+            "invalid-json",
+        ),
+        (
+            "body not an object",
+            json!([put("a", json!(1))]),
+            "invalid-json",
+        ),
     ];
     for (what, body, slug) in cases {
         let r = app.batch(Some("1"), None, &body).await;
@@ -165,7 +214,11 @@ async fn a_bad_key_in_a_batch_is_400_and_applies_nothing() {
     let long = "k".repeat(513);
     for bad in ["", "a\u{0}b", "line\nbreak", long.as_str()] {
         let r = app
-            .batch(Some("1"), None, &json!({"ops": [put("a", json!(1)), put(bad, json!(2))]}))
+            .batch(
+                Some("1"),
+                None,
+                &json!({"ops": [put("a", json!(1)), put(bad, json!(2))]}),
+            )
             .await;
         // A batch names the op in its detail ("ops[1]: ..."): invalid-batch, not invalid-key.
         r.problem(400, "invalid-batch");
@@ -177,19 +230,34 @@ async fn a_bad_key_in_a_batch_is_400_and_applies_nothing() {
 async fn batch_of_exactly_max_ops_is_accepted() {
     let app = spawn_app().await;
     let ops: Vec<Value> = (0..1000).map(|i| put(&format!("m{i}"), json!(i))).collect();
-    let body = app.batch(Some("1"), None, &json!({"ops": ops})).await.expect(200);
-    assert_eq!(body["results"].as_array().map(Vec::len), Some(1000), "results length");
+    let body = app
+        .batch(Some("1"), None, &json!({"ops": ops}))
+        .await
+        .expect(200);
+    assert_eq!(
+        body["results"].as_array().map(Vec::len),
+        Some(1000),
+        "results length"
+    );
     app.assert_value("m999", &json!(999), "1").await;
 }
 
 #[tokio::test]
 async fn max_batch_ops_is_configurable() {
     let app = spawn_app_with(|s| s.kv.max_batch_ops = 2).await;
-    app.batch(Some("1"), None, &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}))
-        .await
-        .expect(200);
+    app.batch(
+        Some("1"),
+        None,
+        &json!({"ops": [put("a", json!(1)), put("b", json!(2))]}),
+    )
+    .await
+    .expect(200);
     let r = app
-        .batch(Some("1"), None, &json!({"ops": [put("c", json!(1)), put("d", json!(2)), put("e", json!(3))]}))
+        .batch(
+            Some("1"),
+            None,
+            &json!({"ops": [put("c", json!(1)), put("d", json!(2)), put("e", json!(3))]}),
+        )
         .await;
     r.problem(400, "invalid-batch");
     app.assert_absent("c").await;
@@ -207,19 +275,31 @@ async fn batch_without_token_is_428() {
 #[tokio::test]
 async fn the_same_key_twice_last_op_wins() {
     let app = spawn_app().await;
-    app.batch(Some("5"), None, &json!({"ops": [put("k", json!("first")), put("k", json!("second"))]}))
-        .await
-        .expect(200);
+    app.batch(
+        Some("5"),
+        None,
+        &json!({"ops": [put("k", json!("first")), put("k", json!("second"))]}),
+    )
+    .await
+    .expect(200);
     app.assert_value("k", &json!("second"), "5").await;
 
-    app.batch(Some("6"), None, &json!({"ops": [put("k", json!("third")), del("k")]}))
-        .await
-        .expect(200);
+    app.batch(
+        Some("6"),
+        None,
+        &json!({"ops": [put("k", json!("third")), del("k")]}),
+    )
+    .await
+    .expect(200);
     app.assert_absent("k").await;
 
-    app.batch(Some("7"), None, &json!({"ops": [del("k"), put("k", json!("fourth"))]}))
-        .await
-        .expect(200);
+    app.batch(
+        Some("7"),
+        None,
+        &json!({"ops": [del("k"), put("k", json!("fourth"))]}),
+    )
+    .await
+    .expect(200);
     app.assert_value("k", &json!("fourth"), "7").await;
 }
 
@@ -243,7 +323,11 @@ async fn equal_token_batch_is_accepted_and_strict_rejects_it() {
     let strict = spawn_app_with(|s| s.kv.strict = true).await;
     strict.kv_put("k", "5", &json!(1)).await.expect(201);
     strict
-        .batch(Some("5"), None, &json!({"ops": [put("k", json!(2)), put("other", json!(3))]}))
+        .batch(
+            Some("5"),
+            None,
+            &json!({"ops": [put("k", json!(2)), put("other", json!(3))]}),
+        )
         .await
         .stale_key("k", "5", "5");
     strict.assert_value("k", &json!(1), "5").await;

@@ -97,7 +97,11 @@ impl Server {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
 
         // Once the test binary is gone without dropping this (SIGKILL), kill the server.
-        let cleanup = format!("kill -9 {srv} 2>/dev/null; rm -rf {dir}", srv = child.id(), dir = shell_quote(dir.path()));
+        let cleanup = format!(
+            "kill -9 {srv} 2>/dev/null; rm -rf {dir}",
+            srv = child.id(),
+            dir = shell_quote(dir.path())
+        );
         watchdog(&cleanup, Some(child.id()));
 
         Server {
@@ -497,7 +501,13 @@ impl Run {
     }
 
     /// [`Run::start`] with extra environment for the script (e.g. FENCEGATE_SIGN).
-    fn start_with(label: &str, service: &LockService, app: &TestApp, a: Args<'_>, env: &[(&str, String)]) -> Run {
+    fn start_with(
+        label: &str,
+        service: &LockService,
+        app: &TestApp,
+        a: Args<'_>,
+        env: &[(&str, String)],
+    ) -> Run {
         let script = service.script();
         let mut child = tokio::process::Command::new(&script)
             .args([
@@ -868,16 +878,37 @@ async fn signed_tokens_pass_and_unsigned_ones_are_refused(service: LockService) 
     .await;
     let lock = unique("signed-lock");
     let value = json!({"signed": true});
-    let args = |key: &'static str| Args { lock: &lock, owner: "S", ttl_ms: 5000, key, value: &value, work_secs: 0 };
+    let args = |key: &'static str| Args {
+        lock: &lock,
+        owner: "S",
+        ttl_ms: 5000,
+        key,
+        value: &value,
+        work_secs: 0,
+    };
 
-    let unsigned = Run::start("unsigned", &service, &app, args("unsigned-key")).finish().await;
+    let unsigned = Run::start("unsigned", &service, &app, args("unsigned-key"))
+        .finish()
+        .await;
     unsigned.assert_exit(1, Some("422"));
     app.assert_absent("unsigned-key").await;
 
-    let signer = format!("{} sign --hmac-secret-env {var}", env!("CARGO_BIN_EXE_fencegate"));
-    let signed = Run::start_with("signed", &service, &app, args("signed-key"), &[("FENCEGATE_SIGN", signer)]).finish().await;
+    let signer = format!(
+        "{} sign --hmac-secret-env {var}",
+        env!("CARGO_BIN_EXE_fencegate")
+    );
+    let signed = Run::start_with(
+        "signed",
+        &service,
+        &app,
+        args("signed-key"),
+        &[("FENCEGATE_SIGN", signer)],
+    )
+    .finish()
+    .await;
     signed.assert_exit(0, Some("201"));
-    app.assert_value("signed-key", &value, &signed.token().to_string()).await;
+    app.assert_value("signed-key", &value, &signed.token().to_string())
+        .await;
 }
 
 /// With authentication on, the example sends the service's key (FENCEGATE_API_KEY) as the
@@ -899,13 +930,32 @@ async fn redis_example_sends_its_api_key_to_an_authenticated_server() {
     .await;
     let lock = unique("auth-lock");
     let value = json!({"authenticated": true});
-    let args = |key: &'static str| Args { lock: &lock, owner: "K", ttl_ms: 5000, key, value: &value, work_secs: 0 };
-    let anonymous = Run::start("no key", &service, &app, args("no-key")).finish().await;
+    let args = |key: &'static str| Args {
+        lock: &lock,
+        owner: "K",
+        ttl_ms: 5000,
+        key,
+        value: &value,
+        work_secs: 0,
+    };
+    let anonymous = Run::start("no key", &service, &app, args("no-key"))
+        .finish()
+        .await;
     anonymous.assert_exit(1, Some("401"));
-    let with_key =
-        Run::start_with("with key", &service, &app, args("with-key"), &[("FENCEGATE_API_KEY", secret.clone())]).finish().await;
+    let with_key = Run::start_with(
+        "with key",
+        &service,
+        &app,
+        args("with-key"),
+        &[("FENCEGATE_API_KEY", secret.clone())],
+    )
+    .finish()
+    .await;
     with_key.assert_exit(0, Some("201"));
-    let got = app.send(app.req(reqwest::Method::GET, "/v1/kv/with-key").header("Authorization", format!("Bearer {secret}")));
+    let got = app.send(
+        app.req(reqwest::Method::GET, "/v1/kv/with-key")
+            .header("Authorization", format!("Bearer {secret}")),
+    );
     assert_eq!(got.await.expect(200)["value"], value);
     app.kv_get("no-key").await.problem(401, "unauthenticated");
 }

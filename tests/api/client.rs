@@ -59,7 +59,10 @@ async fn client(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>,
 async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
     let give_up = Instant::now() + within;
     while !check() {
-        assert!(Instant::now() < give_up, "timed out after {within:?} waiting for: {what}");
+        assert!(
+            Instant::now() < give_up,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -69,7 +72,12 @@ fn read(path: &Path) -> String {
 }
 
 fn pid_in(path: &Path) -> Pid {
-    Pid::from_raw(read(path).trim().parse().unwrap_or_else(|_| panic!("no pid in {}", path.display())))
+    Pid::from_raw(
+        read(path)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no pid in {}", path.display())),
+    )
 }
 
 fn alive(pid: Pid) -> bool {
@@ -82,7 +90,8 @@ fn signal(child: &Child, signal: Signal) {
 
 async fn acquire(app: &TestApp, name: &str, owner: &str, ttl_ms: u64) -> crate::helpers::Resp {
     app.send(
-        app.req(Method::POST, &format!("/v1/locks/{}", enc(name))).json(&json!({"owner": owner, "ttl_ms": ttl_ms})),
+        app.req(Method::POST, &format!("/v1/locks/{}", enc(name)))
+            .json(&json!({"owner": owner, "ttl_ms": ttl_ms})),
     )
     .await
 }
@@ -100,9 +109,18 @@ async fn kv_and_fence_commands_exit_with_the_class_of_the_answer() {
     let url = app.address.as_str();
     let key = unique("cli/a b%é");
 
-    let (code, body, err) = client(url, &["kv", "put", &key, r#"{"n": 1}"#, "--token", "10"], &[]).await;
+    let (code, body, err) = client(
+        url,
+        &["kv", "put", &key, r#"{"n": 1}"#, "--token", "10"],
+        &[],
+    )
+    .await;
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!((body["key"].as_str(), body["fence_token"].as_str()), (Some(key.as_str()), Some("10")), "{body}");
+    assert_eq!(
+        (body["key"].as_str(), body["fence_token"].as_str()),
+        (Some(key.as_str()), Some("10")),
+        "{body}"
+    );
     let (code, body, err) = client(url, &["kv", "get", &key], &[]).await;
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(body["value"], json!({"n": 1}), "{body}");
@@ -114,10 +132,18 @@ async fn kv_and_fence_commands_exit_with_the_class_of_the_answer() {
     assert!(err.contains("412 stale-token"), "{err}");
     // 404
     let (code, body, _) = client(url, &["kv", "get", &unique("absent")], &[]).await;
-    assert_eq!((code, body["status"].as_u64()), (Some(3), Some(404)), "{body}");
+    assert_eq!(
+        (code, body["status"].as_u64()),
+        (Some(3), Some(404)),
+        "{body}"
+    );
     // Another 4xx: bad JSON (400), a malformed token (400); bad usage: no token at all.
     let (code, body, _) = client(url, &["kv", "put", &key, "{nope", "--token", "11"], &[]).await;
-    assert_eq!((code, body["status"].as_u64()), (Some(2), Some(400)), "{body}");
+    assert_eq!(
+        (code, body["status"].as_u64()),
+        (Some(2), Some(400)),
+        "{body}"
+    );
     let (code, _, _) = client(url, &["kv", "put", &key, "1", "--token", "-1"], &[]).await;
     assert_eq!(code, Some(2));
     let (code, _, err) = client(url, &["kv", "put", &key, "1"], &[]).await;
@@ -128,14 +154,33 @@ async fn kv_and_fence_commands_exit_with_the_class_of_the_answer() {
     let scope = unique("scope");
     let scoped = unique("scoped");
     let mut command = fencegate(url, &["kv", "put", &scoped]);
-    command.env("FENCEGATE_TOKEN", "5").env("FENCEGATE_SCOPE", &scope).stdin(Stdio::piped()).stdout(Stdio::piped());
+    command
+        .env("FENCEGATE_TOKEN", "5")
+        .env("FENCEGATE_SCOPE", &scope)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
     let mut child = command.spawn().unwrap();
     use tokio::io::AsyncWriteExt;
-    child.stdin.take().unwrap().write_all(b"[1, 2]").await.unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"[1, 2]")
+        .await
+        .unwrap();
     let out = child.wait_with_output().await.unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let got = app.kv_get(&enc(&scoped)).await.expect(200);
-    assert_eq!((got["value"].clone(), got["scope"].clone()), (json!([1, 2]), json!(scope)), "{got}");
+    assert_eq!(
+        (got["value"].clone(), got["scope"].clone()),
+        (json!([1, 2]), json!(scope)),
+        "{got}"
+    );
 
     // Delete, then the key is gone (3).
     let (code, _, err) = client(url, &["kv", "delete", &key, "--token", "12"], &[]).await;
@@ -149,7 +194,10 @@ async fn kv_and_fence_commands_exit_with_the_class_of_the_answer() {
     let (code, _, _) = client(url, &["fence", "claim", &scope, "--token", "6"], &[]).await;
     assert_eq!(code, Some(4));
     let (code, body, _) = client(url, &["fence", "get"], &[("FENCEGATE_SCOPE", &scope)]).await;
-    assert_eq!((code, body), (Some(0), json!({"scope": scope, "fence_token": "7"})));
+    assert_eq!(
+        (code, body),
+        (Some(0), json!({"scope": scope, "fence_token": "7"}))
+    );
     let (code, _, _) = client(url, &["fence", "get", &unique("none")], &[]).await;
     assert_eq!(code, Some(3));
 
@@ -177,10 +225,19 @@ async fn the_api_key_in_the_environment_is_sent_as_the_bearer() {
     })
     .await;
     let key = unique("k");
-    let (code, body, _) = client(&app.address, &["kv", "put", &key, "1", "--token", "1"], &[]).await;
-    assert_eq!((code, body["status"].as_u64()), (Some(2), Some(401)), "{body}");
-    let (code, body, err) =
-        client(&app.address, &["kv", "put", &key, "1", "--token", "1"], &[("FENCEGATE_API_KEY", &secret)]).await;
+    let (code, body, _) =
+        client(&app.address, &["kv", "put", &key, "1", "--token", "1"], &[]).await;
+    assert_eq!(
+        (code, body["status"].as_u64()),
+        (Some(2), Some(401)),
+        "{body}"
+    );
+    let (code, body, err) = client(
+        &app.address,
+        &["kv", "put", &key, "1", "--token", "1"],
+        &[("FENCEGATE_API_KEY", &secret)],
+    )
+    .await;
     assert_eq!(code, Some(0), "{body} {err}");
 }
 
@@ -194,28 +251,68 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
 
     // Job 1 writes "one-N" every 50 ms under the lock's token and scope, logging each status.
     let job1 = r#"echo $$ > "$D/pid1"; i=0; while :; do i=$((i+1)); "$FG" kv put "$K" "\"one-$i\"" >/dev/null 2>&1; echo "$i $?" >> "$D/log1"; sleep 0.05; done"#;
-    let mut one =
-        fencegate(&app.address, &["lock", &lock, "--ttl-ms", "1000", "--kill-grace-ms", "500", "--", "sh", "-c", job1]);
-    one.env("D", dir.path()).env("K", &key).stderr(Stdio::piped());
+    let mut one = fencegate(
+        &app.address,
+        &[
+            "lock",
+            &lock,
+            "--ttl-ms",
+            "1000",
+            "--kill-grace-ms",
+            "500",
+            "--",
+            "sh",
+            "-c",
+            job1,
+        ],
+    );
+    one.env("D", dir.path())
+        .env("K", &key)
+        .stderr(Stdio::piped());
     let mut one = one.spawn().unwrap();
-    eventually("job 1's first accepted write", Duration::from_secs(20), || {
-        read(&log1).lines().any(|l| l.ends_with(" 0"))
-    })
+    eventually(
+        "job 1's first accepted write",
+        Duration::from_secs(20),
+        || read(&log1).lines().any(|l| l.ends_with(" 0")),
+    )
     .await;
-    let token1: u64 = app.kv_get(&enc(&key)).await.expect(200)["fence_token"].as_str().unwrap().parse().unwrap();
+    let token1: u64 = app.kv_get(&enc(&key)).await.expect(200)["fence_token"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
 
     // The wrapper freezes (a GC pause, a VM stall); its job does not.
     signal(&one, Signal::SIGSTOP);
     let job2 = r#""$FG" kv put "$K" '"two"' && sleep 0.5"#;
-    let mut two =
-        fencegate(&app.address, &["lock", &lock, "--ttl-ms", "1000", "--wait-ms", "10000", "--", "sh", "-c", job2]);
+    let mut two = fencegate(
+        &app.address,
+        &[
+            "lock",
+            &lock,
+            "--ttl-ms",
+            "1000",
+            "--wait-ms",
+            "10000",
+            "--",
+            "sh",
+            "-c",
+            job2,
+        ],
+    );
     two.env("K", &key);
     let (code, _, err) = run(two).await;
-    assert_eq!(code, Some(0), "wrapper 2 must get the lock once lease 1 expired and pass on its job's 0: {err}");
+    assert_eq!(
+        code,
+        Some(0),
+        "wrapper 2 must get the lock once lease 1 expired and pass on its job's 0: {err}"
+    );
 
     // While wrapper 1 was frozen, job 1 went on writing: refused (412, exit 4) since the takeover.
-    eventually("a refused write of job 1", Duration::from_secs(5), || read(&log1).lines().any(|l| l.ends_with(" 4")))
-        .await;
+    eventually("a refused write of job 1", Duration::from_secs(5), || {
+        read(&log1).lines().any(|l| l.ends_with(" 4"))
+    })
+    .await;
     let got = app.kv_get(&enc(&key)).await.expect(200);
     assert_eq!(got["value"], json!("two"), "{got}");
     let token2: u64 = got["fence_token"].as_str().unwrap().parse().unwrap();
@@ -226,18 +323,34 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
     let status = wait_exit(&mut one, Duration::from_secs(10)).await;
     let mut stderr = String::new();
     use tokio::io::AsyncReadExt;
-    one.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+    one.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
     assert_eq!(status.code(), Some(70), "a lost lease exits 70: {stderr}");
     assert!(stderr.contains("lease lost"), "{stderr}");
-    assert!(!alive(pid_in(&dir.path().join("pid1"))), "job 1 must be gone");
+    assert!(
+        !alive(pid_in(&dir.path().join("pid1"))),
+        "job 1 must be gone"
+    );
     let lines = read(&log1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(read(&log1), lines, "job 1 wrote on after its wrapper exited");
+    assert_eq!(
+        read(&log1),
+        lines,
+        "job 1 wrote on after its wrapper exited"
+    );
     // No write of job 1 was accepted after the first refusal.
     let statuses: Vec<&str> = lines.lines().filter_map(|l| l.split(' ').nth(1)).collect();
     let first_refused = statuses.iter().position(|s| *s == "4").unwrap();
-    assert!(statuses[first_refused..].iter().all(|s| *s == "4"), "job 1 statuses: {statuses:?}");
-    app.assert_value(&enc(&key), &json!("two"), &token2.to_string()).await;
+    assert!(
+        statuses[first_refused..].iter().all(|s| *s == "4"),
+        "job 1 statuses: {statuses:?}"
+    );
+    app.assert_value(&enc(&key), &json!("two"), &token2.to_string())
+        .await;
 }
 
 #[tokio::test]
@@ -248,14 +361,31 @@ async fn a_lock_held_past_wait_ms_exits_75_without_running_the_command() {
     let dir = tempfile::tempdir().unwrap();
     for wait in ["0", "400"] {
         let started = Instant::now();
-        let mut command =
-            fencegate(&app.address, &["lock", &lock, "--wait-ms", wait, "--", "sh", "-c", r#"touch "$D/ran""#]);
+        let mut command = fencegate(
+            &app.address,
+            &[
+                "lock",
+                &lock,
+                "--wait-ms",
+                wait,
+                "--",
+                "sh",
+                "-c",
+                r#"touch "$D/ran""#,
+            ],
+        );
         command.env("D", dir.path());
         let (code, _, err) = run(command).await;
         assert_eq!(code, Some(75), "{err}");
         assert!(err.contains("the-holder"), "the holder is named: {err}");
-        assert!(started.elapsed() >= Duration::from_millis(wait.parse().unwrap()), "gave up early");
-        assert!(!dir.path().join("ran").exists(), "the command ran without the lock");
+        assert!(
+            started.elapsed() >= Duration::from_millis(wait.parse().unwrap()),
+            "gave up early"
+        );
+        assert!(
+            !dir.path().join("ran").exists(),
+            "the command ran without the lock"
+        );
     }
 }
 
@@ -265,30 +395,69 @@ async fn the_command_gets_the_lease_in_its_environment_and_its_status_is_passed_
     let lock = unique("café job");
     // Inside, `lock-info` (on FENCEGATE_SCOPE) sees the lease held by this wrapper's owner.
     let job = r#"test "$FENCEGATE_SCOPE" = "$L" && test "$FENCEGATE_URL" = "$U" && "$FG" lock-info >&2 && echo "$FENCEGATE_TOKEN"; exit 7"#;
-    let mut command = fencegate(&app.address, &["lock", &lock, "--owner", "the-wrapper", "--", "sh", "-c", job]);
+    let mut command = fencegate(
+        &app.address,
+        &[
+            "lock",
+            &lock,
+            "--owner",
+            "the-wrapper",
+            "--",
+            "sh",
+            "-c",
+            job,
+        ],
+    );
     command.env("L", &lock).env("U", &app.address);
     let (code, stdout, err) = run(command).await;
     assert_eq!(code, Some(7), "{err}");
     assert!(err.contains(r#""owner":"the-wrapper""#), "{err}");
-    let token: u64 = stdout.trim().parse().unwrap_or_else(|_| panic!("no token on stdout: {stdout:?} {err}"));
+    let token: u64 = stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no token on stdout: {stdout:?} {err}"));
     // Released on exit: the next grant comes at once, with a larger token.
     let next = acquire(&app, &lock, "next", 1_000).await.expect(201);
-    assert!(next["token"].as_str().unwrap().parse::<u64>().unwrap() > token, "{next}");
-    acquire(&app, &lock, "other", 1_000).await.problem(409, "lock-held");
+    assert!(
+        next["token"].as_str().unwrap().parse::<u64>().unwrap() > token,
+        "{next}"
+    );
+    acquire(&app, &lock, "other", 1_000)
+        .await
+        .problem(409, "lock-held");
     let (code, body, _) = client(&app.address, &["lock-info", &lock], &[]).await;
-    assert_eq!((code, body["owner"].as_str()), (Some(0), Some("next")), "{body}");
-    assert!(body.get("token").is_none(), "the holder's token is never shown: {body}");
+    assert_eq!(
+        (code, body["owner"].as_str()),
+        (Some(0), Some("next")),
+        "{body}"
+    );
+    assert!(
+        body.get("token").is_none(),
+        "the holder's token is never shown: {body}"
+    );
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let (code, body, _) = client(&app.address, &["lock-info", &lock], &[]).await;
     assert_eq!(code, Some(3), "an expired lease: the lock is free: {body}");
 
     // A signal that ends the command: 128 + N.
-    let (code, _, err) = run(fencegate(&app.address, &["lock", &lock, "--", "sh", "-c", "kill -KILL $$"])).await;
+    let (code, _, err) = run(fencegate(
+        &app.address,
+        &["lock", &lock, "--", "sh", "-c", "kill -KILL $$"],
+    ))
+    .await;
     assert_eq!(code, Some(128 + 9), "{err}");
-    let (code, _, err) = run(fencegate(&app.address, &["lock", &lock, "--", "sh", "-c", "kill -USR1 $$"])).await;
+    let (code, _, err) = run(fencegate(
+        &app.address,
+        &["lock", &lock, "--", "sh", "-c", "kill -USR1 $$"],
+    ))
+    .await;
     assert_eq!(code, Some(128 + 10), "{err}");
     // A command that cannot be run: 127, and the lock is released.
-    let (code, _, err) = run(fencegate(&app.address, &["lock", &lock, "--", "/nonexistent/cmd"])).await;
+    let (code, _, err) = run(fencegate(
+        &app.address,
+        &["lock", &lock, "--", "/nonexistent/cmd"],
+    ))
+    .await;
     assert_eq!(code, Some(127), "{err}");
     acquire(&app, &lock, "after", 1_000).await.expect(201);
 }
@@ -300,13 +469,23 @@ async fn sigterm_to_the_wrapper_reaches_the_command_and_the_lock_is_released() {
     let dir = tempfile::tempdir().unwrap();
     let job = r#"trap 'echo term > "$D/term"; exit 3' TERM; echo ready > "$D/ready"; while :; do sleep 0.05; done"#;
     // A long lease: only the release can free the lock right after.
-    let mut command = fencegate(&app.address, &["lock", &lock, "--ttl-ms", "60000", "--", "sh", "-c", job]);
+    let mut command = fencegate(
+        &app.address,
+        &["lock", &lock, "--ttl-ms", "60000", "--", "sh", "-c", job],
+    );
     command.env("D", dir.path());
     let mut wrapper = command.spawn().unwrap();
-    eventually("the job to start", Duration::from_secs(20), || dir.path().join("ready").exists()).await;
+    eventually("the job to start", Duration::from_secs(20), || {
+        dir.path().join("ready").exists()
+    })
+    .await;
     signal(&wrapper, Signal::SIGTERM);
     let status = wait_exit(&mut wrapper, Duration::from_secs(10)).await;
-    assert_eq!(status.code(), Some(3), "the job's own status after its TERM trap");
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the job's own status after its TERM trap"
+    );
     assert_eq!(read(&dir.path().join("term")).trim(), "term");
     acquire(&app, &lock, "right-after", 1_000).await.expect(201);
 }
@@ -322,11 +501,25 @@ async fn the_command_is_killed_before_the_lease_can_pass_on_when_the_server_dies
     let job = r#"trap '' TERM; echo $$ > "$D/pid"; while :; do sleep 0.05; done"#;
     let mut command = fencegate(
         &first.address,
-        &["lock", &lock, "--ttl-ms", "3000", "--kill-grace-ms", "5000", "--", "sh", "-c", job],
+        &[
+            "lock",
+            &lock,
+            "--ttl-ms",
+            "3000",
+            "--kill-grace-ms",
+            "5000",
+            "--",
+            "sh",
+            "-c",
+            job,
+        ],
     );
     command.env("D", dir.path()).stderr(Stdio::piped());
     let mut wrapper = command.spawn().unwrap();
-    eventually("the job to start", Duration::from_secs(20), || dir.path().join("pid").exists()).await;
+    eventually("the job to start", Duration::from_secs(20), || {
+        dir.path().join("pid").exists()
+    })
+    .await;
     let job_pid = pid_in(&dir.path().join("pid"));
     tokio::time::sleep(Duration::from_millis(1_200)).await; // a renew went through
     first.kill().await;
@@ -336,7 +529,13 @@ async fn the_command_is_killed_before_the_lease_can_pass_on_when_the_server_dies
         let status = wait_exit(&mut wrapper, Duration::from_secs(30)).await;
         let mut stderr = String::new();
         use tokio::io::AsyncReadExt;
-        wrapper.stderr.take().unwrap().read_to_string(&mut stderr).await.unwrap();
+        wrapper
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .await
+            .unwrap();
         (status, Instant::now(), stderr)
     });
     // Another fencegate on the same database hands the lock out as soon as the lease expires.
@@ -370,14 +569,20 @@ async fn what_the_command_leaves_running_is_stopped_before_the_release() {
     let lock = unique("leftover");
     let dir = tempfile::tempdir().unwrap();
     let job = r#"sleep 60 & echo $! > "$D/worker"; exit 0"#;
-    let mut command = fencegate(&app.address, &["lock", &lock, "--ttl-ms", "60000", "--", "sh", "-c", job]);
+    let mut command = fencegate(
+        &app.address,
+        &["lock", &lock, "--ttl-ms", "60000", "--", "sh", "-c", job],
+    );
     command.env("D", dir.path());
     let (code, _, err) = run(command).await;
     assert_eq!(code, Some(0), "{err}");
     let worker = pid_in(&dir.path().join("worker"));
     // Stopped, not just signalled: gone (or a zombie of init's) by the time the wrapper exits.
     let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap_or_default();
-    assert!(!alive(worker) || status.contains("State:\tZ"), "the leftover worker {worker} still runs: {status}");
+    assert!(
+        !alive(worker) || status.contains("State:\tZ"),
+        "the leftover worker {worker} still runs: {status}"
+    );
     // And the lock was released, not left to expire.
     acquire(&app, &lock, "next", 1_000).await.expect(201);
 }

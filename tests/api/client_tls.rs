@@ -21,7 +21,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_fencegate");
 async fn https_server(files: &TlsFiles) -> (Child, String) {
     let port = free_port();
     let mut child = Command::new("openssl")
-        .args(["s_server", "-www", "-Verify", "1", "-accept", &format!("127.0.0.1:{port}")])
+        .args([
+            "s_server",
+            "-www",
+            "-Verify",
+            "1",
+            "-accept",
+            &format!("127.0.0.1:{port}"),
+        ])
         .arg("-cert")
         .arg(&files.server_cert)
         .arg("-key")
@@ -43,7 +50,10 @@ async fn https_server(files: &TlsFiles) -> (Child, String) {
         }
         false
     });
-    assert!(ready.await.unwrap_or(false), "openssl s_server did not start");
+    assert!(
+        ready.await.unwrap_or(false),
+        "openssl s_server did not start"
+    );
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, format!("https://127.0.0.1:{port}"))
 }
@@ -63,8 +73,15 @@ async fn kv_get(url: &str, args: &[&str], env: &[(&str, &Path)]) -> (Option<i32>
     for (name, value) in env {
         command.env(name, value);
     }
-    let out = tokio::time::timeout(Duration::from_secs(60), command.output()).await.expect("fencegate kv get hung").expect("run fencegate");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("fencegate kv get hung")
+        .expect("run fencegate");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn s(path: &Path) -> &str {
@@ -78,26 +95,79 @@ async fn cacert_cert_and_key_reach_an_https_server_that_checks_them() {
     let (_server, url) = https_server(&files).await;
 
     // The server was shown the client certificate (its status page names it).
-    let (code, out, err) = kv_get(&url, &["--cacert", s(&files.ca), "--cert", s(&files.client_cert), "--key", s(&files.client_key)], &[]).await;
+    let (code, out, err) = kv_get(
+        &url,
+        &[
+            "--cacert",
+            s(&files.ca),
+            "--cert",
+            s(&files.client_cert),
+            "--key",
+            s(&files.client_key),
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
-    assert!(out.contains("CN=billing-worker") || out.contains("CN = billing-worker"), "the server saw no client certificate: {out}");
+    assert!(
+        out.contains("CN=billing-worker") || out.contains("CN = billing-worker"),
+        "the server saw no client certificate: {out}"
+    );
     // The same from the environment.
-    let env = [("FENCEGATE_CACERT", files.ca.as_path()), ("FENCEGATE_CERT", &files.client_cert), ("FENCEGATE_KEY", &files.client_key)];
+    let env = [
+        ("FENCEGATE_CACERT", files.ca.as_path()),
+        ("FENCEGATE_CERT", &files.client_cert),
+        ("FENCEGATE_KEY", &files.client_key),
+    ];
     let (code, out, err) = kv_get(&url, &[], &env).await;
     assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
 
     // No client certificate: the server refuses, and the message says what to give.
     let (code, _, err) = kv_get(&url, &["--cacert", s(&files.ca)], &[]).await;
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("client certificate") && err.contains("--cert"), "{err}");
+    assert!(
+        err.contains("client certificate") && err.contains("--cert"),
+        "{err}"
+    );
 
     // A CA that did not sign the server's certificate; no CA at all (the public roots).
-    let (code, _, err) = kv_get(&url, &["--cacert", s(&files.other_ca), "--cert", s(&files.client_cert), "--key", s(&files.client_key)], &[]).await;
+    let (code, _, err) = kv_get(
+        &url,
+        &[
+            "--cacert",
+            s(&files.other_ca),
+            "--cert",
+            s(&files.client_cert),
+            "--key",
+            s(&files.client_key),
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains(&format!("does not verify against --cacert {}", s(&files.other_ca))), "{err}");
-    let (code, _, err) = kv_get(&url, &["--cert", s(&files.client_cert), "--key", s(&files.client_key)], &[]).await;
+    assert!(
+        err.contains(&format!(
+            "does not verify against --cacert {}",
+            s(&files.other_ca)
+        )),
+        "{err}"
+    );
+    let (code, _, err) = kv_get(
+        &url,
+        &[
+            "--cert",
+            s(&files.client_cert),
+            "--key",
+            s(&files.client_key),
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("bundled public root CAs") && err.contains("--cacert"), "{err}");
+    assert!(
+        err.contains("bundled public root CAs") && err.contains("--cacert"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -110,16 +180,45 @@ async fn unusable_tls_files_are_named_and_nothing_is_sent() {
     // Nothing listens there: each answer below comes before any connection.
     let url = "https://127.0.0.1:1";
     let cases: [(&[&str], String); 6] = [
-        (&["--cacert", s(&missing)], format!("cannot read --cacert {}", s(&missing))),
-        (&["--cacert", s(&not_pem)], format!("--cacert {} holds no PEM certificate", s(&not_pem))),
-        (&["--cert", s(&files.client_cert)], format!("--cert {} needs its private key", s(&files.client_cert))),
-        (&["--key", s(&files.client_key)], format!("--key {} needs its certificate", s(&files.client_key))),
-        (&["--cert", s(&not_pem), "--key", s(&files.client_key)], format!("--cert {} holds no PEM certificate", s(&not_pem))),
-        (&["--cert", s(&files.client_cert), "--key", s(&files.client_cert)], format!("--key {} holds no unencrypted PEM private key", s(&files.client_cert))),
+        (
+            &["--cacert", s(&missing)],
+            format!("cannot read --cacert {}", s(&missing)),
+        ),
+        (
+            &["--cacert", s(&not_pem)],
+            format!("--cacert {} holds no PEM certificate", s(&not_pem)),
+        ),
+        (
+            &["--cert", s(&files.client_cert)],
+            format!("--cert {} needs its private key", s(&files.client_cert)),
+        ),
+        (
+            &["--key", s(&files.client_key)],
+            format!("--key {} needs its certificate", s(&files.client_key)),
+        ),
+        (
+            &["--cert", s(&not_pem), "--key", s(&files.client_key)],
+            format!("--cert {} holds no PEM certificate", s(&not_pem)),
+        ),
+        (
+            &[
+                "--cert",
+                s(&files.client_cert),
+                "--key",
+                s(&files.client_cert),
+            ],
+            format!(
+                "--key {} holds no unencrypted PEM private key",
+                s(&files.client_cert)
+            ),
+        ),
     ];
     for (args, expected) in cases {
         let (code, _, err) = kv_get(url, args, &[]).await;
         assert_eq!(code, Some(2), "{args:?}: {err}");
-        assert!(err.contains(&expected), "{args:?}: expected {expected:?} in {err}");
+        assert!(
+            err.contains(&expected),
+            "{args:?}: expected {expected:?} in {err}"
+        );
     }
 }

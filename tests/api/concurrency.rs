@@ -100,7 +100,15 @@ async fn run(strict: bool) {
                     matches!(r.status, 200 | 201 | 412),
                     "only 200/201/412 are acceptable under contention: {r:?}"
                 );
-                recs.push(Rec { key, token, id, start, end, status: r.status, current });
+                recs.push(Rec {
+                    key,
+                    token,
+                    id,
+                    start,
+                    end,
+                    status: r.status,
+                    current,
+                });
             }
             recs
         }));
@@ -119,8 +127,14 @@ async fn run(strict: bool) {
                 let resp = apps[r % 2].kv_get(KEYS[key]).await;
                 let token = match resp.status {
                     404 => None,
-                    200 => Some(resp.json()["fence_token"].as_str().and_then(|t| t.parse::<i64>().ok())
-                        .unwrap_or_else(|| panic!("GET without a string fence_token: {resp:?}"))),
+                    200 => Some(
+                        resp.json()["fence_token"]
+                            .as_str()
+                            .and_then(|t| t.parse::<i64>().ok())
+                            .unwrap_or_else(|| {
+                                panic!("GET without a string fence_token: {resp:?}")
+                            }),
+                    ),
                     _ => panic!("GET under contention: {resp:?}"),
                 };
                 reads.push(Read { key, token, start });
@@ -158,7 +172,10 @@ async fn run(strict: bool) {
                     !(a.token > w.token && w.start > a.end),
                     "{name}: {} (token {}) was accepted although it started after {} (token {}) \
                      had been acknowledged {ctx}",
-                    w.id, w.token, a.id, a.token
+                    w.id,
+                    w.token,
+                    a.id,
+                    a.token
                 );
             }
         }
@@ -168,18 +185,34 @@ async fn run(strict: bool) {
         for r in &rejected {
             let current = r.current.unwrap();
             let explains = |a: &&&Rec| {
-                a.start < r.end && if strict { a.token >= r.token } else { a.token > r.token }
+                a.start < r.end
+                    && if strict {
+                        a.token >= r.token
+                    } else {
+                        a.token > r.token
+                    }
             };
             assert!(
                 accepted.iter().any(|a| explains(&a)),
                 "{name}: {} (token {}) was rejected, but no accepted write with a higher token \
                  had started before it ended {ctx}",
+                r.id,
+                r.token
+            );
+            let ok = if strict {
+                current >= r.token
+            } else {
+                current > r.token
+            };
+            assert!(
+                ok,
+                "{name}: {} (token {}) rejected with current_token {current} {ctx}",
                 r.id, r.token
             );
-            let ok = if strict { current >= r.token } else { current > r.token };
-            assert!(ok, "{name}: {} (token {}) rejected with current_token {current} {ctx}", r.id, r.token);
             assert!(
-                accepted.iter().any(|a| a.token == current && a.start < r.end),
+                accepted
+                    .iter()
+                    .any(|a| a.token == current && a.start < r.end),
                 "{name}: {} was rejected with current_token {current}, which no accepted write \
                  under way at the time carried {ctx}",
                 r.id
@@ -203,7 +236,10 @@ async fn run(strict: bool) {
             let mut seen: HashMap<i64, &str> = HashMap::new();
             for a in &accepted {
                 if let Some(prev) = seen.insert(a.token, &a.id) {
-                    panic!("{name}: token {} accepted twice in strict mode ({prev}, {}) {ctx}", a.token, a.id);
+                    panic!(
+                        "{name}: token {} accepted twice in strict mode ({prev}, {}) {ctx}",
+                        a.token, a.id
+                    );
                 }
             }
         }
@@ -211,12 +247,20 @@ async fn run(strict: bool) {
         // (c) The final state is the highest accepted token and one of its writes' values.
         let max = accepted.iter().map(|a| a.token).max().unwrap();
         let body = apps[0].kv_get(name).await.expect(200);
-        assert_eq!(body["fence_token"], json!(max.to_string()), "{name}: final state {body} {ctx}");
+        assert_eq!(
+            body["fence_token"],
+            json!(max.to_string()),
+            "{name}: final state {body} {ctx}"
+        );
         let id = body["value"]["id"].as_str().unwrap_or_default();
         assert!(
             accepted.iter().any(|a| a.token == max && a.id == id),
             "{name}: final value {body} is not from an accepted write with token {max} {ctx}"
         );
-        assert_eq!(body["value"]["token"], json!(max.to_string()), "{name}: {body} {ctx}");
+        assert_eq!(
+            body["value"]["token"],
+            json!(max.to_string()),
+            "{name}: {body} {ctx}"
+        );
     }
 }

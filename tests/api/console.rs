@@ -36,9 +36,19 @@ impl Stream {
         }
         let response = rb.send().await.expect("GET /v1/admin/events");
         assert_eq!(response.status(), 200, "GET /v1/admin/events");
-        let ct = response.headers().get("content-type").unwrap().to_str().unwrap().to_owned();
+        let ct = response
+            .headers()
+            .get("content-type")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
         assert!(ct.starts_with("text/event-stream"), "content-type {ct}");
-        let mut stream = Stream { response, buffer: String::new(), skipped_ticks: Vec::new() };
+        let mut stream = Stream {
+            response,
+            buffer: String::new(),
+            skipped_ticks: Vec::new(),
+        };
         // The stream opens with `hello`: from here on, this subscriber gets every event.
         assert_eq!(stream.next().await.event, "hello");
         stream
@@ -46,7 +56,9 @@ impl Stream {
 
     /// The next event (of any type); panics after 10 s without one, or at the end of the stream.
     async fn next(&mut self) -> Sse {
-        self.try_next(Duration::from_secs(10)).await.expect("the event stream ended")
+        self.try_next(Duration::from_secs(10))
+            .await
+            .expect("the event stream ended")
     }
 
     /// The next event, `None` at the end of the stream.
@@ -57,26 +69,40 @@ impl Stream {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let (mut event, mut id, mut data) = (String::from("message"), None, String::new());
                 for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("event: ").or_else(|| line.strip_prefix("event:")) {
+                    if let Some(v) = line
+                        .strip_prefix("event: ")
+                        .or_else(|| line.strip_prefix("event:"))
+                    {
                         event = v.to_owned();
-                    } else if let Some(v) = line.strip_prefix("id: ").or_else(|| line.strip_prefix("id:")) {
+                    } else if let Some(v) = line
+                        .strip_prefix("id: ")
+                        .or_else(|| line.strip_prefix("id:"))
+                    {
                         id = Some(v.parse().expect("numeric id"));
-                    } else if let Some(v) = line.strip_prefix("data: ").or_else(|| line.strip_prefix("data:")) {
+                    } else if let Some(v) = line
+                        .strip_prefix("data: ")
+                        .or_else(|| line.strip_prefix("data:"))
+                    {
                         data.push_str(v);
                     }
                 }
                 if data.is_empty() {
                     continue; // a comment (keep-alive)
                 }
-                let data = serde_json::from_str(&data).unwrap_or_else(|e| panic!("data is not JSON ({e}): {data}"));
+                let data = serde_json::from_str(&data)
+                    .unwrap_or_else(|e| panic!("data is not JSON ({e}): {data}"));
                 return Some(Sse { event, id, data });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let chunk = tokio::time::timeout(left, self.response.chunk())
                 .await
-                .unwrap_or_else(|_| panic!("no event within {within:?}; buffered: {:?}", self.buffer));
+                .unwrap_or_else(|_| {
+                    panic!("no event within {within:?}; buffered: {:?}", self.buffer)
+                });
             match chunk.expect("reading the event stream") {
-                Some(bytes) => self.buffer.push_str(std::str::from_utf8(&bytes).expect("UTF-8")),
+                Some(bytes) => self
+                    .buffer
+                    .push_str(std::str::from_utf8(&bytes).expect("UTF-8")),
                 None => return None,
             }
         }
@@ -96,7 +122,10 @@ impl Stream {
 
 async fn acquire(app: &TestApp, name: &str, owner: &str, ttl_ms: u64) -> String {
     let body = app
-        .send(app.req(Method::POST, &format!("/v1/locks/{}", enc(name))).json(&json!({"owner": owner, "ttl_ms": ttl_ms})))
+        .send(
+            app.req(Method::POST, &format!("/v1/locks/{}", enc(name)))
+                .json(&json!({"owner": owner, "ttl_ms": ttl_ms})),
+        )
         .await
         .expect(201);
     body["token"].as_str().unwrap().to_owned()
@@ -111,19 +140,36 @@ async fn the_overview_shows_locks_fences_refusals_and_counters() {
     let app = spawn_app().await;
     let lock = unique("console-lock");
     let token = acquire(&app, &lock, "worker-a", 30_000).await;
-    app.kv_put_scoped(&enc(&format!("{lock}/job")), &token, &enc(&lock), &json!(1)).await.expect(201);
+    app.kv_put_scoped(&enc(&format!("{lock}/job")), &token, &enc(&lock), &json!(1))
+        .await
+        .expect(201);
     let key = unique("console-key");
     app.kv_put(&key, "5", &json!("new")).await.expect(201);
-    app.kv_put(&key, "3", &json!("zombie")).await.problem(412, "stale-token");
+    app.kv_put(&key, "3", &json!("zombie"))
+        .await
+        .problem(412, "stale-token");
 
     let o = overview(&app).await;
-    let held = o["locks"].as_array().unwrap().iter().find(|l| l["name"] == lock.as_str()).expect("the lock is listed");
+    let held = o["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == lock.as_str())
+        .expect("the lock is listed");
     assert_eq!(held["holder"], "worker-a");
     assert_eq!(held["token"], token.as_str());
     let remaining = held["remaining_ms"].as_i64().unwrap();
-    assert!((1..=30_000).contains(&remaining), "remaining_ms {remaining}");
+    assert!(
+        (1..=30_000).contains(&remaining),
+        "remaining_ms {remaining}"
+    );
     assert!(held["expires_at"].as_str().unwrap().ends_with('Z'));
-    let fence = o["fences"].as_array().unwrap().iter().find(|f| f["scope"] == lock.as_str()).expect("the scope is listed");
+    let fence = o["fences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["scope"] == lock.as_str())
+        .expect("the scope is listed");
     assert_eq!(fence["fence_token"], token.as_str());
 
     let latest = &o["refusals"][0];
@@ -136,22 +182,42 @@ async fn the_overview_shows_locks_fences_refusals_and_counters() {
     assert!(latest["at_ms"].as_u64().unwrap() > 1_600_000_000_000);
     assert_eq!(o["counters"]["stale"], 1);
     assert_eq!(o["counters"]["refused"], 1);
-    assert_eq!(o["counters"]["accepted"], 2, "the scoped put and the first unscoped put: {o}");
+    assert_eq!(
+        o["counters"]["accepted"], 2,
+        "the scoped put and the first unscoped put: {o}"
+    );
     assert_eq!(o["rate"].as_array().unwrap().len(), 300);
 
     // A released lock leaves the list (the lists are at most a second old: their cost is
     // bounded); its fence stays.
-    app.send(app.req(Method::DELETE, &format!("/v1/locks/{}", enc(&lock))).header(TOKEN, &token)).await.expect(200);
+    app.send(
+        app.req(Method::DELETE, &format!("/v1/locks/{}", enc(&lock)))
+            .header(TOKEN, &token),
+    )
+    .await
+    .expect(200);
     let deadline = Instant::now() + Duration::from_secs(3);
     let o = loop {
         let o = overview(&app).await;
-        if o["locks"].as_array().unwrap().iter().all(|l| l["name"] != lock.as_str()) {
+        if o["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["name"] != lock.as_str())
+        {
             break o;
         }
-        assert!(Instant::now() < deadline, "the released lock is still listed after 3 s: {o}");
+        assert!(
+            Instant::now() < deadline,
+            "the released lock is still listed after 3 s: {o}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(o["fences"].as_array().unwrap().iter().any(|f| f["scope"] == lock.as_str()));
+    assert!(o["fences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["scope"] == lock.as_str()));
 }
 
 /// The overview's database part costs at most one query per second per process, however many
@@ -172,12 +238,22 @@ async fn the_overview_costs_one_query_per_second_whatever_the_callers() {
         let o = answer.await.unwrap();
         // Answered within the second of the first read (checked after the answer came).
         if read_at.elapsed() < Duration::from_millis(900) {
-            assert_eq!(o["locks"], first["locks"], "a fresh query within the second");
+            assert_eq!(
+                o["locks"], first["locks"],
+                "a fresh query within the second"
+            );
         }
     }
     tokio::time::sleep(fencegate::store::overview::FRESH_FOR).await;
     let later = overview(&app).await;
-    assert!(later["locks"].as_array().unwrap().iter().any(|l| l["name"] == lock.as_str()), "{later}");
+    assert!(
+        later["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["name"] == lock.as_str()),
+        "{later}"
+    );
 }
 
 #[tokio::test]
@@ -185,19 +261,40 @@ async fn the_stream_sends_grants_refusals_and_releases_in_order_then_counts_each
     let app = spawn_app_with(|s| s.kv.max_token_jump = 1000).await;
     let mut stream = Stream::open(&app, None).await;
     let lock = unique("console-stream");
-    let token: i64 = acquire(&app, &lock, "worker-a", 30_000).await.parse().unwrap();
+    let token: i64 = acquire(&app, &lock, "worker-a", 30_000)
+        .await
+        .parse()
+        .unwrap();
     let key = enc(&format!("{lock}/k"));
     // accepted, then: stale (key fence), not issued (above the lock's latest grant), jump,
     // scope mismatch (the key is bound to the lock's scope), release.
-    app.kv_put_scoped(&key, &token.to_string(), &enc(&lock), &json!(1)).await.expect(201);
+    app.kv_put_scoped(&key, &token.to_string(), &enc(&lock), &json!(1))
+        .await
+        .expect(201);
     let plain = unique("console-plain");
     app.kv_put(&plain, "10", &json!(1)).await.expect(201);
-    app.kv_put(&plain, "9", &json!(1)).await.problem(412, "stale-token");
-    app.kv_put_scoped(&key, &(token + 1).to_string(), &enc(&lock), &json!(1)).await.problem(422, "token-not-issued");
-    app.kv_put(&plain, "5000", &json!(1)).await.problem(422, "token-jump");
-    app.kv_put(&key, "20", &json!(1)).await.problem(409, "scope-mismatch");
-    app.send(app.req(Method::DELETE, &format!("/v1/locks/{}", enc(&lock))).header(TOKEN, token.to_string())).await.expect(200);
-    let done_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    app.kv_put(&plain, "9", &json!(1))
+        .await
+        .problem(412, "stale-token");
+    app.kv_put_scoped(&key, &(token + 1).to_string(), &enc(&lock), &json!(1))
+        .await
+        .problem(422, "token-not-issued");
+    app.kv_put(&plain, "5000", &json!(1))
+        .await
+        .problem(422, "token-jump");
+    app.kv_put(&key, "20", &json!(1))
+        .await
+        .problem(409, "scope-mismatch");
+    app.send(
+        app.req(Method::DELETE, &format!("/v1/locks/{}", enc(&lock)))
+            .header(TOKEN, token.to_string()),
+    )
+    .await
+    .expect(200);
+    let done_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
 
     let mut seen = Vec::new();
     for _ in 0..6 {
@@ -212,30 +309,68 @@ async fn the_stream_sends_grants_refusals_and_releases_in_order_then_counts_each
         .collect();
     assert_eq!(
         kinds,
-        ["grant", "refusal:stale", "refusal:not_issued", "refusal:jump", "refusal:scope_mismatch", "release"],
+        [
+            "grant",
+            "refusal:stale",
+            "refusal:not_issued",
+            "refusal:jump",
+            "refusal:scope_mismatch",
+            "release"
+        ],
         "{seen:#?}"
     );
-    let ids: Vec<u64> = seen.iter().map(|e| e.id.expect("fencing events carry an id")).collect();
+    let ids: Vec<u64> = seen
+        .iter()
+        .map(|e| e.id.expect("fencing events carry an id"))
+        .collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids increase: {ids:?}");
     for e in &seen {
-        assert_eq!(e.data["type"].as_str(), Some(e.event.as_str()), "the data names its type: {e:?}");
+        assert_eq!(
+            e.data["type"].as_str(),
+            Some(e.event.as_str()),
+            "the data names its type: {e:?}"
+        );
     }
-    let (grant, stale, not_issued, jump, mismatch, release) =
-        (&seen[0].data, &seen[1].data, &seen[2].data, &seen[3].data, &seen[4].data, &seen[5].data);
+    let (grant, stale, not_issued, jump, mismatch, release) = (
+        &seen[0].data,
+        &seen[1].data,
+        &seen[2].data,
+        &seen[3].data,
+        &seen[4].data,
+        &seen[5].data,
+    );
     assert_eq!(grant["name"], lock.as_str());
     assert_eq!(grant["holder"], "worker-a");
     assert_eq!(grant["token"], token.to_string());
     assert_eq!(grant["ttl_ms"], 30_000);
     assert_eq!(
-        (stale["key"].as_str(), stale["presented_token"].as_str(), stale["current_token"].as_str()),
+        (
+            stale["key"].as_str(),
+            stale["presented_token"].as_str(),
+            stale["current_token"].as_str()
+        ),
         (Some(plain.as_str()), Some("9"), Some("10"))
     );
     assert_eq!(not_issued["scope"], lock.as_str());
     assert_eq!(not_issued["presented_token"], (token + 1).to_string());
-    assert_eq!(not_issued["current_token"], token.to_string(), "the latest token issued");
-    assert_eq!((jump["presented_token"].as_str(), jump["current_token"].as_str()), (Some("5000"), Some("10")));
+    assert_eq!(
+        not_issued["current_token"],
+        token.to_string(),
+        "the latest token issued"
+    );
+    assert_eq!(
+        (
+            jump["presented_token"].as_str(),
+            jump["current_token"].as_str()
+        ),
+        (Some("5000"), Some("10"))
+    );
     assert_eq!(mismatch["key"], format!("{lock}/k"));
-    assert_eq!(mismatch["scope"], lock.as_str(), "the scope the key is bound to");
+    assert_eq!(
+        mismatch["scope"],
+        lock.as_str(),
+        "the scope the key is bound to"
+    );
     assert_eq!(mismatch["presented_scope"], Value::Null);
     assert_eq!(release["name"], lock.as_str());
     assert_eq!(release["token"], token.to_string());
@@ -253,7 +388,10 @@ async fn the_stream_sends_grants_refusals_and_releases_in_order_then_counts_each
         assert_eq!(e.event, "tick", "nothing else happened: {e:?}");
         assert!(e.id.is_none(), "ticks carry no id");
         let second = e.data["second"].as_u64().unwrap();
-        assert!(last == 0 || second == last + 1, "ticks are whole seconds in order: {last} then {second}");
+        assert!(
+            last == 0 || second == last + 1,
+            "ticks are whole seconds in order: {last} then {second}"
+        );
         last = second;
         accepted += e.data["accepted"].as_u64().unwrap();
         refused += e.data["refused"].as_u64().unwrap();
@@ -272,11 +410,16 @@ async fn a_stream_that_goes_away_is_forgotten_and_past_the_cap_the_slowest_is_ev
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let n = overview(&app).await["counters"]["subscribers"].as_u64().unwrap();
+        let n = overview(&app).await["counters"]["subscribers"]
+            .as_u64()
+            .unwrap();
         if n == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the closed stream is still counted after 5 s");
+        assert!(
+            Instant::now() < deadline,
+            "the closed stream is still counted after 5 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -289,13 +432,21 @@ async fn a_stream_that_goes_away_is_forgotten_and_past_the_cap_the_slowest_is_ev
     let mut newest = Stream::open(&app, None).await;
     let dropped = open[0].next_fencing().await;
     assert_eq!(dropped.event, "dropped", "{dropped:?}");
-    assert!(open[0].try_next(Duration::from_secs(5)).await.is_none(), "the evicted stream did not end");
-    assert_eq!(overview(&app).await["counters"]["subscribers"], fencegate::events::MAX_SUBSCRIBERS);
+    assert!(
+        open[0].try_next(Duration::from_secs(5)).await.is_none(),
+        "the evicted stream did not end"
+    );
+    assert_eq!(
+        overview(&app).await["counters"]["subscribers"],
+        fencegate::events::MAX_SUBSCRIBERS
+    );
     app.get("/healthz").await.expect(200);
     // The streams open still get events.
     let key = unique("console-cap");
     app.kv_put(&key, "2", &json!(1)).await.expect(201);
-    app.kv_put(&key, "1", &json!(1)).await.problem(412, "stale-token");
+    app.kv_put(&key, "1", &json!(1))
+        .await
+        .problem(412, "stale-token");
     assert_eq!(newest.next_fencing().await.data["key"], key.as_str());
     let last = open.last_mut().unwrap();
     assert_eq!(last.next_fencing().await.data["key"], key.as_str());
@@ -311,10 +462,17 @@ async fn a_client_that_does_not_read_is_dropped_and_others_go_on() {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut stalled = socket.connect(addr.parse().unwrap()).await.unwrap();
-    stalled.write_all(format!("GET /v1/admin/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    stalled
+        .write_all(format!("GET /v1/admin/events HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut head = [0u8; 256];
     let n = stalled.read(&mut head).await.unwrap();
-    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..n]));
+    assert!(
+        head[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head[..n])
+    );
     let mut reader = Stream::open(&app, None).await;
     assert_eq!(overview(&app).await["counters"]["subscribers"], 2);
     let marker = unique("console-after");
@@ -352,9 +510,15 @@ async fn a_client_that_does_not_read_is_dropped_and_others_go_on() {
         if made % 200 == 0 && overview(&app).await["counters"]["subscribers"] == 1 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "the stalled client was not dropped after {made} refusals");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stalled client was not dropped after {made} refusals"
+        );
     }
-    eprintln!("the stalled client was dropped after {made} refusals in {:?}", started.elapsed());
+    eprintln!(
+        "the stalled client was dropped after {made} refusals in {:?}",
+        started.elapsed()
+    );
     app.get("/healthz").await.expect(200);
     // Its connection is closed: what the kernel buffered, then the end.
     let drained = tokio::time::timeout(Duration::from_secs(10), async {
@@ -371,8 +535,13 @@ async fn a_client_that_does_not_read_is_dropped_and_others_go_on() {
 
     // The reader got every refusal, in order, and the one made now.
     app.kv_put(&marker, "2", &json!(1)).await.expect(201);
-    app.kv_put(&marker, "1", &json!(1)).await.problem(412, "stale-token");
-    let seen = tokio::time::timeout(Duration::from_secs(20), reading).await.expect("the reader saw the marker").unwrap();
+    app.kv_put(&marker, "1", &json!(1))
+        .await
+        .problem(412, "stale-token");
+    let seen = tokio::time::timeout(Duration::from_secs(20), reading)
+        .await
+        .expect("the reader saw the marker")
+        .unwrap();
     assert_eq!(seen, made, "the reader saw every refusal");
 }
 
@@ -396,10 +565,20 @@ async fn the_console_data_needs_the_admin_right_and_the_page_does_not() {
         let none = app.get(path).await;
         none.problem(401, "unauthenticated");
         assert_eq!(none.header("www-authenticate"), Some("Bearer"));
-        let refused = app.send(app.req(Method::GET, path).header(AUTHORIZATION, format!("Bearer {writer}"))).await;
+        let refused = app
+            .send(
+                app.req(Method::GET, path)
+                    .header(AUTHORIZATION, format!("Bearer {writer}")),
+            )
+            .await;
         assert_eq!(refused.problem(403, "forbidden")["right"], "admin");
     }
-    app.send(app.req(Method::GET, "/v1/admin/overview").header(AUTHORIZATION, format!("Bearer {admin}"))).await.expect(200);
+    app.send(
+        app.req(Method::GET, "/v1/admin/overview")
+            .header(AUTHORIZATION, format!("Bearer {admin}")),
+    )
+    .await
+    .expect(200);
     let mut stream = Stream::open(&app, Some(&admin)).await;
     // A write by the worker shows in the admin's stream.
     let k = unique("console-auth");
@@ -414,18 +593,31 @@ async fn the_console_data_needs_the_admin_right_and_the_page_does_not() {
     assert_eq!(stream.next_fencing().await.data["key"], k.as_str());
 
     // The page and its assets need no credential: they hold no data.
-    for (path, ct) in [("/ui", "text/html"), ("/ui/console.js", "text/javascript"), ("/ui/console.css", "text/css")] {
+    for (path, ct) in [
+        ("/ui", "text/html"),
+        ("/ui/console.js", "text/javascript"),
+        ("/ui/console.css", "text/css"),
+    ] {
         let r = app.get(path).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text);
         assert!(r.header("content-type").unwrap().starts_with(ct), "{path}");
         let csp = r.header("content-security-policy").expect("a CSP");
-        assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
         assert!(!csp.contains("unsafe-inline"), "{csp}");
         assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     }
     let page = app.get("/ui").await.text;
-    assert!(!page.contains("<script>") && !page.contains("style="), "no inline script or style");
-    assert!(!page.contains("http://") && !page.contains("https://"), "nothing fetched from elsewhere");
+    assert!(
+        !page.contains("<script>") && !page.contains("style="),
+        "no inline script or style"
+    );
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "nothing fetched from elsewhere"
+    );
     let _ = SCOPE;
 }
 
@@ -443,7 +635,11 @@ async fn shutdown_ends_the_streams_cleanly_and_at_once() {
             Some(e) => assert_eq!(e.event, "tick", "only ticks until the end: {e:?}"),
         }
     }
-    assert!(started.elapsed() < Duration::from_secs(5), "the stream ended {:?} after shutdown", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the stream ended {:?} after shutdown",
+        started.elapsed()
+    );
 }
 
 /// A missing or wrong `X-Fencing-Proof` is a refusal too (`bad_proof`), and a batch refused on
@@ -462,35 +658,71 @@ async fn proofs_and_batches_are_refusals_too() {
     .await;
     let mut stream = Stream::open(&app, None).await;
     let signed = |proof: Option<&str>| {
-        let rb = app.req(Method::PUT, "/v1/kv/job-1").header(TOKEN, "3").header(SCOPE, "jobs%2Fa").json(&json!(1));
+        let rb = app
+            .req(Method::PUT, "/v1/kv/job-1")
+            .header(TOKEN, "3")
+            .header(SCOPE, "jobs%2Fa")
+            .json(&json!(1));
         match proof {
             Some(p) => rb.header("X-Fencing-Proof", p),
             None => rb,
         }
     };
-    app.send(signed(None)).await.problem(422, "missing-token-proof");
-    app.send(signed(Some("bm90LWEtc2lnbmF0dXJl"))).await.problem(422, "invalid-token-proof");
+    app.send(signed(None))
+        .await
+        .problem(422, "missing-token-proof");
+    app.send(signed(Some("bm90LWEtc2lnbmF0dXJl")))
+        .await
+        .problem(422, "invalid-token-proof");
     let missing = stream.next_fencing().await;
-    assert_eq!((missing.data["kind"].as_str(), missing.data["scope"].as_str()), (Some("bad_proof"), Some("jobs/a")));
-    assert!(missing.data["detail"].as_str().unwrap().contains("etcd"), "{missing:?}");
+    assert_eq!(
+        (
+            missing.data["kind"].as_str(),
+            missing.data["scope"].as_str()
+        ),
+        (Some("bad_proof"), Some("jobs/a"))
+    );
+    assert!(
+        missing.data["detail"].as_str().unwrap().contains("etcd"),
+        "{missing:?}"
+    );
     let invalid = stream.next_fencing().await;
     assert_eq!(invalid.data["kind"], "bad_proof");
-    assert!(invalid.data["detail"].as_str().unwrap().contains("etcd"), "{invalid:?}");
+    assert!(
+        invalid.data["detail"].as_str().unwrap().contains("etcd"),
+        "{invalid:?}"
+    );
 
     for key in ["b1", "b2"] {
         app.kv_put(key, "9", &json!(1)).await.expect(201);
     }
     let ops = json!({"ops": [{"op": "put", "key": "b1", "value": 1}, {"op": "put", "key": "b2", "value": 2}]});
-    app.batch(Some("4"), None, &ops).await.problem(412, "stale-token");
+    app.batch(Some("4"), None, &ops)
+        .await
+        .problem(412, "stale-token");
     let batch = stream.next_fencing().await;
     assert_eq!(
-        (batch.data["kind"].as_str(), batch.data["op"].as_str(), batch.data["keys"].as_u64()),
+        (
+            batch.data["kind"].as_str(),
+            batch.data["op"].as_str(),
+            batch.data["keys"].as_u64()
+        ),
         (Some("stale"), Some("batch"), Some(2))
     );
-    assert_eq!((batch.data["presented_token"].as_str(), batch.data["current_token"].as_str()), (Some("4"), Some("9")));
+    assert_eq!(
+        (
+            batch.data["presented_token"].as_str(),
+            batch.data["current_token"].as_str()
+        ),
+        (Some("4"), Some("9"))
+    );
     let counters = overview(&app).await["counters"].clone();
     assert_eq!(
-        (counters["bad_proof"].as_u64(), counters["stale"].as_u64(), counters["accepted"].as_u64()),
+        (
+            counters["bad_proof"].as_u64(),
+            counters["stale"].as_u64(),
+            counters["accepted"].as_u64()
+        ),
         (Some(2), Some(1), Some(2))
     );
 }

@@ -18,11 +18,21 @@ async fn demo_rejects_the_zombie_and_shows_the_lost_update() {
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "demo failed: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "demo failed: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
     assert!(stdout.contains("SIGSTOP A"), "{stdout}");
-    assert!(stdout.contains("412 REJECTED"), "fenced zombie not rejected:\n{stdout}");
+    assert!(
+        stdout.contains("412 REJECTED"),
+        "fenced zombie not rejected:\n{stdout}"
+    );
     assert!(stdout.contains("final list: [\"B\"]"), "{stdout}");
-    assert!(stdout.contains("LOST"), "unfenced side did not show the lost update:\n{stdout}");
+    assert!(
+        stdout.contains("LOST"),
+        "unfenced side did not show the lost update:\n{stdout}"
+    );
     assert!(stdout.contains("verdict: PASS"), "{stdout}");
     // It ran in a scratch place, gone now: nothing of the demo's is left in the user's database.
     if crate::BACKEND == crate::pg::Backend::Postgres {
@@ -37,13 +47,20 @@ async fn demo_rejects_the_zombie_and_shows_the_lost_update() {
         .unwrap();
         assert!(left.is_empty(), "the demo left {left:?} in the database");
     } else {
-        let file = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+        let file = url
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:");
         let rows: i64 = match std::path::Path::new(file).exists() {
             false => 0,
             true => {
                 use sqlx::Connection;
                 let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-                sqlx::query_scalar("SELECT count(*) FROM sqlite_master WHERE name LIKE 'fencegate%'").fetch_one(&mut conn).await.unwrap()
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM sqlite_master WHERE name LIKE 'fencegate%'",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
             }
         };
         assert_eq!(rows, 0, "the demo wrote into the configured SQLite file");

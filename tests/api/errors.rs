@@ -8,7 +8,14 @@ use crate::helpers::{kv, spawn_app, spawn_app_with, TOKEN};
 #[tokio::test]
 async fn unknown_route_is_404_problem() {
     let app = spawn_app().await;
-    for path in ["/", "/nope", "/v2/kv/x", "/v1/kv", "/v1/kv/a/b", "/v1/fences"] {
+    for path in [
+        "/",
+        "/nope",
+        "/v2/kv/x",
+        "/v1/kv",
+        "/v1/kv/a/b",
+        "/v1/fences",
+    ] {
         app.get(path).await.problem(404, "not-found");
     }
 }
@@ -47,7 +54,9 @@ async fn invalid_json_is_400_and_stores_nothing() {
             .await;
         r.problem(400, "invalid-json");
     }
-    let r = app.batch_raw("1", r#"{"ops":[{"op":"put","key":"k","value":1}"#).await;
+    let r = app
+        .batch_raw("1", r#"{"ops":[{"op":"put","key":"k","value":1}"#)
+        .await;
     r.problem(400, "invalid-json");
     app.assert_absent("k").await;
 }
@@ -56,15 +65,21 @@ async fn invalid_json_is_400_and_stores_nothing() {
 async fn body_over_the_limit_is_413_and_stores_nothing() {
     let app = spawn_app_with(|s| s.server.body_limit_bytes = 1024).await;
     let big = json!("x".repeat(2048));
-    app.kv_put("big", "1", &big).await.problem(413, "payload-too-large");
+    app.kv_put("big", "1", &big)
+        .await
+        .problem(413, "payload-too-large");
     app.assert_absent("big").await;
 
     let batch = json!({"ops": [{"op": "put", "key": "b", "value": "y".repeat(2048)}]});
-    app.batch(Some("1"), None, &batch).await.problem(413, "payload-too-large");
+    app.batch(Some("1"), None, &batch)
+        .await
+        .problem(413, "payload-too-large");
     app.assert_absent("b").await;
 
     // Under the limit still works.
-    app.kv_put("small", "1", &json!("x".repeat(512))).await.expect(201);
+    app.kv_put("small", "1", &json!("x".repeat(512)))
+        .await
+        .expect(201);
 }
 
 #[tokio::test]
@@ -72,7 +87,9 @@ async fn default_body_limit_is_one_mebibyte() {
     let app = spawn_app().await;
     // A JSON string of 1 MiB plus quotes: over 1048576 bytes.
     let big = json!("x".repeat(1_048_576));
-    app.kv_put("big", "1", &big).await.problem(413, "payload-too-large");
+    app.kv_put("big", "1", &big)
+        .await
+        .problem(413, "payload-too-large");
     app.assert_absent("big").await;
     let fits = json!("x".repeat(1_000_000));
     app.kv_put("fits", "1", &fits).await.expect(201);
@@ -83,11 +100,23 @@ async fn problems_carry_the_documented_shape() {
     let app = spawn_app().await;
     app.kv_put("k", "5", &json!(1)).await.expect(201);
     // Each call below asserts content type, type URI, title, numeric status and detail.
-    app.kv_put("k", "4", &json!(1)).await.problem(412, "stale-token");
-    app.send(app.req(Method::PUT, "/v1/kv/k").json(&json!(1))).await.problem(428, "missing-token");
-    app.kv_put("k", "x", &json!(1)).await.problem(400, "malformed-token");
-    app.kv_put("%00", "5", &json!(1)).await.problem(400, "invalid-key");
-    app.kv_put_scoped("k", "5", "", &json!(1)).await.problem(400, "invalid-scope");
-    app.batch(Some("5"), None, &json!({"ops": []})).await.problem(400, "invalid-batch");
+    app.kv_put("k", "4", &json!(1))
+        .await
+        .problem(412, "stale-token");
+    app.send(app.req(Method::PUT, "/v1/kv/k").json(&json!(1)))
+        .await
+        .problem(428, "missing-token");
+    app.kv_put("k", "x", &json!(1))
+        .await
+        .problem(400, "malformed-token");
+    app.kv_put("%00", "5", &json!(1))
+        .await
+        .problem(400, "invalid-key");
+    app.kv_put_scoped("k", "5", "", &json!(1))
+        .await
+        .problem(400, "invalid-scope");
+    app.batch(Some("5"), None, &json!({"ops": []}))
+        .await
+        .problem(400, "invalid-batch");
     app.kv_get("absent").await.problem(404, "not-found");
 }

@@ -77,7 +77,8 @@ pub async fn spawn_app_on(db_url: String, configure: impl FnOnce(&mut Settings))
 
 impl TestApp {
     pub fn req(&self, method: Method, path: &str) -> RequestBuilder {
-        self.client.request(method, format!("{}{}", self.address, path))
+        self.client
+            .request(method, format!("{}{}", self.address, path))
     }
 
     /// Sends a request and captures the whole response.
@@ -88,7 +89,10 @@ impl TestApp {
                 let server = self.server.lock().unwrap().take();
                 match server {
                     Some(handle) if handle.is_finished() => {
-                        panic!("{msg}\nthe in-process server had exited: {:?}", handle.await)
+                        panic!(
+                            "{msg}\nthe in-process server had exited: {:?}",
+                            handle.await
+                        )
                     }
                     other => {
                         *self.server.lock().unwrap() = other;
@@ -105,7 +109,12 @@ impl TestApp {
 
     /// `key` goes into the path verbatim: pass it percent-encoded (see `enc`) when it is not plain.
     pub async fn kv_put(&self, key: &str, token: &str, value: &Value) -> Resp {
-        self.send(self.req(Method::PUT, &kv(key)).header(TOKEN, token).json(value)).await
+        self.send(
+            self.req(Method::PUT, &kv(key))
+                .header(TOKEN, token)
+                .json(value),
+        )
+        .await
     }
 
     pub async fn kv_put_scoped(&self, key: &str, token: &str, scope: &str, value: &Value) -> Resp {
@@ -123,7 +132,8 @@ impl TestApp {
     }
 
     pub async fn kv_delete(&self, key: &str, token: &str) -> Resp {
-        self.send(self.req(Method::DELETE, &kv(key)).header(TOKEN, token)).await
+        self.send(self.req(Method::DELETE, &kv(key)).header(TOKEN, token))
+            .await
     }
 
     pub async fn kv_delete_scoped(&self, key: &str, token: &str, scope: &str) -> Resp {
@@ -174,7 +184,11 @@ impl TestApp {
     pub async fn assert_value(&self, key: &str, value: &Value, token: &str) {
         let body = self.kv_get(key).await.expect(200);
         assert_eq!(&body["value"], value, "value of {key}: {body}");
-        assert_eq!(body["fence_token"], Value::from(token), "fence_token of {key}: {body}");
+        assert_eq!(
+            body["fence_token"],
+            Value::from(token),
+            "fence_token of {key}: {body}"
+        );
     }
 
     /// Asserts that GET of `key` is a 404 problem.
@@ -223,7 +237,12 @@ async fn send(rb: RequestBuilder) -> Result<Resp, String> {
     for (name, value) in req.headers() {
         let n = name.as_str();
         if n.starts_with("x-fencing") {
-            write!(what, " [{n}: {:?}]", String::from_utf8_lossy(value.as_bytes())).unwrap();
+            write!(
+                what,
+                " [{n}: {:?}]",
+                String::from_utf8_lossy(value.as_bytes())
+            )
+            .unwrap();
         }
     }
     let resp = client
@@ -266,7 +285,9 @@ impl Resp {
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap_or("<non-ascii>"))
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("<non-ascii>"))
     }
 
     pub fn json(&self) -> Value {
@@ -284,7 +305,11 @@ impl Resp {
     /// Asserts one of `statuses` and a JSON body; returns the body.
     #[track_caller]
     pub fn expect_any(&self, statuses: &[u16]) -> Value {
-        assert!(statuses.contains(&self.status), "unexpected status, wanted one of {statuses:?}\n{}", self.ctx());
+        assert!(
+            statuses.contains(&self.status),
+            "unexpected status, wanted one of {statuses:?}\n{}",
+            self.ctx()
+        );
         self.json()
     }
 
@@ -294,7 +319,12 @@ impl Resp {
         assert_eq!(self.status, status, "unexpected status\n{}", self.ctx());
         let body = self.assert_problem_shape();
         let ty = body["type"].as_str().unwrap();
-        assert_eq!(ty, format!("{PROBLEM_BASE}{slug}"), "unexpected problem type\n{}", self.ctx());
+        assert_eq!(
+            ty,
+            format!("{PROBLEM_BASE}{slug}"),
+            "unexpected problem type\n{}",
+            self.ctx()
+        );
         body
     }
 
@@ -308,7 +338,11 @@ impl Resp {
             self.ctx()
         );
         let body = self.json();
-        assert!(body["type"].is_string(), "problem without string `type`\n{}", self.ctx());
+        assert!(
+            body["type"].is_string(),
+            "problem without string `type`\n{}",
+            self.ctx()
+        );
         assert!(
             body["title"].as_str().is_some_and(|t| !t.is_empty()),
             "problem without non-empty `title`\n{}",
@@ -320,7 +354,11 @@ impl Resp {
             "problem `status` must be the HTTP status as a number\n{}",
             self.ctx()
         );
-        assert!(body["detail"].is_string(), "problem without string `detail`\n{}", self.ctx());
+        assert!(
+            body["detail"].is_string(),
+            "problem without string `detail`\n{}",
+            self.ctx()
+        );
         body
     }
 
@@ -329,8 +367,18 @@ impl Resp {
     pub fn stale_key(&self, key: &str, presented: &str, current: &str) -> Value {
         let body = self.problem(412, "stale-token");
         assert_eq!(body["key"], Value::from(key), "412 `key`\n{}", self.ctx());
-        assert_eq!(body["presented_token"], Value::from(presented), "412 `presented_token`\n{}", self.ctx());
-        assert_eq!(body["current_token"], Value::from(current), "412 `current_token`\n{}", self.ctx());
+        assert_eq!(
+            body["presented_token"],
+            Value::from(presented),
+            "412 `presented_token`\n{}",
+            self.ctx()
+        );
+        assert_eq!(
+            body["current_token"],
+            Value::from(current),
+            "412 `current_token`\n{}",
+            self.ctx()
+        );
         body
     }
 
@@ -340,8 +388,18 @@ impl Resp {
     pub fn mismatch(&self, key: &str, scope: Option<&str>, presented: Option<&str>) -> Value {
         let body = self.problem(409, "scope-mismatch");
         assert_eq!(body["key"], Value::from(key), "409 `key`\n{}", self.ctx());
-        assert_eq!(body["scope"], Value::from(scope), "409 `scope`\n{}", self.ctx());
-        assert_eq!(body["presented_scope"], Value::from(presented), "409 `presented_scope`\n{}", self.ctx());
+        assert_eq!(
+            body["scope"],
+            Value::from(scope),
+            "409 `scope`\n{}",
+            self.ctx()
+        );
+        assert_eq!(
+            body["presented_scope"],
+            Value::from(presented),
+            "409 `presented_scope`\n{}",
+            self.ctx()
+        );
         body
     }
 
@@ -349,9 +407,24 @@ impl Resp {
     #[track_caller]
     pub fn stale_scope(&self, scope: &str, presented: &str, current: &str) -> Value {
         let body = self.problem(412, "stale-token");
-        assert_eq!(body["scope"], Value::from(scope), "412 `scope`\n{}", self.ctx());
-        assert_eq!(body["presented_token"], Value::from(presented), "412 `presented_token`\n{}", self.ctx());
-        assert_eq!(body["current_token"], Value::from(current), "412 `current_token`\n{}", self.ctx());
+        assert_eq!(
+            body["scope"],
+            Value::from(scope),
+            "412 `scope`\n{}",
+            self.ctx()
+        );
+        assert_eq!(
+            body["presented_token"],
+            Value::from(presented),
+            "412 `presented_token`\n{}",
+            self.ctx()
+        );
+        assert_eq!(
+            body["current_token"],
+            Value::from(current),
+            "412 `current_token`\n{}",
+            self.ctx()
+        );
         body
     }
 }
@@ -378,10 +451,15 @@ pub async fn spawn_binary_with(db_url: &str, extra: &[&str]) -> BinApp {
 /// As `spawn_binary`, with `--config FILE` of `toml` and, with `open_files`, under that
 /// open-file limit (`ulimit -n`).
 pub async fn spawn_binary_configured(db_url: &str, toml: &str, open_files: Option<u32>) -> BinApp {
-    let mut file = tempfile::Builder::new().prefix("fencegate-test-").suffix(".toml").tempfile().expect("a config file");
+    let mut file = tempfile::Builder::new()
+        .prefix("fencegate-test-")
+        .suffix(".toml")
+        .tempfile()
+        .expect("a config file");
     std::io::Write::write_all(&mut file, toml.as_bytes()).expect("write the config file");
     let path = file.into_temp_path();
-    let mut app = spawn_binary_limited(db_url, &["--config", path.to_str().unwrap()], open_files).await;
+    let mut app =
+        spawn_binary_limited(db_url, &["--config", path.to_str().unwrap()], open_files).await;
     app.config = Some(path);
     app
 }
@@ -392,7 +470,11 @@ pub async fn spawn_binary_limited(db_url: &str, extra: &[&str], open_files: Opti
         None => tokio::process::Command::new(env!("CARGO_BIN_EXE_fencegate")),
         Some(n) => {
             let mut sh = tokio::process::Command::new("sh");
-            sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_fencegate")]);
+            sh.args([
+                "-c",
+                &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                env!("CARGO_BIN_EXE_fencegate"),
+            ]);
             sh
         }
     };
@@ -461,13 +543,16 @@ impl BinApp {
 
     /// The config file of `spawn_binary_configured`.
     pub fn config_path(&self) -> &std::path::Path {
-        self.config.as_deref().expect("started with spawn_binary_configured")
+        self.config
+            .as_deref()
+            .expect("started with spawn_binary_configured")
     }
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = self.child.id().expect("child already reaped");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("send a signal");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)
+            .expect("send a signal");
     }
 
     /// Waits (up to 10 s) until stderr holds `needle` `count` times; returns stderr.
@@ -478,7 +563,10 @@ impl BinApp {
             if text.matches(needle).count() >= count {
                 return text;
             }
-            assert!(std::time::Instant::now() < deadline, "no {needle:?} (x{count}) in the log within 10 s:\n{text}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} (x{count}) in the log within 10 s:\n{text}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

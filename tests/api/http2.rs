@@ -21,17 +21,29 @@ type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
 /// An HTTP/2 connection over `io` (hyper's client).
 async fn h2<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: I) -> Sender {
-    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.expect("h2 handshake");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .expect("h2 handshake");
     tokio::spawn(conn);
     sender
 }
 
-async fn call(sender: &mut Sender, method: Method, uri: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+async fn call(
+    sender: &mut Sender,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     let mut req = Request::builder().method(method).uri(uri);
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    let response = sender.send_request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap()).await.expect("a response");
+    let response = sender
+        .send_request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
+        .await
+        .expect("a response");
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -45,20 +57,62 @@ async fn h2c_with_prior_knowledge_serves_and_keeps_every_protection_per_stream()
     let mut h2 = h2(TcpStream::connect(addr(&app)).await.unwrap()).await;
     let key = unique("h2");
     let json = [("content-type", "application/json"), (TOKEN, "1")];
-    let (status, body) = call(&mut h2, Method::PUT, &format!("{base}/v1/kv/{key}"), &json, r#"{"v":1}"#).await;
+    let (status, body) = call(
+        &mut h2,
+        Method::PUT,
+        &format!("{base}/v1/kv/{key}"),
+        &json,
+        r#"{"v":1}"#,
+    )
+    .await;
     assert_eq!(status, 201, "{body}");
-    let (status, body) = call(&mut h2, Method::GET, &format!("{base}/v1/kv/{key}"), &[], "").await;
+    let (status, body) = call(
+        &mut h2,
+        Method::GET,
+        &format!("{base}/v1/kv/{key}"),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""fence_token":"1""#), "{body}");
     // 415, 413, a stale token, and the Host (:authority) check of a loopback server without
     // auth: each refuses its stream, the connection serves the next.
-    let (status, _) = call(&mut h2, Method::PUT, &format!("{base}/v1/kv/{key}"), &[("content-type", "text/plain"), (TOKEN, "2")], "1").await;
+    let (status, _) = call(
+        &mut h2,
+        Method::PUT,
+        &format!("{base}/v1/kv/{key}"),
+        &[("content-type", "text/plain"), (TOKEN, "2")],
+        "1",
+    )
+    .await;
     assert_eq!(status, 415);
-    let (status, _) = call(&mut h2, Method::PUT, &format!("{base}/v1/kv/{key}"), &json, &format!("\"{}\"", "x".repeat(2000))).await;
+    let (status, _) = call(
+        &mut h2,
+        Method::PUT,
+        &format!("{base}/v1/kv/{key}"),
+        &json,
+        &format!("\"{}\"", "x".repeat(2000)),
+    )
+    .await;
     assert_eq!(status, 413);
-    let (status, _) = call(&mut h2, Method::GET, &format!("http://evil.example/v1/kv/{key}"), &[], "").await;
+    let (status, _) = call(
+        &mut h2,
+        Method::GET,
+        &format!("http://evil.example/v1/kv/{key}"),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(status, 421);
-    let (status, body) = call(&mut h2, Method::PUT, &format!("{base}/v1/kv/{key}"), &[("content-type", "application/json"), (TOKEN, "0")], "2").await;
+    let (status, body) = call(
+        &mut h2,
+        Method::PUT,
+        &format!("{base}/v1/kv/{key}"),
+        &[("content-type", "application/json"), (TOKEN, "0")],
+        "2",
+    )
+    .await;
     assert_eq!(status, 412, "{body}");
     let (status, _) = call(&mut h2, Method::GET, &format!("{base}/healthz"), &[], "").await;
     assert_eq!(status, 200);
@@ -74,20 +128,32 @@ async fn https_speaks_h2_by_alpn() {
     for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pki.read("ca.crt")) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = TcpStream::connect(addr(&app)).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let mut h2 = h2(stream).await;
     let base = format!("https://{}", addr(&app));
     let key = unique("h2tls");
-    let (status, body) = call(&mut h2, Method::PUT, &format!("{base}/v1/kv/{key}"), &[("content-type", "application/json"), (TOKEN, "3")], "7").await;
+    let (status, body) = call(
+        &mut h2,
+        Method::PUT,
+        &format!("{base}/v1/kv/{key}"),
+        &[("content-type", "application/json"), (TOKEN, "3")],
+        "7",
+    )
+    .await;
     assert_eq!(status, 201, "{body}");
 }
 
@@ -116,7 +182,12 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 
 /// HPACK, no Huffman: `:method`, `:scheme http`, `:path`, `:authority 127.0.0.1`.
 fn request_block(method_get: bool, path: &str) -> Vec<u8> {
-    let mut block = vec![if method_get { 0x82 } else { 0x83 }, 0x86, 0x04, path.len() as u8];
+    let mut block = vec![
+        if method_get { 0x82 } else { 0x83 },
+        0x86,
+        0x04,
+        path.len() as u8,
+    ];
     block.extend_from_slice(path.as_bytes());
     block.extend_from_slice(&[0x01, 9]);
     block.extend_from_slice(b"127.0.0.1");
@@ -153,7 +224,10 @@ struct Seen {
 
 impl Seen {
     fn goaway(&self) -> Option<u32> {
-        self.frames.iter().find(|f| f.0 == GOAWAY).map(|f| u32::from_be_bytes(f.3[4..8].try_into().unwrap()))
+        self.frames
+            .iter()
+            .find(|f| f.0 == GOAWAY)
+            .map(|f| u32::from_be_bytes(f.3[4..8].try_into().unwrap()))
     }
     fn count(&self, kind: u8) -> usize {
         self.frames.iter().filter(|f| f.0 == kind).count()
@@ -176,12 +250,14 @@ async fn read_frames<R: AsyncRead + Unpin>(reader: &mut R, within: Duration) -> 
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
         while buf.len() >= 9 {
-            let len = (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
+            let len =
+                (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
             if buf.len() < 9 + len {
                 break;
             }
             let stream = u32::from_be_bytes(buf[5..9].try_into().unwrap()) & 0x7fff_ffff;
-            seen.frames.push((buf[3], buf[4], stream, buf[9..9 + len].to_vec()));
+            seen.frames
+                .push((buf[3], buf[4], stream, buf[9..9 + len].to_vec()));
             buf.drain(..9 + len);
         }
     }
@@ -205,13 +281,27 @@ async fn rapid_reset_is_cut_off() {
     let mut flood = Vec::new();
     for i in 0..1000u32 {
         let id = 2 * i + 1;
-        flood.extend(frame(HEADERS, END_STREAM | END_HEADERS, id, &request_block(true, "/v1/kv/reset-flood")));
+        flood.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            id,
+            &request_block(true, "/v1/kv/reset-flood"),
+        ));
         flood.extend(frame(RST_STREAM, 0, id, &8u32.to_be_bytes()));
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), writer.write_all(&flood)).await;
     let seen = read.await.unwrap();
-    assert_eq!(seen.goaway(), Some(0xb), "GOAWAY ENHANCE_YOUR_CALM: {:?}", seen.frames.iter().map(|f| f.0).collect::<Vec<_>>());
-    assert!(seen.count(HEADERS) < 100, "few of the reset requests were answered: {}", seen.count(HEADERS));
+    assert_eq!(
+        seen.goaway(),
+        Some(0xb),
+        "GOAWAY ENHANCE_YOUR_CALM: {:?}",
+        seen.frames.iter().map(|f| f.0).collect::<Vec<_>>()
+    );
+    assert!(
+        seen.count(HEADERS) < 100,
+        "few of the reset requests were answered: {}",
+        seen.count(HEADERS)
+    );
     app.get("/healthz").await.expect(200);
 }
 
@@ -225,11 +315,19 @@ async fn a_continuation_flood_is_closed() {
     let read = tokio::spawn(async move { read_frames(&mut reader, Duration::from_secs(10)).await });
     let mut sent = 0usize;
     let first = request_block(true, "/healthz");
-    writer.write_all(&frame(HEADERS, END_STREAM, 1, &first)).await.unwrap();
+    writer
+        .write_all(&frame(HEADERS, END_STREAM, 1, &first))
+        .await
+        .unwrap();
     let filler = literal("x-filler", &[b'a'; 16000]);
     let started = Instant::now();
     while sent < 50 << 20 && started.elapsed() < Duration::from_secs(10) && !read.is_finished() {
-        match tokio::time::timeout(Duration::from_millis(500), writer.write_all(&frame(CONTINUATION, 0, 1, &filler))).await {
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            writer.write_all(&frame(CONTINUATION, 0, 1, &filler)),
+        )
+        .await
+        {
             Ok(Ok(())) => sent += filler.len(),
             Ok(Err(_)) => break,
             Err(_) => {} // the server stopped reading: the reader tells whether it closed
@@ -237,7 +335,10 @@ async fn a_continuation_flood_is_closed() {
     }
     let seen = read.await.unwrap();
     assert!(seen.closed || seen.goaway().is_some(), "closed: {seen:?}");
-    assert!(sent < 8 << 20, "closed after a bounded header block, not after {sent} bytes");
+    assert!(
+        sent < 8 << 20,
+        "closed after a bounded header block, not after {sent} bytes"
+    );
     app.get("/healthz").await.expect(200);
 }
 
@@ -259,13 +360,34 @@ async fn concurrent_streams_are_capped() {
     open.extend(frame(DATA, 0, 1, b"1"));
     writer.write_all(&open).await.unwrap();
     let seen = read_frames(&mut reader, Duration::from_millis(1500)).await;
-    let settings = seen.frames.iter().find(|f| f.0 == SETTINGS && f.1 == 0).expect("the server's SETTINGS");
-    let announced = settings.3.chunks(6).find(|s| s[..2] == [0, 3]).map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()));
+    let settings = seen
+        .frames
+        .iter()
+        .find(|f| f.0 == SETTINGS && f.1 == 0)
+        .expect("the server's SETTINGS");
+    let announced = settings
+        .3
+        .chunks(6)
+        .find(|s| s[..2] == [0, 3])
+        .map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()));
     assert_eq!(announced, Some(2), "SETTINGS_MAX_CONCURRENT_STREAMS");
-    let refused: Vec<_> = seen.frames.iter().filter(|f| f.0 == RST_STREAM).map(|f| (f.2, u32::from_be_bytes(f.3[..4].try_into().unwrap()))).collect();
+    let refused: Vec<_> = seen
+        .frames
+        .iter()
+        .filter(|f| f.0 == RST_STREAM)
+        .map(|f| (f.2, u32::from_be_bytes(f.3[..4].try_into().unwrap())))
+        .collect();
     // (1 and 3 are answered, 408, when their bodies fall below the minimum rate.)
-    let refused: Vec<u32> = refused.into_iter().filter(|(_, code)| *code == 7).map(|(id, _)| id).collect();
-    assert_eq!(refused, vec![5], "stream 5 refused (REFUSED_STREAM), 1 and 3 admitted");
+    let refused: Vec<u32> = refused
+        .into_iter()
+        .filter(|(_, code)| *code == 7)
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        refused,
+        vec![5],
+        "stream 5 refused (REFUSED_STREAM), 1 and 3 admitted"
+    );
 }
 
 /// A connection that sends only PINGs (and reads its PONGs) after its request is idle: closed
@@ -275,7 +397,15 @@ async fn pings_do_not_keep_an_idle_connection_open() {
     let app = spawn_app_with(|s| s.server.idle_timeout_ms = 1000).await;
     let stream = raw(&app).await;
     let (mut reader, mut writer) = stream.into_split();
-    writer.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &request_block(true, "/healthz"))).await.unwrap();
+    writer
+        .write_all(&frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            1,
+            &request_block(true, "/healthz"),
+        ))
+        .await
+        .unwrap();
     let read = tokio::spawn(async move { read_frames(&mut reader, Duration::from_secs(6)).await });
     let started = Instant::now();
     while !read.is_finished() && started.elapsed() < Duration::from_secs(6) {
@@ -288,7 +418,10 @@ async fn pings_do_not_keep_an_idle_connection_open() {
     assert!(seen.closed, "closed while pinging: {:?}", seen.frames.len());
     assert!(seen.count(PING) > 5, "PONGs were sent meanwhile");
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(2500), "closed at the idle timeout, not {took:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "closed at the idle timeout, not {took:?}"
+    );
 }
 
 /// A SETTINGS and PING flood that never reads the acknowledgements: the server stops reading
@@ -312,7 +445,10 @@ async fn a_settings_and_ping_flood_that_reads_nothing_is_closed() {
     // the flood then leaves it idle with nothing to write, and nothing to time out.
     let started = Instant::now();
     loop {
-        assert!(started.elapsed() < Duration::from_secs(30), "the server kept reading a flood it could not answer");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the server kept reading a flood it could not answer"
+        );
         match tokio::time::timeout(Duration::from_millis(2000), stream.write_all(&flood)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => break, // closed already
@@ -333,7 +469,10 @@ async fn a_settings_and_ping_flood_that_reads_nothing_is_closed() {
     })
     .await
     .unwrap_or(false);
-    assert!(closed, "closed within the write timeout of its acknowledgements backing up");
+    assert!(
+        closed,
+        "closed within the write timeout of its acknowledgements backing up"
+    );
     app.get("/healthz").await.expect(200);
 }
 
@@ -346,11 +485,21 @@ async fn an_oversized_header_list_is_refused() {
     let (mut reader, mut writer) = stream.into_split();
     let mut block = request_block(true, "/healthz");
     block.extend(literal("x-big", &[b'b'; 8000]));
-    writer.write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block)).await.unwrap();
+    writer
+        .write_all(&frame(HEADERS, END_STREAM | END_HEADERS, 1, &block))
+        .await
+        .unwrap();
     let seen = read_frames(&mut reader, Duration::from_millis(1500)).await;
-    let answered_ok = seen.frames.iter().any(|f| f.0 == HEADERS && f.2 == 1 && f.3.first() == Some(&0x88));
+    let answered_ok = seen
+        .frames
+        .iter()
+        .any(|f| f.0 == HEADERS && f.2 == 1 && f.3.first() == Some(&0x88));
     assert!(!answered_ok, "not served: {seen:?}");
-    let refused = seen.frames.iter().any(|f| f.2 == 1 && (f.0 == RST_STREAM || f.0 == HEADERS)) || seen.goaway().is_some();
+    let refused = seen
+        .frames
+        .iter()
+        .any(|f| f.2 == 1 && (f.0 == RST_STREAM || f.0 == HEADERS))
+        || seen.goaway().is_some();
     assert!(refused, "refused: {seen:?}");
     app.get("/healthz").await.expect(200);
 }

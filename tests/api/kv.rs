@@ -12,11 +12,15 @@ async fn put_creates_then_updates_with_a_version_bump() {
     assert_eq!(created["key"], json!("k"), "{created}");
     assert_eq!(created["fence_token"], json!("7"), "{created}");
     assert_eq!(created["scope"], Value::Null, "{created}");
-    let v1 = created["version"].as_i64().unwrap_or_else(|| panic!("version not an integer: {created}"));
+    let v1 = created["version"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("version not an integer: {created}"));
 
     let updated = app.kv_put("k", "8", &json!({"a": 2})).await.expect(200);
     assert_eq!(updated["fence_token"], json!("8"), "{updated}");
-    let v2 = updated["version"].as_i64().unwrap_or_else(|| panic!("version not an integer: {updated}"));
+    let v2 = updated["version"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("version not an integer: {updated}"));
     assert!(v2 > v1, "version must increase on update: {v1} -> {v2}");
     app.assert_value("k", &json!({"a": 2}), "8").await;
 }
@@ -32,8 +36,13 @@ async fn get_returns_value_fence_token_and_header() {
     assert_eq!(body["fence_token"], json!("42"), "{body}");
     assert_eq!(body["scope"], Value::Null, "{body}");
     assert!(body["version"].is_i64(), "{body}");
-    let ts = body["updated_at"].as_str().unwrap_or_else(|| panic!("updated_at: {body}"));
-    assert!(ts.len() >= 20 && ts.as_bytes()[10] == b'T', "updated_at is not RFC 3339: {ts}");
+    let ts = body["updated_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("updated_at: {body}"));
+    assert!(
+        ts.len() >= 20 && ts.as_bytes()[10] == b'T',
+        "updated_at is not RFC 3339: {ts}"
+    );
     assert_eq!(r.header("x-fencing-token"), Some("42"), "{r:?}");
 }
 
@@ -56,7 +65,9 @@ async fn equal_token_is_accepted() {
 async fn lower_token_is_412_and_changes_nothing() {
     let app = spawn_app().await;
     app.kv_put("k", "7", &json!("holder")).await.expect(201);
-    app.kv_put("k", "5", &json!("zombie")).await.stale_key("k", "5", "7");
+    app.kv_put("k", "5", &json!("zombie"))
+        .await
+        .stale_key("k", "5", "7");
     app.assert_value("k", &json!("holder"), "7").await;
 }
 
@@ -65,7 +76,9 @@ async fn higher_token_is_accepted_and_raises_the_fence() {
     let app = spawn_app().await;
     app.kv_put("k", "7", &json!(1)).await.expect(201);
     app.kv_put("k", "100", &json!(2)).await.expect(200);
-    app.kv_put("k", "99", &json!(3)).await.stale_key("k", "99", "100");
+    app.kv_put("k", "99", &json!(3))
+        .await
+        .stale_key("k", "99", "100");
     app.assert_value("k", &json!(2), "100").await;
 }
 
@@ -88,7 +101,9 @@ async fn delete_leaves_a_tombstone_that_keeps_the_fence() {
     assert_eq!(body["deleted"], json!(true), "{body}");
     app.assert_absent("k").await;
 
-    app.kv_put("k", "8", &json!("zombie")).await.stale_key("k", "8", "9");
+    app.kv_put("k", "8", &json!("zombie"))
+        .await
+        .stale_key("k", "8", "9");
     app.assert_absent("k").await;
 
     // Re-creating a tombstoned key is a create: 201.
@@ -111,17 +126,25 @@ async fn delete_of_a_never_written_key_fences_later_writes() {
     assert_eq!(body["deleted"], json!(true), "{body}");
     assert_eq!(body["fence_token"], json!("20"), "{body}");
     app.assert_absent("ghost").await;
-    app.kv_put("ghost", "19", &json!("zombie")).await.stale_key("ghost", "19", "20");
+    app.kv_put("ghost", "19", &json!("zombie"))
+        .await
+        .stale_key("ghost", "19", "20");
     app.assert_absent("ghost").await;
-    app.kv_put("ghost", "20", &json!("holder")).await.expect(201);
+    app.kv_put("ghost", "20", &json!("holder"))
+        .await
+        .expect(201);
 }
 
 #[tokio::test]
 async fn strict_mode_rejects_equal_and_accepts_greater() {
     let app = spawn_app_with(|s| s.kv.strict = true).await;
     app.kv_put("k", "10", &json!(1)).await.expect(201);
-    app.kv_put("k", "10", &json!(2)).await.stale_key("k", "10", "10");
-    app.kv_put("k", "9", &json!(3)).await.stale_key("k", "9", "10");
+    app.kv_put("k", "10", &json!(2))
+        .await
+        .stale_key("k", "10", "10");
+    app.kv_put("k", "9", &json!(3))
+        .await
+        .stale_key("k", "9", "10");
     app.kv_put("k", "11", &json!(4)).await.expect(200);
     app.assert_value("k", &json!(4), "11").await;
 }
@@ -173,10 +196,14 @@ async fn key_of_512_bytes_is_valid_and_513_is_not() {
     app.assert_value(&ok, &json!(1), "1").await;
 
     let long = "k".repeat(513);
-    app.kv_put(&long, "1", &json!(1)).await.problem(400, "invalid-key");
+    app.kv_put(&long, "1", &json!(1))
+        .await
+        .problem(400, "invalid-key");
     // Bytes, not characters: 171 x "✓" (3 bytes each) is 513 bytes.
     let wide = enc(&"✓".repeat(171));
-    app.kv_put(&wide, "1", &json!(1)).await.problem(400, "invalid-key");
+    app.kv_put(&wide, "1", &json!(1))
+        .await
+        .problem(400, "invalid-key");
     let wide_ok = enc(&"✓".repeat(170));
     app.kv_put(&wide_ok, "1", &json!(1)).await.expect(201);
 }
@@ -185,14 +212,20 @@ async fn key_of_512_bytes_is_valid_and_513_is_not() {
 async fn max_key_bytes_is_configurable() {
     let app = spawn_app_with(|s| s.kv.max_key_bytes = 8).await;
     app.kv_put("12345678", "1", &json!(1)).await.expect(201);
-    app.kv_put("123456789", "1", &json!(1)).await.problem(400, "invalid-key");
+    app.kv_put("123456789", "1", &json!(1))
+        .await
+        .problem(400, "invalid-key");
 }
 
 #[tokio::test]
 async fn control_characters_and_invalid_utf8_are_invalid_keys() {
     let app = spawn_app().await;
-    for seg in ["%00", "a%00b", "%0A", "a%0Db", "%1F", "%7F", "a%09b", "%FF", "%C3%28"] {
-        app.kv_put(seg, "1", &json!(1)).await.problem(400, "invalid-key");
+    for seg in [
+        "%00", "a%00b", "%0A", "a%0Db", "%1F", "%7F", "a%09b", "%FF", "%C3%28",
+    ] {
+        app.kv_put(seg, "1", &json!(1))
+            .await
+            .problem(400, "invalid-key");
         app.kv_get(seg).await.problem(400, "invalid-key");
         app.kv_delete(seg, "1").await.problem(400, "invalid-key");
     }
@@ -240,7 +273,10 @@ async fn large_integers_in_the_value_do_not_break_the_server() {
                     .body(raw.to_string()),
             )
             .await;
-        assert!(r.status < 500, "a big integer in the value caused a server error: {r:?}");
+        assert!(
+            r.status < 500,
+            "a big integer in the value caused a server error: {r:?}"
+        );
         if r.status == 201 {
             let got = app.kv_get(&key).await.expect(200);
             assert!(!got["value"].is_null(), "stored value lost: {got}");
@@ -262,7 +298,10 @@ async fn strings_with_nul_and_unusual_escapes_are_values_like_any_other() {
     for (i, v) in values.iter().enumerate() {
         let key = format!("esc{i}");
         let r = app.kv_put(&key, "1", v).await;
-        assert!(r.status < 500, "a valid JSON value caused a server error: {r:?}");
+        assert!(
+            r.status < 500,
+            "a valid JSON value caused a server error: {r:?}"
+        );
         if r.status == 201 {
             app.assert_value(&key, v, "1").await;
         } else {
@@ -290,8 +329,17 @@ async fn numbers_in_values_round_trip_exactly() {
     resp.expect(201);
     let got = app.kv_get(&key).await;
     got.expect(200);
-    for digits in ["123456789012345678901234567890", "18446744073709551616", "0.1000000000000000055511151231257827", "-9223372036854775809"] {
-        assert!(got.text.contains(digits), "{digits} was not kept exactly: {}", got.text);
+    for digits in [
+        "123456789012345678901234567890",
+        "18446744073709551616",
+        "0.1000000000000000055511151231257827",
+        "-9223372036854775809",
+    ] {
+        assert!(
+            got.text.contains(digits),
+            "{digits} was not kept exactly: {}",
+            got.text
+        );
     }
 }
 
@@ -301,23 +349,35 @@ async fn numbers_in_values_round_trip_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_reads_each_get_their_own_key() {
     let app = std::sync::Arc::new(spawn_app().await);
-    let live: Vec<String> = (0..16).map(|i| crate::helpers::unique(&format!("live{i}"))).collect();
+    let live: Vec<String> = (0..16)
+        .map(|i| crate::helpers::unique(&format!("live{i}")))
+        .collect();
     for (i, key) in live.iter().enumerate() {
         app.kv_put(key, "1", &json!({"i": i})).await.expect(201);
     }
     let gone = crate::helpers::unique("gone");
-    app.kv_put(&gone, "1", &json!("soon deleted")).await.expect(201);
+    app.kv_put(&gone, "1", &json!("soon deleted"))
+        .await
+        .expect(201);
     app.kv_delete(&gone, "2").await.expect(200);
     let never = crate::helpers::unique("never");
 
     let mut reads = Vec::new();
     for _ in 0..8 {
-        for (i, key) in live.iter().enumerate().chain([(0, &live[0]), (0, &live[0])]) {
+        for (i, key) in live
+            .iter()
+            .enumerate()
+            .chain([(0, &live[0]), (0, &live[0])])
+        {
             let (app, key) = (app.clone(), key.clone());
             reads.push(tokio::spawn(async move {
                 let body = app.kv_get(&key).await.expect(200);
                 assert_eq!(body["key"], json!(key), "{body}");
-                assert_eq!(body["value"], json!({"i": i}), "{key} got another key's value: {body}");
+                assert_eq!(
+                    body["value"],
+                    json!({"i": i}),
+                    "{key} got another key's value: {body}"
+                );
             }));
         }
         for key in [&gone, &never] {
@@ -353,14 +413,24 @@ async fn a_number_too_long_to_store_is_400_on_every_backend_and_does_not_fail_it
 
     let mut writes = Vec::new();
     for i in 0..21 {
-        let raw = if i == 10 { r#"{"n": 1e999999}"# } else { r#"{"n": 1}"# };
+        let raw = if i == 10 {
+            r#"{"n": 1e999999}"#
+        } else {
+            r#"{"n": 1}"#
+        };
         writes.push(tokio::spawn(put_raw(app.clone(), format!("k{i}"), raw)));
     }
     for (i, write) in writes.into_iter().enumerate() {
         let resp = write.await.expect("write task");
         if i == 10 {
             let body = resp.problem(400, "invalid-json");
-            assert!(body["detail"].as_str().unwrap().contains("max_number_digits"), "{body}");
+            assert!(
+                body["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("max_number_digits"),
+                "{body}"
+            );
             app.assert_absent("k10").await;
         } else {
             resp.expect(201);
@@ -368,7 +438,11 @@ async fn a_number_too_long_to_store_is_400_on_every_backend_and_does_not_fail_it
     }
 
     let batch = app
-        .batch(Some("2"), None, &json!({"ops": [{"op": "put", "key": "k0", "value": 2}]}))
+        .batch(
+            Some("2"),
+            None,
+            &json!({"ops": [{"op": "put", "key": "k0", "value": 2}]}),
+        )
         .await;
     batch.expect(200);
     let refused = app
@@ -385,20 +459,41 @@ async fn a_number_too_long_to_store_is_400_on_every_backend_and_does_not_fail_it
 async fn a_value_that_would_read_back_far_larger_than_it_was_sent_is_400() {
     let app = spawn_app_with(|s| s.server.body_limit_bytes = 64 * 1024).await;
     let put_raw = |key: &str, raw: String| {
-        app.req(Method::PUT, &kv(key)).header(TOKEN, "1").header("content-type", "application/json").body(raw)
+        app.req(Method::PUT, &kv(key))
+            .header(TOKEN, "1")
+            .header("content-type", "application/json")
+            .body(raw)
     };
     // 66 × 995 bytes of growth > 64 KiB, from a 400-byte body.
     let numbers = |n: usize| format!("[{}]", vec!["1e999"; n].join(","));
-    let body = app.send(put_raw("amp", numbers(66))).await.problem(400, "invalid-json");
-    assert!(body["detail"].as_str().unwrap().contains("read back"), "{body}");
+    let body = app
+        .send(put_raw("amp", numbers(66)))
+        .await
+        .problem(400, "invalid-json");
+    assert!(
+        body["detail"].as_str().unwrap().contains("read back"),
+        "{body}"
+    );
     app.assert_absent("amp").await;
-    let batch = format!(r#"{{"ops":[{{"op":"put","key":"amp","value":{}}}]}}"#, numbers(66));
-    let r = app.send(app.req(Method::POST, "/v1/batch").header(TOKEN, "1").header("content-type", "application/json").body(batch));
+    let batch = format!(
+        r#"{{"ops":[{{"op":"put","key":"amp","value":{}}}]}}"#,
+        numbers(66)
+    );
+    let r = app.send(
+        app.req(Method::POST, "/v1/batch")
+            .header(TOKEN, "1")
+            .header("content-type", "application/json")
+            .body(batch),
+    );
     r.await.problem(400, "invalid-json");
     app.assert_absent("amp").await;
     // Up to the budget it is stored, and reads back within body limit + growth budget.
     app.send(put_raw("ok", numbers(65))).await.expect(201);
     let got = app.kv_get("ok").await;
     got.expect(200);
-    assert!(got.text.len() < 2 * 64 * 1024, "read back {} bytes", got.text.len());
+    assert!(
+        got.text.len() < 2 * 64 * 1024,
+        "read back {} bytes",
+        got.text.len()
+    );
 }

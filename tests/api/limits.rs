@@ -12,7 +12,9 @@ use crate::helpers::{spawn_app_on, unique};
 /// Opens a transaction that holds the row lock of `key` until the returned connection is dropped
 /// or committed.
 async fn lock_row(db: &str, key: &str) -> PgConnection {
-    let mut conn = PgConnection::connect(db).await.expect("connect for the row lock");
+    let mut conn = PgConnection::connect(db)
+        .await
+        .expect("connect for the row lock");
     conn.execute("BEGIN").await.unwrap();
     sqlx::query("SELECT 1 FROM fencegate.fencegate_kv WHERE key = $1 FOR UPDATE")
         .bind(key)
@@ -33,7 +35,11 @@ async fn a_request_stuck_on_the_database_times_out_with_503() {
     let started = Instant::now();
     let stuck = app.kv_put(&key, "2", &json!("after")).await;
     let body = stuck.problem(503, "unavailable");
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(stuck.header("retry-after"), Some("1"), "{body}");
 
     holder.execute("COMMIT").await.unwrap();
@@ -57,7 +63,13 @@ async fn requests_beyond_max_in_flight_are_shed_with_503() {
     let client = app.client.clone();
     let url = format!("{}/v1/kv/{key}", app.address);
     let stuck = tokio::spawn(async move {
-        client.put(url).header("X-Fencing-Token", "2").json(&json!("after")).send().await.map(|r| r.status().as_u16())
+        client
+            .put(url)
+            .header("X-Fencing-Token", "2")
+            .json(&json!("after"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
     });
     // Until the stuck write holds the only slot, a request may still get through: poll, bounded.
     // (A request that never touches the database, so that it cannot hold the slot when the
@@ -68,7 +80,10 @@ async fn requests_beyond_max_in_flight_are_shed_with_503() {
         if probe.status == 503 {
             break probe;
         }
-        assert!(Instant::now() < deadline, "never shed: the slot was never taken ({probe:?})");
+        assert!(
+            Instant::now() < deadline,
+            "never shed: the slot was never taken ({probe:?})"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     shed.problem(503, "unavailable");
@@ -89,7 +104,10 @@ async fn requests_beyond_max_in_flight_are_shed_with_503() {
 /// fencegate's own PostgreSQL backend with SIGSTOP while a lock request is in `BEGIN`.
 #[tokio::test]
 async fn a_timed_out_transaction_never_leaks_into_later_writes() {
-    use nix::{sys::signal::{kill, Signal}, unistd::Pid};
+    use nix::{
+        sys::signal::{kill, Signal},
+        unistd::Pid,
+    };
 
     let db = crate::pg::fresh_database().await;
     let app = spawn_app_on(db.clone(), |s| {
@@ -100,7 +118,9 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
         s.kv.fence_cache_capacity = 0;
     })
     .await;
-    app.kv_put(&unique("warm"), "1", &json!(1)).await.expect(201);
+    app.kv_put(&unique("warm"), "1", &json!(1))
+        .await
+        .expect(201);
 
     let mut admin = PgConnection::connect(&db).await.unwrap();
     let backend: i32 = sqlx::query_scalar(
@@ -114,19 +134,29 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
     kill(backend, Signal::SIGSTOP).unwrap();
     let lock = unique("lock");
     let timed_out = app
-        .send(app.req(reqwest::Method::POST, &format!("/v1/locks/{lock}")).json(&json!({"owner": "a", "ttl_ms": 1000})))
+        .send(
+            app.req(reqwest::Method::POST, &format!("/v1/locks/{lock}"))
+                .json(&json!({"owner": "a", "ttl_ms": 1000})),
+        )
         .await;
     kill(backend, Signal::SIGCONT).unwrap();
     timed_out.problem(503, "unavailable");
 
     let key = unique("k");
-    app.kv_put(&key, "7", &json!("must be committed")).await.expect(201);
-    let stored: Option<String> = sqlx::query_scalar("SELECT value::text FROM fencegate.fencegate_kv WHERE key = $1")
-        .bind(&key)
-        .fetch_optional(&mut admin)
+    app.kv_put(&key, "7", &json!("must be committed"))
         .await
-        .unwrap();
-    assert_eq!(stored.as_deref(), Some("\"must be committed\""), "a 201 was sent for a write that is not committed");
+        .expect(201);
+    let stored: Option<String> =
+        sqlx::query_scalar("SELECT value::text FROM fencegate.fencegate_kv WHERE key = $1")
+            .bind(&key)
+            .fetch_optional(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored.as_deref(),
+        Some("\"must be committed\""),
+        "a 201 was sent for a write that is not committed"
+    );
     let stuck: i64 = sqlx::query_scalar(
         // This test's database only: other tests (and other runs on a shared DATABASE_URL
         // server) have fencegate sessions between the statements of a transaction too.
@@ -135,7 +165,10 @@ async fn a_timed_out_transaction_never_leaks_into_later_writes() {
     .fetch_one(&mut admin)
     .await
     .unwrap();
-    assert_eq!(stuck, 0, "a fencegate session was left idle in a transaction");
+    assert_eq!(
+        stuck, 0,
+        "a fencegate session was left idle in a transaction"
+    );
 }
 
 /// fencegate keeps its PostgreSQL connections between statements (store/connections.rs). With
@@ -168,9 +201,21 @@ async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_b
                 let token = (round * 10).to_string();
                 let status = match i % 4 {
                     0 => app.kv_put(&key, &token, &json!(round)).await.status,
-                    1 => app.kv_put_scoped(&key, &token, &format!("s{i}"), &json!(round)).await.status,
+                    1 => {
+                        app.kv_put_scoped(&key, &token, &format!("s{i}"), &json!(round))
+                            .await
+                            .status
+                    }
                     2 => app.claim(&format!("c{i}"), &token).await.status,
-                    _ => app.batch(Some(&token), None, &json!({"ops": [{"op": "put", "key": key, "value": round}]})).await.status,
+                    _ => {
+                        app.batch(
+                            Some(&token),
+                            None,
+                            &json!({"ops": [{"op": "put", "key": key, "value": round}]}),
+                        )
+                        .await
+                        .status
+                    }
                 };
                 statuses.push(status);
                 statuses.push(app.kv_get(&key).await.status);
@@ -180,7 +225,10 @@ async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_b
     }
     let mut peak = 0;
     for task in tasks {
-        let seen: i64 = sqlx::query_scalar(backends).fetch_one(&mut admin).await.unwrap();
+        let seen: i64 = sqlx::query_scalar(backends)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
         peak = peak.max(seen);
         let statuses = task.await.unwrap();
         for status in statuses {
@@ -190,8 +238,15 @@ async fn more_requests_than_connections_all_succeed_on_at_most_max_connections_b
             );
         }
     }
-    let after: i64 = sqlx::query_scalar(backends).fetch_one(&mut admin).await.unwrap();
-    assert!(peak.max(after) <= MAX_CONNECTIONS, "fencegate held {} backends; the limit is {MAX_CONNECTIONS}", peak.max(after));
+    let after: i64 = sqlx::query_scalar(backends)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        peak.max(after) <= MAX_CONNECTIONS,
+        "fencegate held {} backends; the limit is {MAX_CONNECTIONS}",
+        peak.max(after)
+    );
 }
 
 #[tokio::test]
@@ -199,7 +254,9 @@ async fn a_server_error_is_logged_with_its_request_id_method_and_route() {
     // The detail of a 5xx goes to the log, never to the client: the log line must be findable
     // by the id the client got.
     let db = crate::pg::fresh_database().await;
-    let bin = crate::helpers::spawn_binary_configured(&db, "[server]\nrequest_timeout_ms = 300\n", None).await;
+    let bin =
+        crate::helpers::spawn_binary_configured(&db, "[server]\nrequest_timeout_ms = 300\n", None)
+            .await;
     let app = bin.view();
     let key = unique("k");
     app.kv_put(&key, "1", &json!("before")).await.expect(201);
@@ -207,14 +264,20 @@ async fn a_server_error_is_logged_with_its_request_id_method_and_route() {
     let holder = lock_row(&db, &key).await;
     let stuck = app.kv_put(&key, "2", &json!("after")).await;
     stuck.problem(503, "unavailable");
-    let id = stuck.header("x-request-id").expect("a request id").to_owned();
+    let id = stuck
+        .header("x-request-id")
+        .expect("a request id")
+        .to_owned();
     drop(holder);
     let (_, stderr) = bin.terminate().await;
     let line = stderr
         .lines()
         .find(|l| l.contains("request failed") && l.contains(&id))
         .unwrap_or_else(|| panic!("no `request failed` line with request id {id}:\n{stderr}"));
-    assert!(line.contains("PUT") && line.contains("/v1/kv/{key}"), "method and route: {line}");
+    assert!(
+        line.contains("PUT") && line.contains("/v1/kv/{key}"),
+        "method and route: {line}"
+    );
 }
 
 /// An acquire that waited for its scope's fence row (held here by another transaction, as a
@@ -228,12 +291,21 @@ async fn an_acquire_that_waited_for_its_fence_gets_its_whole_lease() {
     let name = unique("waited");
     app.claim(&name, "1").await.expect(201);
     let acquire = |owner: &'static str| {
-        app.send(app.req(reqwest::Method::POST, &format!("/v1/locks/{name}")).json(&json!({"owner": owner, "ttl_ms": 1000})))
+        app.send(
+            app.req(reqwest::Method::POST, &format!("/v1/locks/{name}"))
+                .json(&json!({"owner": owner, "ttl_ms": 1000})),
+        )
     };
 
-    let mut fence_holder = PgConnection::connect(&db).await.expect("connect for the fence row");
+    let mut fence_holder = PgConnection::connect(&db)
+        .await
+        .expect("connect for the fence row");
     fence_holder.execute("BEGIN").await.unwrap();
-    sqlx::query("SELECT 1 FROM fencegate.fencegate_fences WHERE scope = $1 FOR UPDATE").bind(&name).execute(&mut fence_holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM fencegate.fencegate_fences WHERE scope = $1 FOR UPDATE")
+        .bind(&name)
+        .execute(&mut fence_holder)
+        .await
+        .unwrap();
     let (granted, ()) = tokio::join!(acquire("waited"), async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         fence_holder.execute("COMMIT").await.unwrap();
@@ -241,7 +313,10 @@ async fn an_acquire_that_waited_for_its_fence_gets_its_whole_lease() {
     granted.expect(201);
     let held = acquire("next").await.problem(409, "lock-held");
     let remaining = held["remaining_ms"].as_i64().unwrap();
-    assert!(remaining > 500, "the lease granted after the wait has {remaining} ms left of 1000: {held}");
+    assert!(
+        remaining > 500,
+        "the lease granted after the wait has {remaining} ms left of 1000: {held}"
+    );
 }
 
 /// With the digit cap raised past what PostgreSQL's numeric type takes, `1e999999` reaches the
@@ -256,18 +331,32 @@ async fn a_value_the_database_refuses_is_400_alone_and_amid_coalesced_neighbours
     use reqwest::Method;
     let app = std::sync::Arc::new(spawn_app_with(|s| s.kv.max_number_digits = 10_000_000).await);
     let put_raw = |app: std::sync::Arc<crate::helpers::TestApp>, key: String, raw: &'static str| async move {
-        let request = app.req(Method::PUT, &kv(&key)).header(TOKEN, "1").header("content-type", "application/json").body(raw);
+        let request = app
+            .req(Method::PUT, &kv(&key))
+            .header(TOKEN, "1")
+            .header("content-type", "application/json")
+            .body(raw);
         tokio::time::timeout(std::time::Duration::from_secs(20), app.send(request))
             .await
             .unwrap_or_else(|_| panic!("PUT {key} got no answer within 20 s"))
     };
-    put_raw(app.clone(), "huge".into(), "1e999999").await.problem(400, "invalid-json");
+    put_raw(app.clone(), "huge".into(), "1e999999")
+        .await
+        .problem(400, "invalid-json");
     app.assert_absent("huge").await;
     for round in 0..3 {
         let mut writes = Vec::new();
         for i in 0..21 {
-            let raw = if i == 10 { r#"{"n": 1e999999}"# } else { r#"{"n": 1}"# };
-            writes.push(tokio::spawn(put_raw(app.clone(), format!("r{round}-k{i}"), raw)));
+            let raw = if i == 10 {
+                r#"{"n": 1e999999}"#
+            } else {
+                r#"{"n": 1}"#
+            };
+            writes.push(tokio::spawn(put_raw(
+                app.clone(),
+                format!("r{round}-k{i}"),
+                raw,
+            )));
         }
         for (i, write) in writes.into_iter().enumerate() {
             let resp = write.await.expect("write task");

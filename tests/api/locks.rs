@@ -9,8 +9,11 @@ use serde_json::{json, Value};
 use crate::helpers::{spawn_app, spawn_app_on, unique, Resp, TestApp, TOKEN};
 
 async fn acquire(app: &TestApp, name: &str, owner: &str, ttl_ms: u64) -> Resp {
-    app.send(app.req(Method::POST, &format!("/v1/locks/{name}")).json(&json!({"owner": owner, "ttl_ms": ttl_ms})))
-        .await
+    app.send(
+        app.req(Method::POST, &format!("/v1/locks/{name}"))
+            .json(&json!({"owner": owner, "ttl_ms": ttl_ms})),
+    )
+    .await
 }
 
 async fn renew(app: &TestApp, name: &str, token: &str, ttl_ms: u64) -> Resp {
@@ -23,11 +26,19 @@ async fn renew(app: &TestApp, name: &str, token: &str, ttl_ms: u64) -> Resp {
 }
 
 async fn release(app: &TestApp, name: &str, token: &str) -> Resp {
-    app.send(app.req(Method::DELETE, &format!("/v1/locks/{name}")).header(TOKEN, token)).await
+    app.send(
+        app.req(Method::DELETE, &format!("/v1/locks/{name}"))
+            .header(TOKEN, token),
+    )
+    .await
 }
 
 fn token_of(body: &Value) -> i64 {
-    body["token"].as_str().unwrap_or_else(|| panic!("token must be a string: {body}")).parse().unwrap()
+    body["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("token must be a string: {body}"))
+        .parse()
+        .unwrap()
 }
 
 /// Waits out a lease: the database's clock decides expiry, so this is a real wait, with margin.
@@ -44,9 +55,16 @@ async fn grant_then_409_names_the_holder() {
     assert_eq!(granted["owner"], json!("worker-a"));
     assert_eq!(granted["scope"], json!(name));
     assert!(token_of(&granted) >= 1);
-    assert!(granted["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{granted}");
+    assert!(
+        granted["expires_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{granted}"
+    );
 
-    let held = acquire(&app, &name, "worker-b", 30_000).await.problem(409, "lock-held");
+    let held = acquire(&app, &name, "worker-b", 30_000)
+        .await
+        .problem(409, "lock-held");
     assert_eq!(held["holder"], json!("worker-a"));
     let remaining = held["remaining_ms"].as_i64().expect("remaining_ms");
     assert!(remaining > 0 && remaining <= 30_000, "{held}");
@@ -69,10 +87,18 @@ async fn tokens_grow_across_release_and_expiry() {
 async fn a_grant_fences_the_previous_holder_even_on_untouched_keys() {
     let app = spawn_app().await;
     let name = unique("lock");
-    let old = acquire(&app, &name, "a", 200).await.expect(201)["token"].as_str().unwrap().to_owned();
-    app.kv_put_scoped("x", &old, &name, &json!("a was here")).await.expect(201);
+    let old = acquire(&app, &name, "a", 200).await.expect(201)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.kv_put_scoped("x", &old, &name, &json!("a was here"))
+        .await
+        .expect(201);
     outlive(200).await;
-    let new = acquire(&app, &name, "b", 30_000).await.expect(201)["token"].as_str().unwrap().to_owned();
+    let new = acquire(&app, &name, "b", 30_000).await.expect(201)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
 
     // The new holder has written nothing yet: the grant alone fences the zombie.
     app.fence(&name).await.expect(200);
@@ -80,7 +106,9 @@ async fn a_grant_fences_the_previous_holder_even_on_untouched_keys() {
     let refused = app.kv_put_scoped("y", &old, &name, &json!("zombie")).await;
     refused.stale_scope(&name, &old, &new);
     app.assert_absent("y").await;
-    app.kv_put_scoped("x", &new, &name, &json!("b")).await.expect(200);
+    app.kv_put_scoped("x", &new, &name, &json!("b"))
+        .await
+        .expect(200);
 }
 
 #[tokio::test]
@@ -96,20 +124,32 @@ async fn a_grant_exceeds_a_higher_claimed_fence() {
 async fn renew_and_release_need_the_current_token() {
     let app = spawn_app().await;
     let name = unique("lock");
-    let t1 = acquire(&app, &name, "a", 200).await.expect(201)["token"].as_str().unwrap().to_owned();
+    let t1 = acquire(&app, &name, "a", 200).await.expect(201)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let renewed = renew(&app, &name, &t1, 30_000).await.expect(200);
     assert_eq!(renewed["token"], json!(t1));
     // Renewed for 30 s: still held after the original 200 ms lease.
     outlive(200).await;
-    acquire(&app, &name, "b", 30_000).await.problem(409, "lock-held");
+    acquire(&app, &name, "b", 30_000)
+        .await
+        .problem(409, "lock-held");
 
     release(&app, &name, "999").await.problem(409, "lock-lost");
     release(&app, &name, &t1).await.expect(200);
     release(&app, &name, &t1).await.problem(409, "lock-lost");
-    renew(&app, &name, &t1, 1000).await.problem(409, "lock-lost");
+    renew(&app, &name, &t1, 1000)
+        .await
+        .problem(409, "lock-lost");
 
-    let t2 = acquire(&app, &name, "b", 30_000).await.expect(201)["token"].as_str().unwrap().to_owned();
-    let lost = renew(&app, &name, &t1, 1000).await.problem(409, "lock-lost");
+    let t2 = acquire(&app, &name, "b", 30_000).await.expect(201)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let lost = renew(&app, &name, &t1, 1000)
+        .await
+        .problem(409, "lock-lost");
     assert_eq!(lost["holder"], json!("b"));
     renew(&app, &name, &t2, 1000).await.expect(200);
 }
@@ -123,20 +163,39 @@ async fn bad_lock_requests_are_400_and_grant_nothing() {
     for (body, slug) in [
         (json!({"owner": "a", "ttl_ms": 0}), "invalid-request"),
         (json!({"owner": "", "ttl_ms": 1000}), "invalid-request"),
-        (json!({"owner": "a", "ttl_ms": 3_600_001}), "invalid-request"),
+        (
+            json!({"owner": "a", "ttl_ms": 3_600_001}),
+            "invalid-request",
+        ),
         (json!({"owner": "a"}), "invalid-json"),
         (json!({"owner": "a", "ttl_ms": -5}), "invalid-json"),
-        (json!({"owner": "a", "ttl_ms": 1000, "extra": 1}), "invalid-json"),
+        (
+            json!({"owner": "a", "ttl_ms": 1000, "extra": 1}),
+            "invalid-json",
+        ),
     ] {
-        let resp = app.send(app.req(Method::POST, &format!("/v1/locks/{name}")).json(&body)).await;
+        let resp = app
+            .send(
+                app.req(Method::POST, &format!("/v1/locks/{name}"))
+                    .json(&body),
+            )
+            .await;
         resp.problem(400, slug);
     }
-    renew(&app, &name, "1", 1000).await.problem(409, "lock-lost");
-    app.send(app.req(Method::POST, &format!("/v1/locks/{name}/renew")).json(&json!({"ttl_ms": 10})))
+    renew(&app, &name, "1", 1000)
         .await
-        .problem(428, "missing-token");
+        .problem(409, "lock-lost");
+    app.send(
+        app.req(Method::POST, &format!("/v1/locks/{name}/renew"))
+            .json(&json!({"ttl_ms": 10})),
+    )
+    .await
+    .problem(428, "missing-token");
     // Nothing was granted by any of the above.
-    assert_eq!(token_of(&acquire(&app, &name, "a", 1000).await.expect(201)), 1);
+    assert_eq!(
+        token_of(&acquire(&app, &name, "a", 1000).await.expect(201)),
+        1
+    );
 }
 
 #[tokio::test]
@@ -175,7 +234,10 @@ async fn acquires_at_expiry_are_201_or_409_never_5xx() {
                         held += 1;
                         let body = resp.problem(409, "lock-held");
                         let remaining = body["remaining_ms"].as_u64().expect("remaining_ms");
-                        assert!(remaining <= 30, "remaining_ms {remaining} of a 30 ms lease: {body}");
+                        assert!(
+                            remaining <= 30,
+                            "remaining_ms {remaining} of a 30 ms lease: {body}"
+                        );
                         tokio::time::sleep(Duration::from_millis(remaining)).await;
                     }
                     _ => failures.push(format!("{} {}", resp.status, resp.text)),
@@ -191,13 +253,21 @@ async fn acquires_at_expiry_are_201_or_409_never_5xx() {
         refusals += held;
         failures.extend(failed);
     }
-    assert!(failures.is_empty(), "{} acquires answered neither 201 nor 409: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} acquires answered neither 201 nor 409: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
     // Each grant issued its own token: no two clients held the lock under one token.
     let granted = tokens.len();
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len(), granted, "a token was granted twice");
-    assert!(granted >= 20 && refusals >= 20, "the race was not exercised: {granted} grants, {refusals} refusals");
+    assert!(
+        granted >= 20 && refusals >= 20,
+        "the race was not exercised: {granted} grants, {refusals} refusals"
+    );
 }
 
 /// Acquires racing claims of the same scope, on scopes that have no fence yet (the claim can
@@ -217,10 +287,14 @@ async fn acquires_racing_claims_of_a_new_scope_never_5xx() {
                 barrier.wait().await;
                 if racer % 2 == 0 {
                     let resp = acquire(&app, &name, &format!("racer-{racer}"), 50).await;
-                    (resp.status == 201 || resp.status == 409).then_some(()).ok_or(format!("acquire: {} {}", resp.status, resp.text))
+                    (resp.status == 201 || resp.status == 409)
+                        .then_some(())
+                        .ok_or(format!("acquire: {} {}", resp.status, resp.text))
                 } else {
                     let resp = app.claim(&name, &(round * 8 + racer).to_string()).await;
-                    matches!(resp.status, 200 | 201 | 412 | 422).then_some(()).ok_or(format!("claim: {} {}", resp.status, resp.text))
+                    matches!(resp.status, 200 | 201 | 412 | 422)
+                        .then_some(())
+                        .ok_or(format!("claim: {} {}", resp.status, resp.text))
                 }
             });
         }
@@ -230,5 +304,10 @@ async fn acquires_racing_claims_of_a_new_scope_never_5xx() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} requests answered a 5xx: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} requests answered a 5xx: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
 }

@@ -1,13 +1,13 @@
 //! Black-box tests for fencegate: every test starts a server on its own fresh PostgreSQL
 //! database and asserts what a client sees over HTTP, against docs/wire.md.
 
-mod helpers;
-mod pki;
-mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
 #[path = "../support/drain.rs"]
 mod drain;
+mod helpers;
+mod pg;
+mod pki;
 #[path = "../support/proxy.rs"]
 mod proxy;
 #[path = "../support/postgres.rs"]
@@ -17,15 +17,15 @@ mod support_pg;
 pub const BACKEND: pg::Backend = pg::Backend::Postgres;
 
 mod admin;
-mod availability;
 mod auth;
 mod auth_tables;
+mod availability;
 mod batch;
 mod byol;
 mod client;
 mod client_tls;
-mod console;
 mod concurrency;
+mod console;
 mod demo;
 mod dropin;
 mod edge;
@@ -38,14 +38,14 @@ mod model;
 mod openapi;
 mod operating;
 mod ops;
-mod poison;
 mod outage;
+mod poison;
 mod reload;
 mod restart;
 mod scopes;
 mod sources;
 mod sticky;
 mod tables;
+mod tls;
 mod tls_pg;
 mod tokens;
-mod tls;

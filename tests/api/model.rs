@@ -13,15 +13,33 @@ use fencegate::{
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Target},
     store::{Store, Write},
 };
-use proptest::{prelude::*, test_runner::{Config, TestRunner}};
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestRunner},
+};
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { key: u8, token: i64, scope: Option<u8> },
-    Delete { key: u8, token: i64, scope: Option<u8> },
-    Batch { ops: Vec<(u8, bool)>, token: i64, scope: Option<u8> },
-    Claim { scope: u8, token: i64 },
+    Put {
+        key: u8,
+        token: i64,
+        scope: Option<u8>,
+    },
+    Delete {
+        key: u8,
+        token: i64,
+        scope: Option<u8>,
+    },
+    Batch {
+        ops: Vec<(u8, bool)>,
+        token: i64,
+        scope: Option<u8>,
+    },
+    Claim {
+        scope: u8,
+        token: i64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -67,7 +85,12 @@ impl Model {
         })
     }
 
-    fn apply(&mut self, writes: &[(String, Option<Value>)], token: i64, scope: Option<String>) -> Seen {
+    fn apply(
+        &mut self,
+        writes: &[(String, Option<Value>)],
+        token: i64,
+        scope: Option<String>,
+    ) -> Seen {
         let mut last: BTreeMap<&String, &Option<Value>> = BTreeMap::new();
         for (k, v) in writes {
             last.insert(k, v);
@@ -109,8 +132,13 @@ impl Model {
         }
         for (k, v) in last {
             let key_fence = self.kv.get(k).map_or(0, |e| e.1);
-            let key_fence = if scope.is_none() { key_fence.max(token) } else { key_fence };
-            self.kv.insert(k.clone(), ((*v).clone(), key_fence, token, scope.clone()));
+            let key_fence = if scope.is_none() {
+                key_fence.max(token)
+            } else {
+                key_fence
+            };
+            self.kv
+                .insert(k.clone(), ((*v).clone(), key_fence, token, scope.clone()));
         }
         Seen::Accepted
     }
@@ -156,30 +184,62 @@ fn seen<T>(outcome: Outcome<T>) -> Seen {
     }
 }
 
-async fn check(store: &Store, rule: Rule, scopes_rule: ScopeRule, prefix: &str, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut model = Model { rule: Some(rule), scopes_rule, ..Model::default() };
+async fn check(
+    store: &Store,
+    rule: Rule,
+    scopes_rule: ScopeRule,
+    prefix: &str,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let mut model = Model {
+        rule: Some(rule),
+        scopes_rule,
+        ..Model::default()
+    };
     let key = |i: u8| format!("{prefix}k{i}");
     let scope = |i: u8| format!("{prefix}s{i}");
     let tok = |t: i64| FencingToken::from_db(t).unwrap();
     let guard = |token: i64, sc: Option<u8>| Guard {
         token: tok(token),
-        target: sc.map_or(Target::Key, |s| Target::Scope(Scope::parse(&scope(s), 512).unwrap())),
+        target: sc.map_or(Target::Key, |s| {
+            Target::Scope(Scope::parse(&scope(s), 512).unwrap())
+        }),
         rule,
     };
     for (n, op) in ops.iter().enumerate() {
         let (expected, got) = match op {
-            Op::Put { key: k, token, scope: sc } => {
+            Op::Put {
+                key: k,
+                token,
+                scope: sc,
+            } => {
                 let value = json!({"op": n});
-                let write = Write::Put { key: Key::parse(&key(*k), 512).unwrap(), value: value.clone() };
+                let write = Write::Put {
+                    key: Key::parse(&key(*k), 512).unwrap(),
+                    value: value.clone(),
+                };
                 let got = seen(store.write(write, &guard(*token, *sc)).await.unwrap());
-                (model.apply(&[(key(*k), Some(value))], *token, sc.map(scope)), got)
+                (
+                    model.apply(&[(key(*k), Some(value))], *token, sc.map(scope)),
+                    got,
+                )
             }
-            Op::Delete { key: k, token, scope: sc } => {
-                let write = Write::Delete { key: Key::parse(&key(*k), 512).unwrap() };
+            Op::Delete {
+                key: k,
+                token,
+                scope: sc,
+            } => {
+                let write = Write::Delete {
+                    key: Key::parse(&key(*k), 512).unwrap(),
+                };
                 let got = seen(store.write(write, &guard(*token, *sc)).await.unwrap());
                 (model.apply(&[(key(*k), None)], *token, sc.map(scope)), got)
             }
-            Op::Batch { ops: items, token, scope: sc } => {
+            Op::Batch {
+                ops: items,
+                token,
+                scope: sc,
+            } => {
                 let writes: Vec<(String, Option<Value>)> = items
                     .iter()
                     .enumerate()
@@ -190,16 +250,29 @@ async fn check(store: &Store, rule: Rule, scopes_rule: ScopeRule, prefix: &str, 
                     .map(|(k, v)| {
                         let key = Key::parse(k, 512).unwrap();
                         match v {
-                            Some(value) => Write::Put { key, value: value.clone() },
+                            Some(value) => Write::Put {
+                                key,
+                                value: value.clone(),
+                            },
                             None => Write::Delete { key },
                         }
                     })
                     .collect();
-                let got = seen(store.batch(&store_writes, &guard(*token, *sc)).await.unwrap());
+                let got = seen(
+                    store
+                        .batch(&store_writes, &guard(*token, *sc))
+                        .await
+                        .unwrap(),
+                );
                 (model.apply(&writes, *token, sc.map(scope)), got)
             }
             Op::Claim { scope: sc, token } => {
-                let got = seen(store.claim(&Scope::parse(&scope(*sc), 512).unwrap(), tok(*token)).await.unwrap());
+                let got = seen(
+                    store
+                        .claim(&Scope::parse(&scope(*sc), 512).unwrap(), tok(*token))
+                        .await
+                        .unwrap(),
+                );
                 (model.claim(scope(*sc), *token), got)
             }
         };
@@ -210,17 +283,37 @@ async fn check(store: &Store, rule: Rule, scopes_rule: ScopeRule, prefix: &str, 
             }
             other => other,
         };
-        prop_assert_eq!(&got, &expected, "op #{} {:?} ({:?}, {:?})", n, op, rule, scopes_rule);
+        prop_assert_eq!(
+            &got,
+            &expected,
+            "op #{} {:?} ({:?}, {:?})",
+            n,
+            op,
+            rule,
+            scopes_rule
+        );
     }
     for i in 0..4u8 {
         let entry = store.get(&Key::parse(&key(i), 512).unwrap()).await.unwrap();
-        let expected = model.kv.get(&key(i)).and_then(|(v, _, t, s)| v.clone().map(|v| (v, *t, s.clone())));
+        let expected = model
+            .kv
+            .get(&key(i))
+            .and_then(|(v, _, t, s)| v.clone().map(|v| (v, *t, s.clone())));
         let got = entry.map(|e| (e.value, e.fence_token.get(), e.scope));
         prop_assert_eq!(got, expected, "final state of {}", key(i));
     }
     for i in 0..2u8 {
-        let got = store.fence(&Scope::parse(&scope(i), 512).unwrap()).await.unwrap().map(FencingToken::get);
-        prop_assert_eq!(got, model.scopes.get(&scope(i)).copied(), "final fence of {}", scope(i));
+        let got = store
+            .fence(&Scope::parse(&scope(i), 512).unwrap())
+            .await
+            .unwrap()
+            .map(FencingToken::get);
+        prop_assert_eq!(
+            got,
+            model.scopes.get(&scope(i)).copied(),
+            "final fence of {}",
+            scope(i)
+        );
     }
     Ok(())
 }
@@ -231,15 +324,23 @@ fn run(rule: Rule, scopes_rule: ScopeRule) {
         let mut settings = Settings::default();
         settings.kv.sticky_scope = scopes_rule == ScopeRule::Sticky;
         settings.database.url = Some(crate::pg::fresh_database().await);
-        fencegate::server::open_store(&settings).await.expect("open the store")
+        fencegate::server::open_store(&settings)
+            .await
+            .expect("open the store")
     });
-    let mut runner = TestRunner::new(Config { cases: 48, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
     let case = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&prop::collection::vec(op(), 1..25), |ops| {
             // Every case (and every shrink step) gets fresh names, so cases share one database
             // without interfering.
-            let prefix = format!("c{}-", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let prefix = format!(
+                "c{}-",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
             rt.block_on(check(&store, rule, scopes_rule, &prefix, &ops))
         })
         .unwrap();

@@ -22,7 +22,11 @@ fn validate(doc: &str) {
     let out = std::process::Command::new("python3").args(["-c", script]).arg(&file).output().unwrap_or_else(|e| {
         panic!("cannot run python3 ({e}): install python3, then: pip install openapi-spec-validator")
     });
-    assert_ne!(out.status.code(), Some(97), "install: pip install openapi-spec-validator");
+    assert_ne!(
+        out.status.code(),
+        Some(97),
+        "install: pip install openapi-spec-validator"
+    );
     assert!(
         out.status.success(),
         "openapi-spec-validator refused the document:\n{}",
@@ -33,7 +37,10 @@ fn validate(doc: &str) {
 async fn document(app: &TestApp) -> (String, Value) {
     let resp = app.get("/openapi.json").await;
     assert_eq!(resp.status, 200, "{}", resp.text);
-    assert!(resp.header("content-type").unwrap_or("").starts_with("application/json"));
+    assert!(resp
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("application/json"));
     let doc = resp.json();
     (resp.text, doc)
 }
@@ -42,14 +49,40 @@ async fn document(app: &TestApp) -> (String, Value) {
 async fn the_document_is_valid_openapi_3_1() {
     let app = spawn_app().await;
     let (text, doc) = document(&app).await;
-    assert!(doc["openapi"].as_str().unwrap_or("").starts_with("3.1."), "{}", doc["openapi"]);
+    assert!(
+        doc["openapi"].as_str().unwrap_or("").starts_with("3.1."),
+        "{}",
+        doc["openapi"]
+    );
     validate(&text);
     // The fencing headers are parameters of the writes.
     let put = &doc["paths"]["/v1/kv/{key}"]["put"];
-    let names: Vec<&str> = put["parameters"].as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
-    assert_eq!(names, ["key", "X-Fencing-Token", "X-Fencing-Scope", "X-Fencing-Proof"], "{put}");
-    assert!(put["responses"]["412"].to_string().contains("https://fencegate.dev/problems/stale-token"), "{put}");
-    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    let names: Vec<&str> = put["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "key",
+            "X-Fencing-Token",
+            "X-Fencing-Scope",
+            "X-Fencing-Proof"
+        ],
+        "{put}"
+    );
+    assert!(
+        put["responses"]["412"]
+            .to_string()
+            .contains("https://fencegate.dev/problems/stale-token"),
+        "{put}"
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
 }
 
 /// Every documented operation is routed (not the fallback, not 405) and answers, even to a
@@ -60,18 +93,33 @@ async fn every_documented_operation_is_served_with_a_documented_status() {
     let (_, doc) = document(&app).await;
     let mut operations = 0;
     for (path, item) in doc["paths"].as_object().unwrap() {
-        let concrete =
-            path.replace("{key}", "k").replace("{scope}", "s").replace("{name}", "n").replace("{resource}", "r");
+        let concrete = path
+            .replace("{key}", "k")
+            .replace("{scope}", "s")
+            .replace("{name}", "n")
+            .replace("{resource}", "r");
         for (method, op) in item.as_object().unwrap() {
-            let Ok(method) = method.to_uppercase().parse::<Method>() else { continue };
+            let Ok(method) = method.to_uppercase().parse::<Method>() else {
+                continue;
+            };
             operations += 1;
             let documented: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
-            if op["responses"]["200"]["content"].get("text/event-stream").is_some() {
+            if op["responses"]["200"]["content"]
+                .get("text/event-stream")
+                .is_some()
+            {
                 // A stream does not end: its status and content type are what can be checked.
-                let resp = app.req(method.clone(), &concrete).send().await.expect("the stream answers");
+                let resp = app
+                    .req(method.clone(), &concrete)
+                    .send()
+                    .await
+                    .expect("the stream answers");
                 assert_eq!(resp.status(), 200, "{method} {concrete}");
                 assert!(
-                    resp.headers()[reqwest::header::CONTENT_TYPE].to_str().unwrap().starts_with("text/event-stream"),
+                    resp.headers()[reqwest::header::CONTENT_TYPE]
+                        .to_str()
+                        .unwrap()
+                        .starts_with("text/event-stream"),
                     "{method} {concrete}: {:?}",
                     resp.headers()
                 );
@@ -84,7 +132,11 @@ async fn every_documented_operation_is_served_with_a_documented_status() {
                 resp.status,
                 resp.text
             );
-            assert!(!resp.text.contains("no such endpoint"), "{method} {concrete} is not routed: {}", resp.text);
+            assert!(
+                !resp.text.contains("no such endpoint"),
+                "{method} {concrete} is not routed: {}",
+                resp.text
+            );
             assert_ne!(resp.status, 405, "{method} {concrete}");
         }
     }
@@ -114,24 +166,46 @@ async fn the_page_loads_nothing_from_elsewhere() {
     let app = spawn_app().await;
     let resp = app.get("/docs").await;
     assert_eq!(resp.status, 200);
-    assert!(resp.header("content-type").unwrap_or("").starts_with("text/html"));
+    assert!(resp
+        .header("content-type")
+        .unwrap_or("")
+        .starts_with("text/html"));
     let page = &resp.text;
     for external in ["http://", "https://", "src=\"//", "href=\"//", "@import"] {
         assert!(!page.contains(external), "the page refers to {external}...");
     }
-    assert!(page.contains("openapi.json"), "the page renders /openapi.json");
+    assert!(
+        page.contains("openapi.json"),
+        "the page renders /openapi.json"
+    );
     // The policy forbids everything but the page's own inline script and style (by hash) and
     // fetching from this server; the hashes must be those of what the page holds, or a browser
     // would run nothing.
-    let csp = resp.header("content-security-policy").expect("a Content-Security-Policy").to_owned();
+    let csp = resp
+        .header("content-security-policy")
+        .expect("a Content-Security-Policy")
+        .to_owned();
     assert!(csp.starts_with("default-src 'none';"), "{csp}");
     assert!(csp.contains("connect-src 'self'"), "{csp}");
     let inline = |open: &str, close: &str| {
         let start = page.find(open).unwrap_or_else(|| panic!("no {open}")) + open.len();
         let end = start + page[start..].find(close).unwrap();
-        base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(&page.as_bytes()[start..end]))
+        base64::engine::general_purpose::STANDARD
+            .encode(sha2::Sha256::digest(&page.as_bytes()[start..end]))
     };
-    assert!(csp.contains(&format!("script-src 'sha256-{}'", inline("<script>", "</script>"))), "{csp}");
-    assert!(csp.contains(&format!("style-src 'sha256-{}'", inline("<style>", "</style>"))), "{csp}");
+    assert!(
+        csp.contains(&format!(
+            "script-src 'sha256-{}'",
+            inline("<script>", "</script>")
+        )),
+        "{csp}"
+    );
+    assert!(
+        csp.contains(&format!(
+            "style-src 'sha256-{}'",
+            inline("<style>", "</style>")
+        )),
+        "{csp}"
+    );
     assert_eq!(page.matches("<script").count(), 1, "one script, inline");
 }

@@ -24,16 +24,25 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
     let key = unique("metrickey");
     let scope = unique("metricscope");
     app.kv_put(&key, "10", &json!(1)).await.expect(201);
-    app.kv_put(&key, "5", &json!(2)).await.problem(412, "stale-token");
-    app.kv_put_scoped(&format!("{key}-scoped"), "3", &scope, &json!(3)).await.expect(201);
-    app.claim(&enc(&scope), "2").await.problem(412, "stale-token");
+    app.kv_put(&key, "5", &json!(2))
+        .await
+        .problem(412, "stale-token");
+    app.kv_put_scoped(&format!("{key}-scoped"), "3", &scope, &json!(3))
+        .await
+        .expect(201);
+    app.claim(&enc(&scope), "2")
+        .await
+        .problem(412, "stale-token");
     app.kv_get(&key).await.expect(200);
-    app.get(&format!("/nope/{key}")).await.problem(404, "not-found");
+    app.get(&format!("/nope/{key}"))
+        .await
+        .problem(404, "not-found");
 
     let r = app.get("/metrics").await;
     assert_eq!(r.status, 200, "{r:?}");
     assert!(
-        r.header("content-type").is_some_and(|ct| ct.starts_with("text/plain")),
+        r.header("content-type")
+            .is_some_and(|ct| ct.starts_with("text/plain")),
         "metrics content-type: {r:?}"
     );
     let text = &r.text;
@@ -50,12 +59,19 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
         "no stale fencegate_writes_total sample:\n{text}"
     );
     assert!(
-        text.lines().any(|l| l.starts_with("fencegate_http_requests_total{")),
+        text.lines()
+            .any(|l| l.starts_with("fencegate_http_requests_total{")),
         "no fencegate_http_requests_total sample:\n{text}"
     );
     // Labels are bounded: route templates, never request text.
-    assert!(!text.contains("metrickey"), "a key name leaked into /metrics:\n{text}");
-    assert!(!text.contains("metricscope"), "a scope name leaked into /metrics:\n{text}");
+    assert!(
+        !text.contains("metrickey"),
+        "a key name leaked into /metrics:\n{text}"
+    );
+    assert!(
+        !text.contains("metricscope"),
+        "a scope name leaked into /metrics:\n{text}"
+    );
 }
 
 #[tokio::test]
@@ -63,13 +79,31 @@ async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
     let app = spawn_app().await;
     let first = app.get("/healthz").await;
     let second = app.kv_put(&unique("k"), "1", &json!(1)).await;
-    let (a, b) = (first.header("x-request-id").expect("an id"), second.header("x-request-id").expect("an id"));
-    assert!(!a.is_empty() && a != b, "two requests, two ids: {a:?} {b:?}");
+    let (a, b) = (
+        first.header("x-request-id").expect("an id"),
+        second.header("x-request-id").expect("an id"),
+    );
+    assert!(
+        !a.is_empty() && a != b,
+        "two requests, two ids: {a:?} {b:?}"
+    );
     let absent = app.get("/v1/kv/never-written").await;
-    assert!(absent.header("x-request-id").is_some(), "errors carry an id too");
+    assert!(
+        absent.header("x-request-id").is_some(),
+        "errors carry an id too"
+    );
 
-    let mine = app.send(app.req(reqwest::Method::GET, "/healthz").header("x-request-id", "trace-42")).await;
-    assert_eq!(mine.header("x-request-id"), Some("trace-42"), "the caller's id is kept for its logs");
+    let mine = app
+        .send(
+            app.req(reqwest::Method::GET, "/healthz")
+                .header("x-request-id", "trace-42"),
+        )
+        .await;
+    assert_eq!(
+        mine.header("x-request-id"),
+        Some("trace-42"),
+        "the caller's id is kept for its logs"
+    );
 }
 
 /// Replication on PostgreSQL: `fencegate_replication_replicas` from the start (the test server
@@ -80,11 +114,25 @@ async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
 async fn metrics_say_how_many_replicas_and_only_then_whether_synchronous() {
     let app = spawn_app().await;
     app.get("/readyz").await.expect(200);
-    let sample = |text: &str, name: &str| text.lines().find(|l| l.starts_with(&format!("{name} "))).map(str::to_owned);
+    let sample = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .map(str::to_owned)
+    };
     if crate::BACKEND == crate::pg::Backend::Sqlite {
         let r = app.get("/metrics").await;
-        assert_eq!(sample(&r.text, "fencegate_replication_replicas"), None, "SQLite has no replication to report:\n{}", r.text);
-        assert_eq!(sample(&r.text, "fencegate_replication_synchronous"), None, "{}", r.text);
+        assert_eq!(
+            sample(&r.text, "fencegate_replication_replicas"),
+            None,
+            "SQLite has no replication to report:\n{}",
+            r.text
+        );
+        assert_eq!(
+            sample(&r.text, "fencegate_replication_synchronous"),
+            None,
+            "{}",
+            r.text
+        );
         return;
     }
     // Checked at start, on the process's own task: give it a moment.
@@ -96,6 +144,14 @@ async fn metrics_say_how_many_replicas_and_only_then_whether_synchronous() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(sample(&last, "fencegate_replication_replicas").as_deref(), Some("fencegate_replication_replicas 0"), "{last}");
-    assert_eq!(sample(&last, "fencegate_replication_synchronous"), None, "a lone server is not 'asynchronous':\n{last}");
+    assert_eq!(
+        sample(&last, "fencegate_replication_replicas").as_deref(),
+        Some("fencegate_replication_replicas 0"),
+        "{last}"
+    );
+    assert_eq!(
+        sample(&last, "fencegate_replication_synchronous"),
+        None,
+        "a lone server is not 'asynchronous':\n{last}"
+    );
 }

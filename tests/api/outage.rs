@@ -33,13 +33,22 @@ async fn an_unreachable_database_is_503_and_the_server_recovers() {
 
     let ready = app.get("/readyz").await;
     ready.problem(503, "unavailable");
-    assert!(ready.header("retry-after").is_some(), "503 without Retry-After: {ready:?}");
+    assert!(
+        ready.header("retry-after").is_some(),
+        "503 without Retry-After: {ready:?}"
+    );
     // Several attempts: the first may meet a pooled connection that was just reset, later ones a
     // new connection closed at once. Both are the database being unreachable.
     for _ in 0..2 {
-        for r in [app.kv_put("k", "2", &json!("during")).await, app.kv_get("k").await] {
+        for r in [
+            app.kv_put("k", "2", &json!("during")).await,
+            app.kv_get("k").await,
+        ] {
             r.problem(503, "unavailable");
-            assert!(r.header("retry-after").is_some(), "503 without Retry-After: {r:?}");
+            assert!(
+                r.header("retry-after").is_some(),
+                "503 without Retry-After: {r:?}"
+            );
         }
     }
     app.get("/healthz").await.expect(200); // liveness is about the process itself
@@ -48,7 +57,9 @@ async fn an_unreachable_database_is_503_and_the_server_recovers() {
     proxy.heal();
     wait_ready(&app, "the database came back").await;
     app.assert_value("k", &json!("before"), "1").await;
-    app.kv_put("k", "0", &json!("zombie")).await.stale_key("k", "0", "1");
+    app.kv_put("k", "0", &json!("zombie"))
+        .await
+        .stale_key("k", "0", "1");
     app.kv_put("k", "2", &json!("after")).await.expect(200);
     drop(proxy);
 }
@@ -67,11 +78,16 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
 
     // The setting is read when a session starts: end fencegate's sessions, so that its next ones
     // are read-only. (This session stays writable, and turns the switch off again below.)
-    let mut admin = sqlx::PgConnection::connect(&db).await.expect("connect to the test database");
+    let mut admin = sqlx::PgConnection::connect(&db)
+        .await
+        .expect("connect to the test database");
     let set = |value: &str| {
         format!("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = {value}', current_database()); END $$")
     };
-    admin.execute(set("on").as_str()).await.expect("ALTER DATABASE");
+    admin
+        .execute(set("on").as_str())
+        .await
+        .expect("ALTER DATABASE");
     admin
         .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         .await
@@ -84,19 +100,28 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
             r.problem(503, "unavailable");
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "/readyz never said the database refuses writes: {r:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz never said the database refuses writes: {r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for _ in 0..3 {
         let r = app.kv_put("k", "2", &json!("during")).await;
         r.problem(503, "unavailable");
-        assert!(r.header("retry-after").is_some(), "503 without Retry-After: {r:?}");
+        assert!(
+            r.header("retry-after").is_some(),
+            "503 without Retry-After: {r:?}"
+        );
     }
     app.assert_value("k", &json!("before"), "1").await;
 
     // Switched off: the read-only sessions are replaced as readiness checks and writes meet
     // them; readiness comes back first, then every write goes through.
-    admin.execute(set("off").as_str()).await.expect("ALTER DATABASE");
+    admin
+        .execute(set("off").as_str())
+        .await
+        .expect("ALTER DATABASE");
     wait_ready(&app, "the database took writes again").await;
     let mut applied = false;
     for _ in 0..40 {
@@ -107,10 +132,15 @@ async fn a_database_that_refuses_writes_is_not_ready_and_the_server_recovers() {
         }
         r.problem(503, "unavailable"); // a session opened while read-only, replaced now
     }
-    assert!(applied, "writes still refused after the database took writes again");
+    assert!(
+        applied,
+        "writes still refused after the database took writes again"
+    );
     app.assert_value("k", &json!("after"), "2").await;
     // A zombie's old token is still refused by the fence after the outage.
-    app.kv_put("k", "1", &json!("zombie")).await.stale_key("k", "1", "2");
+    app.kv_put("k", "1", &json!("zombie"))
+        .await
+        .stale_key("k", "1", "2");
     app.assert_value("k", &json!("after"), "2").await;
 }
 
@@ -124,7 +154,10 @@ async fn wait_ready(app: &TestApp, what: &str) {
             return;
         }
         r.problem(503, "unavailable");
-        assert!(tokio::time::Instant::now() < deadline, "not ready 30s after {what}: {r:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not ready 30s after {what}: {r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -134,9 +167,17 @@ async fn wait_ready(app: &TestApp, what: &str) {
 #[tokio::test]
 async fn readiness_answers_within_a_second_when_the_database_is_frozen() {
     let db = pg::fresh_database().await;
-    let upstream = tokio::net::lookup_host(host_port(&db)).await.unwrap().next().unwrap();
+    let upstream = tokio::net::lookup_host(host_port(&db))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
     let proxy = Proxy::start(upstream).await;
-    let app = spawn_app_on(with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)), |s| s.database.acquire_timeout_ms = 5000).await;
+    let app = spawn_app_on(
+        with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)),
+        |s| s.database.acquire_timeout_ms = 5000,
+    )
+    .await;
     app.get("/readyz").await.expect(200);
     proxy.stall();
     for _ in 0..3 {
@@ -145,7 +186,10 @@ async fn readiness_answers_within_a_second_when_the_database_is_frozen() {
         let took = started.elapsed();
         let body = ready.problem(503, "unavailable");
         assert!(took < Duration::from_millis(1000), "/readyz took {took:?}");
-        assert!(body["detail"].as_str().unwrap().contains("did not answer"), "{body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("did not answer"),
+            "{body}"
+        );
     }
     proxy.heal();
     wait_ready(&app, "the database thawed").await;
@@ -172,14 +216,21 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
     })
     .await;
     app.get("/readyz").await.expect(200);
-    let put = || app.req(reqwest::Method::PUT, "/v1/tables/notes/1").header(crate::helpers::TOKEN, "1").json(&json!({"body": "x"}));
+    let put = || {
+        app.req(reqwest::Method::PUT, "/v1/tables/notes/1")
+            .header(crate::helpers::TOKEN, "1")
+            .json(&json!({"body": "x"}))
+    };
     let refused = app.send(put()).await;
     refused.problem(503, "unavailable");
     let ready = app.get("/readyz").await;
     let body = ready.problem(503, "unavailable");
     assert!(body["detail"].as_str().unwrap().contains("53100"), "{body}");
     // Space is back: the next write is taken, and readiness follows at once.
-    sqlx::query("DROP TRIGGER full_disk ON notes").execute(&mut conn).await.unwrap();
+    sqlx::query("DROP TRIGGER full_disk ON notes")
+        .execute(&mut conn)
+        .await
+        .unwrap();
     app.send(put()).await.expect(201);
     app.get("/readyz").await.expect(200);
 }

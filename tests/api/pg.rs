@@ -57,11 +57,22 @@ pub async fn fresh_database() -> String {
         .as_str(),
     )
     .await
-    .unwrap_or_else(|e| panic!("CREATE DATABASE {name} failed on {}: {e}", redact_url(admin)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "CREATE DATABASE {name} failed on {}: {e}",
+            redact_url(admin)
+        )
+    });
     // Tag the database with its owner, so a later run can drop it once this process is gone
     // (on a shared DATABASE_URL server nothing else would; the throwaway cluster goes whole).
     let _ = conn
-        .execute(format!("COMMENT ON DATABASE {name} IS '{}'", owner_tag(std::process::id())).as_str())
+        .execute(
+            format!(
+                "COMMENT ON DATABASE {name} IS '{}'",
+                owner_tag(std::process::id())
+            )
+            .as_str(),
+        )
         .await;
     sweep_leftovers(&mut conn).await;
     let _ = conn.close().await;
@@ -105,12 +116,21 @@ async fn sweep_leftovers(conn: &mut PgConnection) {
     .unwrap_or_default();
     let prefix = owner_prefix();
     for (name, comment) in rows {
-        let Some(pid) = comment.as_deref().and_then(|c| c.strip_prefix(prefix.as_str())) else { continue };
-        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let Some(pid) = comment
+            .as_deref()
+            .and_then(|c| c.strip_prefix(prefix.as_str()))
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
         let is_name = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !alive && is_name {
-            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {name}").as_str()).await;
+            let _ = conn
+                .execute(format!("DROP DATABASE IF EXISTS {name}").as_str())
+                .await;
         }
     }
 }
@@ -127,7 +147,8 @@ fn start_throwaway_cluster() -> String {
         .expect("cannot create a temporary directory for the throwaway cluster")
         // The cluster's watchdog owns the cleanup: it must outlive this process.
         .keep();
-    let settings = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400";
+    let settings =
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400";
     let cleanup = format!("rm -rf {}", support_pg::shell_quote(&root));
     support_pg::Cluster::new(&bindir, &root, settings, &cleanup, " or set DATABASE_URL").url()
 }
@@ -137,12 +158,17 @@ fn start_throwaway_cluster() -> String {
 fn fresh_sqlite_database() -> String {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fencegate-sqlite-tests-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("fencegate-sqlite-tests-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the SQLite scratch directory");
         support_pg::watchdog(&format!("rm -rf {}", support_pg::shell_quote(&dir)), None);
         dir
     });
-    format!("sqlite://{}/{}.sqlite", dir.display(), uuid::Uuid::new_v4().simple())
+    format!(
+        "sqlite://{}/{}.sqlite",
+        dir.display(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 #[cfg(test)]
@@ -163,8 +189,17 @@ mod unit {
         // A password may hold an `@`: the host follows the last one.
         let url = "postgres://u:p@ss@db.example:6543/app?sslmode=disable";
         assert_eq!(host_port(url), "db.example:6543");
-        assert_eq!(with_host_port(url, "127.0.0.1:9"), "postgres://u:p@ss@127.0.0.1:9/app?sslmode=disable");
-        assert_eq!(host_port("postgres://postgres@127.0.0.1/postgres"), "127.0.0.1:5432");
-        assert_eq!(with_host_port("postgres://h/db", "p:1"), "postgres://p:1/db");
+        assert_eq!(
+            with_host_port(url, "127.0.0.1:9"),
+            "postgres://u:p@ss@127.0.0.1:9/app?sslmode=disable"
+        );
+        assert_eq!(
+            host_port("postgres://postgres@127.0.0.1/postgres"),
+            "127.0.0.1:5432"
+        );
+        assert_eq!(
+            with_host_port("postgres://h/db", "p:1"),
+            "postgres://p:1/db"
+        );
     }
 }

@@ -12,14 +12,24 @@ pub struct Pki {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("run openssl (is it installed?)");
-    assert!(out.status.success(), "openssl {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl (is it installed?)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Pki {
     /// A CA named `ca`, and a server certificate `server` it signed.
     pub fn new() -> Pki {
-        let pki = Pki { dir: tempfile::tempdir().expect("a temporary directory") };
+        let pki = Pki {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        };
         pki.ca("ca");
         pki.server("server", "ca");
         pki
@@ -38,10 +48,25 @@ impl Pki {
         openssl(
             self.dir.path(),
             &[
-                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.crt"), "-days", "2",
-                "-subj", &format!("/CN=fencegate test {name}"),
-                "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=fencegate test {name}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
             ],
         );
     }
@@ -53,15 +78,39 @@ impl Pki {
         openssl(
             dir,
             &[
-                "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"), "-subj", subject,
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                subject,
             ],
         );
         openssl(
             dir,
             &[
-                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}.crt"), "-CAkey", &format!("{ca}.key"),
-                "-CAcreateserial", "-out", &format!("{name}.crt"), "-days", "2", "-extfile", &format!("{name}.ext"),
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                &format!("{ca}.crt"),
+                "-CAkey",
+                &format!("{ca}.key"),
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
             ],
         );
     }
@@ -78,7 +127,9 @@ impl Pki {
 
     /// A client certificate with subject CN `cn` and, optionally, a URI SAN.
     pub fn client(&self, name: &str, ca: &str, cn: &str, uri: Option<&str>) {
-        let mut ext = "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n".to_owned();
+        let mut ext =
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n"
+                .to_owned();
         if let Some(uri) = uri {
             ext.push_str(&format!("subjectAltName=URI:{uri}\n"));
         }
@@ -100,7 +151,9 @@ impl Pki {
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .timeout(std::time::Duration::from_secs(30))
-            .add_root_certificate(reqwest::Certificate::from_pem(&self.read(&format!("{ca}.crt"))).unwrap());
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&self.read(&format!("{ca}.crt"))).unwrap(),
+            );
         if let Some(name) = identity {
             let mut pem = self.read(&format!("{name}.crt"));
             pem.extend(self.read(&format!("{name}.key")));

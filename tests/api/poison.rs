@@ -10,12 +10,20 @@ use crate::helpers::{spawn_app, spawn_app_with, unique, Resp, TestApp, TOKEN};
 const MAX: &str = "9223372036854775807";
 
 async fn acquire(app: &TestApp, name: &str) -> String {
-    let r = app.send(app.req(Method::POST, &format!("/v1/locks/{name}")).json(&json!({"owner": "w", "ttl_ms": 60_000})));
+    let r = app.send(
+        app.req(Method::POST, &format!("/v1/locks/{name}"))
+            .json(&json!({"owner": "w", "ttl_ms": 60_000})),
+    );
     r.await.expect(201)["token"].as_str().unwrap().to_owned()
 }
 
 async fn release(app: &TestApp, name: &str, token: &str) {
-    app.send(app.req(Method::DELETE, &format!("/v1/locks/{name}")).header(TOKEN, token)).await.expect(200);
+    app.send(
+        app.req(Method::DELETE, &format!("/v1/locks/{name}"))
+            .header(TOKEN, token),
+    )
+    .await
+    .expect(200);
 }
 
 #[track_caller]
@@ -41,14 +49,37 @@ async fn a_token_the_built_in_lock_never_granted_is_refused_on_every_path() {
     let app = spawn_app().await;
     let lock = unique("lock");
     let t = acquire(&app, &lock).await;
-    app.kv_put_scoped("held", &t, &lock, &json!("holder")).await.expect(201);
+    app.kv_put_scoped("held", &t, &lock, &json!("holder"))
+        .await
+        .expect(201);
     let next = (t.parse::<i64>().unwrap() + 1).to_string();
     for bad in [next.as_str(), MAX] {
-        not_issued(&app.kv_put_scoped("k", bad, &lock, &json!("poison")).await, &lock, bad, &t);
-        not_issued(&app.kv_put_scoped("held", bad, &lock, &json!("poison")).await, &lock, bad, &t);
-        not_issued(&app.kv_delete_scoped("held", bad, &lock).await, &lock, bad, &t);
+        not_issued(
+            &app.kv_put_scoped("k", bad, &lock, &json!("poison")).await,
+            &lock,
+            bad,
+            &t,
+        );
+        not_issued(
+            &app.kv_put_scoped("held", bad, &lock, &json!("poison"))
+                .await,
+            &lock,
+            bad,
+            &t,
+        );
+        not_issued(
+            &app.kv_delete_scoped("held", bad, &lock).await,
+            &lock,
+            bad,
+            &t,
+        );
         let ops = json!({"ops": [{"op": "put", "key": "k", "value": 1}, {"op": "delete", "key": "held"}]});
-        not_issued(&app.batch(Some(bad), Some(&lock), &ops).await, &lock, bad, &t);
+        not_issued(
+            &app.batch(Some(bad), Some(&lock), &ops).await,
+            &lock,
+            bad,
+            &t,
+        );
         not_issued(&app.claim(&lock, bad).await, &lock, bad, &t);
     }
     // Nothing moved: the value, the fence, and the next grant is the next token.
@@ -56,12 +87,20 @@ async fn a_token_the_built_in_lock_never_granted_is_refused_on_every_path() {
     app.assert_value("held", &json!("holder"), &t).await;
     assert_eq!(app.fence(&lock).await.expect(200)["fence_token"], json!(t));
     release(&app, &lock, &t).await;
-    assert_eq!(acquire(&app, &lock).await, next, "the lock's counter was not pushed ahead");
-    app.kv_put_scoped("k", &next, &lock, &json!("new holder")).await.expect(201);
+    assert_eq!(
+        acquire(&app, &lock).await,
+        next,
+        "the lock's counter was not pushed ahead"
+    );
+    app.kv_put_scoped("k", &next, &lock, &json!("new holder"))
+        .await
+        .expect(201);
 
     let text = app.get("/metrics").await.text;
     assert!(
-        text.lines().any(|l| l.starts_with("fencegate_writes_total{") && l.contains(r#"outcome="not_issued""#)),
+        text.lines()
+            .any(|l| l.starts_with("fencegate_writes_total{")
+                && l.contains(r#"outcome="not_issued""#)),
         "no not_issued sample:\n{text}"
     );
 }
@@ -70,7 +109,9 @@ async fn a_token_the_built_in_lock_never_granted_is_refused_on_every_path() {
 async fn scopes_that_are_no_built_in_lock_take_any_token() {
     let app = spawn_app().await;
     let scope = unique("external");
-    app.kv_put_scoped("k", "1000000", &scope, &json!(1)).await.expect(201);
+    app.kv_put_scoped("k", "1000000", &scope, &json!(1))
+        .await
+        .expect(201);
     app.claim(&scope, MAX).await.expect(200);
 }
 
@@ -87,11 +128,17 @@ async fn grants_racing_writes_with_the_next_token_never_skip_a_token() {
         release(&app, &lock, &token.to_string()).await;
         let next = (token + 1).to_string();
         let (a, b, l, n) = (app.clone(), app.clone(), lock.clone(), next.clone());
-        let write = tokio::spawn(async move { a.kv_put_scoped(&format!("k{round}"), &n, &l, &json!(round)).await });
+        let write = tokio::spawn(async move {
+            a.kv_put_scoped(&format!("k{round}"), &n, &l, &json!(round))
+                .await
+        });
         let (l2,) = (lock.clone(),);
         let grant = tokio::spawn(async move { acquire(&b, &l2).await });
         let (write, granted) = (write.await.unwrap(), grant.await.unwrap());
-        assert_eq!(granted, next, "round {round}: the grant skipped a token: a write raised the fence first");
+        assert_eq!(
+            granted, next,
+            "round {round}: the grant skipped a token: a write raised the fence first"
+        );
         match write.status {
             200 | 201 => accepted += 1,
             422 => {
@@ -101,7 +148,9 @@ async fn grants_racing_writes_with_the_next_token_never_skip_a_token() {
             503 => {
                 write.problem(503, "unavailable");
                 assert!(write.header("retry-after").is_some(), "{}", write.text);
-                app.kv_put_scoped(&format!("k{round}"), &next, &lock, &json!(round)).await.expect(201);
+                app.kv_put_scoped(&format!("k{round}"), &next, &lock, &json!(round))
+                    .await
+                    .expect(201);
             }
             other => panic!("round {round}: unexpected {other}: {}", write.text),
         }
@@ -118,7 +167,12 @@ async fn the_jump_cap_refuses_tokens_that_leap_past_the_fence() {
     app.kv_put("a", "100", &json!(1)).await.expect(201);
     jump(&app.kv_put("b", "101", &json!(1)).await, "101", "0", "100");
     app.kv_put("a", "200", &json!(2)).await.expect(200);
-    let body = jump(&app.kv_put("a", "301", &json!(3)).await, "301", "200", "100");
+    let body = jump(
+        &app.kv_put("a", "301", &json!(3)).await,
+        "301",
+        "200",
+        "100",
+    );
     assert_eq!(body["key"], json!("a"), "{body}");
     jump(&app.kv_delete("a", MAX).await, MAX, "200", "100");
     let ops = json!({"ops": [{"op": "put", "key": "a", "value": 9}, {"op": "put", "key": "c", "value": 9}]});
@@ -127,21 +181,38 @@ async fn the_jump_cap_refuses_tokens_that_leap_past_the_fence() {
     app.assert_absent("c").await;
     app.assert_value("a", &json!(2), "200").await;
     // A stale token is stale, not a jump.
-    app.kv_put("a", "5", &json!(1)).await.stale_key("a", "5", "200");
+    app.kv_put("a", "5", &json!(1))
+        .await
+        .stale_key("a", "5", "200");
 
     // Scoped writes and claims: against the scope's fence.
     let s = unique("s");
     jump(&app.claim(&s, "101").await, "101", "0", "100");
     app.claim(&s, "50").await.expect(201);
-    let body = jump(&app.kv_put_scoped("k", "151", &s, &json!(1)).await, "151", "50", "100");
+    let body = jump(
+        &app.kv_put_scoped("k", "151", &s, &json!(1)).await,
+        "151",
+        "50",
+        "100",
+    );
     assert_eq!(body["scope"], json!(s), "{body}");
     app.fence(&s).await.expect(200);
     assert_eq!(app.fence(&s).await.expect(200)["fence_token"], json!("50"));
-    app.kv_put_scoped("k", "150", &s, &json!(1)).await.expect(201);
-    jump(&app.batch(Some("251"), Some(&s), &ops).await, "251", "150", "100");
+    app.kv_put_scoped("k", "150", &s, &json!(1))
+        .await
+        .expect(201);
+    jump(
+        &app.batch(Some("251"), Some(&s), &ops).await,
+        "251",
+        "150",
+        "100",
+    );
 
     let text = app.get("/metrics").await.text;
-    assert!(text.contains(r#"outcome="jump""#), "no jump sample:\n{text}");
+    assert!(
+        text.contains(r#"outcome="jump""#),
+        "no jump sample:\n{text}"
+    );
 }
 
 #[tokio::test]
@@ -171,7 +242,11 @@ mod proofs {
     const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 
     fn proof(scope: &str, token: i64) -> String {
-        sign(scope, FencingToken::from_db(token).unwrap(), SigningKey::Ed25519(&SEED))
+        sign(
+            scope,
+            FencingToken::from_db(token).unwrap(),
+            SigningKey::Ed25519(&SEED),
+        )
     }
 
     async fn spawn() -> TestApp {
@@ -192,13 +267,25 @@ mod proofs {
                     hmac_sha256_secret_env: Some(var),
                 },
             ];
-            s.scopes = vec![fencegate::fence::ScopeBinding { name: "jobs/bound".into(), keys: vec!["bound-".into()] }];
+            s.scopes = vec![fencegate::fence::ScopeBinding {
+                name: "jobs/bound".into(),
+                keys: vec!["bound-".into()],
+            }];
         })
         .await
     }
 
-    async fn put(app: &TestApp, key: &str, token: i64, scope: Option<&str>, proof: Option<&str>) -> Resp {
-        let mut rb = app.req(Method::PUT, &kv(key)).header(TOKEN, token.to_string()).json(&json!(token));
+    async fn put(
+        app: &TestApp,
+        key: &str,
+        token: i64,
+        scope: Option<&str>,
+        proof: Option<&str>,
+    ) -> Resp {
+        let mut rb = app
+            .req(Method::PUT, &kv(key))
+            .header(TOKEN, token.to_string())
+            .json(&json!(token));
         if let Some(scope) = scope {
             rb = rb.header(SCOPE, crate::helpers::enc(scope));
         }
@@ -212,32 +299,61 @@ mod proofs {
     async fn only_the_issuers_signature_of_this_scope_and_token_passes() {
         let app = spawn().await;
         let good = proof("jobs/a", 5);
-        put(&app, "k", 5, Some("jobs/a"), Some(&good)).await.expect(201);
+        put(&app, "k", 5, Some("jobs/a"), Some(&good))
+            .await
+            .expect(201);
 
-        put(&app, "k2", 5, Some("jobs/a"), None).await.problem(422, "missing-token-proof");
+        put(&app, "k2", 5, Some("jobs/a"), None)
+            .await
+            .problem(422, "missing-token-proof");
         let bad = [
-            proof("jobs/a", 6),                                            // another token
-            proof("jobs/b", 5),                                            // another scope
-            sign("jobs/a", FencingToken::from_db(5).unwrap(), SigningKey::Ed25519(&[1; 32])), // another key
-            sign("jobs/a", FencingToken::from_db(5).unwrap(), SigningKey::Hmac(SECRET.as_bytes())), // another issuer's
-            good[..good.len() - 4].to_owned(),                             // truncated
-            format!("{good}=="),                                           // padded
+            proof("jobs/a", 6), // another token
+            proof("jobs/b", 5), // another scope
+            sign(
+                "jobs/a",
+                FencingToken::from_db(5).unwrap(),
+                SigningKey::Ed25519(&[1; 32]),
+            ), // another key
+            sign(
+                "jobs/a",
+                FencingToken::from_db(5).unwrap(),
+                SigningKey::Hmac(SECRET.as_bytes()),
+            ), // another issuer's
+            good[..good.len() - 4].to_owned(), // truncated
+            format!("{good}=="), // padded
             "not*base64".to_owned(),
         ];
         for proof in &bad {
-            put(&app, "k2", 5, Some("jobs/a"), Some(proof)).await.problem(422, "invalid-token-proof");
+            put(&app, "k2", 5, Some("jobs/a"), Some(proof))
+                .await
+                .problem(422, "invalid-token-proof");
         }
         app.assert_absent("k2").await;
-        assert_eq!(app.fence("jobs%2Fa").await.expect(200)["fence_token"], json!("5"));
+        assert_eq!(
+            app.fence("jobs%2Fa").await.expect(200)["fence_token"],
+            json!("5")
+        );
 
         // HMAC issuer; the same proof of the same token is good again (a holder writes many times).
-        let hmac = sign("billing", FencingToken::from_db(9).unwrap(), SigningKey::Hmac(SECRET.as_bytes()));
-        put(&app, "inv", 9, Some("billing"), Some(&hmac)).await.expect(201);
-        put(&app, "inv", 9, Some("billing"), Some(&hmac)).await.expect(200);
-        put(&app, "inv", 10, Some("billing"), Some(&hmac)).await.problem(422, "invalid-token-proof");
+        let hmac = sign(
+            "billing",
+            FencingToken::from_db(9).unwrap(),
+            SigningKey::Hmac(SECRET.as_bytes()),
+        );
+        put(&app, "inv", 9, Some("billing"), Some(&hmac))
+            .await
+            .expect(201);
+        put(&app, "inv", 9, Some("billing"), Some(&hmac))
+            .await
+            .expect(200);
+        put(&app, "inv", 10, Some("billing"), Some(&hmac))
+            .await
+            .problem(422, "invalid-token-proof");
 
         // A scope no issuer covers, and unscoped writes, need no proof.
-        put(&app, "free", 1, Some(&unique("other")), None).await.expect(201);
+        put(&app, "free", 1, Some(&unique("other")), None)
+            .await
+            .expect(201);
         put(&app, "plain", 1, None, None).await.expect(201);
     }
 
@@ -245,7 +361,9 @@ mod proofs {
     async fn batches_claims_and_bound_keys_are_checked_too() {
         let app = spawn().await;
         let ops = json!({"ops": [{"op": "put", "key": "b1", "value": 1}]});
-        app.batch(Some("3"), Some("jobs%2Fx"), &ops).await.problem(422, "missing-token-proof");
+        app.batch(Some("3"), Some("jobs%2Fx"), &ops)
+            .await
+            .problem(422, "missing-token-proof");
         let r = app.send(
             app.req(Method::POST, "/v1/batch")
                 .header(TOKEN, "3")
@@ -255,15 +373,28 @@ mod proofs {
         );
         r.await.expect(200);
 
-        app.claim("jobs%2Fy", "7").await.problem(422, "missing-token-proof");
-        let r = app.send(app.req(Method::POST, "/v1/fences/jobs%2Fy").header(TOKEN, "7").header("X-Fencing-Proof", proof("jobs/y", 7)));
+        app.claim("jobs%2Fy", "7")
+            .await
+            .problem(422, "missing-token-proof");
+        let r = app.send(
+            app.req(Method::POST, "/v1/fences/jobs%2Fy")
+                .header(TOKEN, "7")
+                .header("X-Fencing-Proof", proof("jobs/y", 7)),
+        );
         r.await.expect(201);
 
         // A key bound to a signed scope needs its proof even without the header.
-        put(&app, "bound-1", 4, None, None).await.problem(422, "missing-token-proof");
-        put(&app, "bound-1", 4, None, Some(&proof("jobs/bound", 4))).await.expect(201);
+        put(&app, "bound-1", 4, None, None)
+            .await
+            .problem(422, "missing-token-proof");
+        put(&app, "bound-1", 4, None, Some(&proof("jobs/bound", 4)))
+            .await
+            .expect(201);
         let text = app.get("/metrics").await.text;
-        assert!(text.contains(r#"outcome="bad_proof""#), "no bad_proof sample:\n{text}");
+        assert!(
+            text.contains(r#"outcome="bad_proof""#),
+            "no bad_proof sample:\n{text}"
+        );
     }
 }
 
@@ -275,9 +406,14 @@ async fn a_lock_whose_fence_is_at_the_maximum_answers_409() {
     let app = spawn_app().await;
     let lock = unique("maxed");
     app.claim(&lock, MAX).await.expect(201);
-    let r = app.send(app.req(Method::POST, &format!("/v1/locks/{lock}")).json(&json!({"owner": "w", "ttl_ms": 1000})));
+    let r = app.send(
+        app.req(Method::POST, &format!("/v1/locks/{lock}"))
+            .json(&json!({"owner": "w", "ttl_ms": 1000})),
+    );
     r.await.problem(409, "lock-exhausted");
-    let reset = app.req(Method::POST, &format!("/v1/admin/fences/{lock}/reset")).json(&json!({"to": "5", "reason": "maxed out"}));
+    let reset = app
+        .req(Method::POST, &format!("/v1/admin/fences/{lock}/reset"))
+        .json(&json!({"to": "5", "reason": "maxed out"}));
     app.send(reset).await.expect(200);
     assert_eq!(acquire(&app, &lock).await, "6");
 
@@ -288,9 +424,14 @@ async fn a_lock_whose_fence_is_at_the_maximum_answers_409() {
     let token = acquire(&app, &granted).await;
     assert_eq!(token, MAX);
     release(&app, &granted, &token).await;
-    let reset = app.req(Method::POST, &format!("/v1/admin/fences/{granted}/reset")).json(&json!({"to": "5", "reason": "maxed out"}));
+    let reset = app
+        .req(Method::POST, &format!("/v1/admin/fences/{granted}/reset"))
+        .json(&json!({"to": "5", "reason": "maxed out"}));
     app.send(reset).await.expect(200);
-    let r = app.send(app.req(Method::POST, &format!("/v1/locks/{granted}")).json(&json!({"owner": "w", "ttl_ms": 1000})));
+    let r = app.send(
+        app.req(Method::POST, &format!("/v1/locks/{granted}"))
+            .json(&json!({"owner": "w", "ttl_ms": 1000})),
+    );
     r.await.problem(409, "lock-exhausted");
 }
 
@@ -306,7 +447,12 @@ async fn concurrent_issued_and_unissued_writes_each_get_their_own_answer() {
         let (app, lock) = (app.clone(), lock.clone());
         let token = if i % 2 == 0 { t } else { t + 1 + i };
         tasks.push(tokio::spawn(async move {
-            (i, token, app.kv_put_scoped(&format!("c{i}"), &token.to_string(), &lock, &json!(i)).await)
+            (
+                i,
+                token,
+                app.kv_put_scoped(&format!("c{i}"), &token.to_string(), &lock, &json!(i))
+                    .await,
+            )
         }));
     }
     for task in tasks {
@@ -318,7 +464,10 @@ async fn concurrent_issued_and_unissued_writes_each_get_their_own_answer() {
             app.assert_absent(&format!("c{i}")).await;
         }
     }
-    assert_eq!(app.fence(&lock).await.expect(200)["fence_token"], json!(t.to_string()));
+    assert_eq!(
+        app.fence(&lock).await.expect(200)["fence_token"],
+        json!(t.to_string())
+    );
 }
 
 #[tokio::test]
@@ -346,7 +495,12 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
                     27 => ("old".to_owned(), "1800".to_owned()),
                     _ => (format!("fresh-{n}"), (500 + n).to_string()),
                 };
-                (key.clone(), token.clone(), app.kv_put(&crate::helpers::enc(&key), &token, &json!(n)).await)
+                (
+                    key.clone(),
+                    token.clone(),
+                    app.kv_put(&crate::helpers::enc(&key), &token, &json!(n))
+                        .await,
+                )
             }
         });
         for (key, token, r) in futures::future::join_all(writes).await {
@@ -363,12 +517,17 @@ async fn a_new_key_past_the_cap_is_refused_alone_among_coalesced_writes() {
                     assert_eq!(body["key"], json!("3000 jumper 3"), "{body}");
                 }
                 "old" => assert_eq!(r.status, 200, "workers {workers}: {}", r.text),
-                _ => assert_eq!(r.status, 201, "workers {workers}, {key} with {token}: {}", r.text),
+                _ => assert_eq!(
+                    r.status, 201,
+                    "workers {workers}, {key} with {token}: {}",
+                    r.text
+                ),
             }
         }
         app.assert_absent("jumper").await;
         app.assert_absent("jumper-2").await;
-        app.assert_absent(&crate::helpers::enc("3000 jumper 3")).await;
+        app.assert_absent(&crate::helpers::enc("3000 jumper 3"))
+            .await;
         app.assert_value("old", &json!(27), "1800").await;
         app.assert_value("fresh-0", &json!(0), "500").await;
         app.assert_value("fresh-39", &json!(39), "539").await;
@@ -386,7 +545,12 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
         // SQLite checks a new key in the row to insert, under its one write lock: there is no
         // trigger to disable, and the cap holds.
         let app = crate::helpers::spawn_app_with(|s| s.kv.max_token_jump = 1000).await;
-        jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
+        jump(
+            &app.kv_put("poison", "999999", &json!("x")).await,
+            "999999",
+            "0",
+            "1000",
+        );
         app.kv_put("fine", "500", &json!("x")).await.expect(201);
         app.assert_absent("poison").await;
         return;
@@ -395,28 +559,55 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
     let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
     app.kv_put("there", "10", &json!(1)).await.expect(201);
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
-    for off in ["DISABLE TRIGGER fencegate_kv_created", "ENABLE TRIGGER fencegate_kv_created"] {
-        sqlx::query(&format!("ALTER TABLE fencegate.fencegate_kv {off}")).execute(&mut sql).await.unwrap();
+    for off in [
+        "DISABLE TRIGGER fencegate_kv_created",
+        "ENABLE TRIGGER fencegate_kv_created",
+    ] {
+        sqlx::query(&format!("ALTER TABLE fencegate.fencegate_kv {off}"))
+            .execute(&mut sql)
+            .await
+            .unwrap();
         // A new key far above the cap, one within it, and a write of an existing key: none is
         // written. The first is explained as the jump it is; the others are 503, naming the
         // trigger to enable.
-        jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
+        jump(
+            &app.kv_put("poison", "999999", &json!("x")).await,
+            "999999",
+            "0",
+            "1000",
+        );
         for (key, token) in [("fine", "500"), ("there", "20")] {
             let r = app.kv_put(key, token, &json!("x")).await;
             assert_eq!(r.status, 503, "{off}: {key} with {token}: {}", r.text);
-            assert!(r.text.contains("fencegate_kv_created"), "the answer names the trigger: {}", r.text);
+            assert!(
+                r.text.contains("fencegate_kv_created"),
+                "the answer names the trigger: {}",
+                r.text
+            );
         }
         // A batch within the cap is not written either, and says the same.
         let ops = json!({"ops": [{"op": "put", "key": "fine", "value": 1}, {"op": "put", "key": "there", "value": 1}]});
         let r = app.batch(Some("30"), None, &ops).await;
         assert_eq!(r.status, 503, "{off}: batch: {}", r.text);
-        assert!(r.text.contains("fencegate_kv_created"), "the answer names the trigger: {}", r.text);
+        assert!(
+            r.text.contains("fencegate_kv_created"),
+            "the answer names the trigger: {}",
+            r.text
+        );
         app.assert_absent("poison").await;
         app.assert_absent("fine").await;
         app.assert_value("there", &json!(1), "10").await;
     }
-    sqlx::query("ALTER TABLE fencegate.fencegate_kv ENABLE ALWAYS TRIGGER fencegate_kv_created").execute(&mut sql).await.unwrap();
-    jump(&app.kv_put("poison", "999999", &json!("x")).await, "999999", "0", "1000");
+    sqlx::query("ALTER TABLE fencegate.fencegate_kv ENABLE ALWAYS TRIGGER fencegate_kv_created")
+        .execute(&mut sql)
+        .await
+        .unwrap();
+    jump(
+        &app.kv_put("poison", "999999", &json!("x")).await,
+        "999999",
+        "0",
+        "1000",
+    );
     app.kv_put("fine", "500", &json!("x")).await.expect(201);
     app.kv_put("there", "20", &json!("x")).await.expect(200);
 }
@@ -426,16 +617,20 @@ async fn with_the_new_key_trigger_disabled_writes_are_refused_not_let_through() 
 async fn until_blocked_by(sql: &mut sqlx::PgConnection, holder: i32) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let blocked: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
-                .bind(holder)
-                .fetch_one(&mut *sql)
-                .await
-                .unwrap();
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(&mut *sql)
+        .await
+        .unwrap();
         if blocked > 0 {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "the batch never waited for the deleted row's lock");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never waited for the deleted row's lock"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
@@ -452,13 +647,21 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
         let app = spawn_app_with(|s| s.kv.max_token_jump = 1000).await;
         app.kv_put("k", "1000", &json!("before")).await.expect(201);
         let ops = json!({"ops": [{"op": "put", "key": "k", "value": 1}, {"op": "put", "key": "new", "value": 1}]});
-        jump(&app.batch(Some("1900"), None, &ops).await, "1900", "0", "1000");
+        jump(
+            &app.batch(Some("1900"), None, &ops).await,
+            "1900",
+            "0",
+            "1000",
+        );
         app.assert_value("k", &json!("before"), "1000").await;
         return;
     }
     let db = crate::pg::fresh_database().await;
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
-    sqlx::query("CREATE TABLE public.jobs (id integer PRIMARY KEY, state text)").execute(&mut sql).await.unwrap();
+    sqlx::query("CREATE TABLE public.jobs (id integer PRIMARY KEY, state text)")
+        .execute(&mut sql)
+        .await
+        .unwrap();
     let jobs = crate::helpers::ledger_table("jobs", "public.jobs");
     let app = crate::helpers::spawn_app_on(db.clone(), |s| {
         s.kv.max_token_jump = 1000;
@@ -474,9 +677,15 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
         app.kv_put("k", "1000", &json!("before")).await.expect(201);
         app.kv_put("also", "1000", &json!("before")).await;
         let mut dba = sqlx::PgConnection::connect(&db).await.unwrap();
-        let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut dba).await.unwrap();
+        let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut dba)
+            .await
+            .unwrap();
         sqlx::query("BEGIN").execute(&mut dba).await.unwrap();
-        sqlx::query("DELETE FROM fencegate.fencegate_kv WHERE key = 'k'").execute(&mut dba).await.unwrap();
+        sqlx::query("DELETE FROM fencegate.fencegate_kv WHERE key = 'k'")
+            .execute(&mut dba)
+            .await
+            .unwrap();
         // 1900 is within the cap of k's fence (1000) as the batch's snapshot shows it, and far
         // above it from 0, which is what k's fence is once the delete commits.
         let batch = app.batch(Some("1900"), None, ops);
@@ -489,11 +698,23 @@ async fn a_batch_cannot_recreate_above_the_cap_a_key_deleted_while_it_waits() {
         assert_eq!(body["key"], json!("k"), "round {round}: {body}");
         app.assert_absent("k").await;
         app.assert_value("also", &json!("before"), "1000").await;
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.jobs").fetch_one(&mut sql).await.unwrap();
-        assert_eq!(rows, 0, "round {round}: the batch's table row was not written either");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM public.jobs")
+            .fetch_one(&mut sql)
+            .await
+            .unwrap();
+        assert_eq!(
+            rows, 0,
+            "round {round}: the batch's table row was not written either"
+        );
     }
     // Within the cap, the same batch goes through.
-    app.batch(Some("1000"), None, &json!({"ops": [{"op": "put", "key": "k", "value": "ok"}]})).await.expect(200);
+    app.batch(
+        Some("1000"),
+        None,
+        &json!({"ops": [{"op": "put", "key": "k", "value": "ok"}]}),
+    )
+    .await
+    .expect(200);
 }
 
 #[tokio::test]
@@ -511,23 +732,44 @@ async fn a_value_of_the_cap_setting_left_on_the_database_does_not_apply_to_fence
     }
     let db = crate::pg::fresh_database().await;
     let mut sql = sqlx::PgConnection::connect(&db).await.unwrap();
-    let name: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&mut sql).await.unwrap();
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut sql)
+        .await
+        .unwrap();
     // Migrate first (the first app), then set the value: new connections get it.
-    drop(crate::helpers::spawn_app_on(db.clone(), |_| {}).await.get("/readyz").await);
+    drop(
+        crate::helpers::spawn_app_on(db.clone(), |_| {})
+            .await
+            .get("/readyz")
+            .await,
+    );
     for (n, stray) in ["5", "off"].into_iter().enumerate() {
-        sqlx::query(&format!("ALTER DATABASE {name} SET fencegate.kv_jump_cap = '{stray}'")).execute(&mut sql).await.unwrap();
+        sqlx::query(&format!(
+            "ALTER DATABASE {name} SET fencegate.kv_jump_cap = '{stray}'"
+        ))
+        .execute(&mut sql)
+        .await
+        .unwrap();
         // The value is live on new connections: a writer that sets none is judged by it.
         let mut other = sqlx::PgConnection::connect(&db).await.unwrap();
         let direct = sqlx::query("INSERT INTO fencegate.fencegate_kv (key, value, key_fence, fence_token) VALUES ('direct', '1', 6, 6)")
             .execute(&mut other)
             .await;
-        assert!(direct.is_err(), "{stray}: the trigger applies the stray value to a writer that sets none");
+        assert!(
+            direct.is_err(),
+            "{stray}: the trigger applies the stray value to a writer that sets none"
+        );
 
         // No cap configured: new keys far above 5, alone, concurrently (coalesced), in a batch.
         let app = crate::helpers::spawn_app_on(db.clone(), |_| {}).await;
-        app.kv_put(&format!("alone-{n}"), "999", &json!(1)).await.expect(201);
+        app.kv_put(&format!("alone-{n}"), "999", &json!(1))
+            .await
+            .expect(201);
         let app = &app;
-        let writes = (0..20).map(|i| async move { app.kv_put(&format!("many-{n}-{i}"), "1000", &json!(i)).await });
+        let writes = (0..20).map(|i| async move {
+            app.kv_put(&format!("many-{n}-{i}"), "1000", &json!(i))
+                .await
+        });
         for r in futures::future::join_all(writes).await {
             r.expect(201);
         }
@@ -536,9 +778,16 @@ async fn a_value_of_the_cap_setting_left_on_the_database_does_not_apply_to_fence
 
         // A cap configured: fencegate's own value is the one applied.
         let app = crate::helpers::spawn_app_on(db.clone(), |s| s.kv.max_token_jump = 1000).await;
-        app.kv_put(&format!("capped-{n}"), "900", &json!(1)).await.expect(201);
+        app.kv_put(&format!("capped-{n}"), "900", &json!(1))
+            .await
+            .expect(201);
         let ops = json!({"ops": [{"op": "put", "key": format!("capped-batch-{n}"), "value": 1}]});
         app.batch(Some("950"), None, &ops).await.expect(200);
-        jump(&app.kv_put(&format!("higher-{n}"), "1001", &json!(1)).await, "1001", "0", "1000");
+        jump(
+            &app.kv_put(&format!("higher-{n}"), "1001", &json!(1)).await,
+            "1001",
+            "0",
+            "1000",
+        );
     }
 }

@@ -27,14 +27,25 @@ async fn request(stream: &mut TcpStream, key: &str) -> u16 {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.expect("a response").unwrap();
-        assert!(n > 0, "the connection was closed: {}", String::from_utf8_lossy(&got));
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("a response")
+            .unwrap();
+        assert!(
+            n > 0,
+            "the connection was closed: {}",
+            String::from_utf8_lossy(&got)
+        );
         got.extend_from_slice(&buf[..n]);
         let text = String::from_utf8_lossy(&got).to_string();
         if let Some(end) = text.find("\r\n\r\n") {
             let length: usize = text
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse().unwrap()))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse().unwrap())
+                })
                 .unwrap_or(0);
             if got.len() >= end + 4 + length {
                 return text[9..12].parse().unwrap();
@@ -46,28 +57,49 @@ async fn request(stream: &mut TcpStream, key: &str) -> u16 {
 #[tokio::test]
 async fn sighup_reloads_api_keys_and_keeps_open_connections() {
     let db = crate::pg::fresh_database().await;
-    let (old, new) = ("the-old-key-of-the-reload-test", "the-new-key-of-the-reload-test");
+    let (old, new) = (
+        "the-old-key-of-the-reload-test",
+        "the-new-key-of-the-reload-test",
+    );
     let app = spawn_binary_configured(&db, &key_block("old", old), None).await;
     let addr = app.address.strip_prefix("http://").unwrap().to_owned();
     let mut open = TcpStream::connect(&addr).await.unwrap();
-    assert_eq!(request(&mut open, old).await, 404, "authenticated: the key is not there");
+    assert_eq!(
+        request(&mut open, old).await,
+        404,
+        "authenticated: the key is not there"
+    );
 
     std::fs::write(app.config_path(), key_block("new", new)).unwrap();
     app.signal(SIGHUP);
     let log = app.wait_for_log(RELOADED, 1).await;
     assert!(log.contains("1 API keys"), "{log}");
 
-    assert_eq!(request(&mut open, new).await, 404, "the connection opened before still serves, with the new key");
+    assert_eq!(
+        request(&mut open, new).await,
+        404,
+        "the connection opened before still serves, with the new key"
+    );
     let view = app.view();
-    let get = |key: &'static str| view.req(reqwest::Method::GET, "/v1/kv/reload-probe").bearer_auth(key);
+    let get = |key: &'static str| {
+        view.req(reqwest::Method::GET, "/v1/kv/reload-probe")
+            .bearer_auth(key)
+    };
     view.send(get(new)).await.problem(404, "not-found");
     view.send(get(old)).await.problem(401, "unauthenticated");
 
     // A broken file: logged, and the keys in force stay.
-    std::fs::write(app.config_path(), "[[auth.keys]]\nname = \"broken\"\nsha256 = \"not hex\"\nrights = []\n").unwrap();
+    std::fs::write(
+        app.config_path(),
+        "[[auth.keys]]\nname = \"broken\"\nsha256 = \"not hex\"\nrights = []\n",
+    )
+    .unwrap();
     app.signal(SIGHUP);
     let log = app.wait_for_log(NOT_RELOADED, 1).await;
-    assert!(log.contains("sha256 must be the 64 hex digits"), "says what is wrong: {log}");
+    assert!(
+        log.contains("sha256 must be the 64 hex digits"),
+        "says what is wrong: {log}"
+    );
     view.send(get(new)).await.problem(404, "not-found");
     assert_eq!(request(&mut open, new).await, 404);
 }
@@ -87,7 +119,8 @@ async fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_open_ones(
     let pki = Pki::new();
     pki.ca("ca2");
     pki.server("server2", "ca2");
-    let app = spawn_binary_configured(&db, &tls_config(&pki, "key-of-the-tls-reload-test"), None).await;
+    let app =
+        spawn_binary_configured(&db, &tls_config(&pki, "key-of-the-tls-reload-test"), None).await;
     let url = format!("{}/healthz", app.address.replace("http://", "https://"));
     let before = pki.client_for("ca", None);
     assert_eq!(before.get(&url).send().await.unwrap().status(), 200);
@@ -99,15 +132,48 @@ async fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_open_ones(
     app.wait_for_log(RELOADED, 1).await;
 
     // The pooled connection of `before` is kept (a new one would now fail: its CA is not ca2).
-    assert_eq!(before.get(&url).send().await.expect("the open connection still serves").status(), 200);
-    let err = pki.client_for("ca", None).get(&url).send().await.expect_err("a new connection gets the new certificate");
+    assert_eq!(
+        before
+            .get(&url)
+            .send()
+            .await
+            .expect("the open connection still serves")
+            .status(),
+        200
+    );
+    let err = pki
+        .client_for("ca", None)
+        .get(&url)
+        .send()
+        .await
+        .expect_err("a new connection gets the new certificate");
     assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
-    assert_eq!(pki.client_for("ca2", None).get(&url).send().await.unwrap().status(), 200);
+    assert_eq!(
+        pki.client_for("ca2", None)
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 
     // A broken certificate file: logged with its name, and the running one kept.
-    std::fs::write(pki.path("server.crt"), "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").unwrap();
+    std::fs::write(
+        pki.path("server.crt"),
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
     app.signal(SIGHUP);
     let log = app.wait_for_log(NOT_RELOADED, 1).await;
     assert!(log.contains("server.crt"), "names the file: {log}");
-    assert_eq!(pki.client_for("ca2", None).get(&url).send().await.unwrap().status(), 200);
+    assert_eq!(
+        pki.client_for("ca2", None)
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }

@@ -12,7 +12,12 @@ use crate::pki::Pki;
 
 /// A server with `[server.tls]` from `pki`, served over https:// by a client trusting `ca`
 /// with the client certificate `identity`.
-async fn spawn_tls(pki: &Pki, client_ca: Option<&str>, identity: Option<&str>, configure: impl FnOnce(&mut fencegate::config::Settings)) -> TestApp {
+async fn spawn_tls(
+    pki: &Pki,
+    client_ca: Option<&str>,
+    identity: Option<&str>,
+    configure: impl FnOnce(&mut fencegate::config::Settings),
+) -> TestApp {
     let tls = pki.settings(client_ca);
     let mut app = spawn_app_with(|s| {
         s.server.tls = Some(tls);
@@ -33,11 +38,17 @@ async fn https_put_and_get_work_with_the_ca() {
     let pki = Pki::new();
     let app = spawn_tls(&pki, None, None, |_| {}).await;
     let key = unique("tls");
-    app.kv_put(&key, "1", &json!({"over": "tls"})).await.expect(201);
+    app.kv_put(&key, "1", &json!({"over": "tls"}))
+        .await
+        .expect(201);
     app.assert_value(&key, &json!({"over": "tls"}), "1").await;
     // A client that does not trust the CA refuses the server.
     let untrusting = reqwest::Client::builder().use_rustls_tls().build().unwrap();
-    let err = untrusting.get(format!("{}/healthz", app.address)).send().await.unwrap_err();
+    let err = untrusting
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap_err();
     assert!(format!("{err:?}").contains("UnknownIssuer"), "{err:?}");
 }
 
@@ -46,7 +57,11 @@ async fn https_put_and_get_work_with_the_ca() {
 async fn plain_http_to_the_tls_port_is_told_to_use_https() {
     let pki = Pki::new();
     let app = spawn_tls(&pki, None, None, |_| {}).await;
-    let plain = client().get(format!("http://127.0.0.1:{}/healthz", port(&app))).send().await.unwrap();
+    let plain = client()
+        .get(format!("http://127.0.0.1:{}/healthz", port(&app)))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(plain.status(), 400);
     assert!(plain.text().await.unwrap().contains("https://"));
     app.get("/healthz").await.expect(200);
@@ -67,14 +82,24 @@ async fn a_stalled_handshake_is_closed_within_the_header_timeout() {
     let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
     // A TLS record header announcing 512 bytes of handshake, and 5 of them.
-    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03]).await.unwrap();
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03])
+        .await
+        .unwrap();
     for stream in [&mut silent, &mut half] {
         let mut buf = [0u8; 64];
-        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await.expect("closed by the server");
-        assert!(matches!(read, Ok(0) | Err(_)), "closed, nothing sent: {read:?}");
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("closed by the server");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "closed, nothing sent: {read:?}"
+        );
     }
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "closed at the header timeout: {took:?}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "closed at the header timeout: {took:?}"
+    );
     // The cap of 2 is free again for a real client; and a stalled one at the cap is closed to
     // make room for it.
     let _stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -82,7 +107,11 @@ async fn a_stalled_handshake_is_closed_within_the_header_timeout() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     let t = Instant::now();
     app.get("/healthz").await.expect(200);
-    assert!(t.elapsed() < Duration::from_millis(450), "room was made at once: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(450),
+        "room was made at once: {:?}",
+        t.elapsed()
+    );
 }
 
 /// A bad file at start-up stops it with an error naming the file and the problem.
@@ -93,23 +122,64 @@ async fn bad_tls_files_stop_start_up_naming_the_file() {
     pki.server("stranger", "other");
     std::fs::write(pki.path("garbage.pem"), "not a certificate\n").unwrap();
     let cases: Vec<(fencegate::tls::TlsSettings, &str, &str)> = vec![
-        (fencegate::tls::TlsSettings { cert_file: pki.path("missing.crt"), ..pki.settings(None) }, "missing.crt", "cannot read"),
-        (fencegate::tls::TlsSettings { cert_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no certificate"),
-        (fencegate::tls::TlsSettings { key_file: pki.path("garbage.pem"), ..pki.settings(None) }, "garbage.pem", "no usable private key"),
-        (fencegate::tls::TlsSettings { key_file: pki.path("stranger.key"), ..pki.settings(None) }, "stranger.key", "private key of the chain's first certificate"),
-        (fencegate::tls::TlsSettings { client_ca_file: Some(pki.path("garbage.pem")), ..pki.settings(None) }, "garbage.pem", "client_ca_file"),
+        (
+            fencegate::tls::TlsSettings {
+                cert_file: pki.path("missing.crt"),
+                ..pki.settings(None)
+            },
+            "missing.crt",
+            "cannot read",
+        ),
+        (
+            fencegate::tls::TlsSettings {
+                cert_file: pki.path("garbage.pem"),
+                ..pki.settings(None)
+            },
+            "garbage.pem",
+            "no certificate",
+        ),
+        (
+            fencegate::tls::TlsSettings {
+                key_file: pki.path("garbage.pem"),
+                ..pki.settings(None)
+            },
+            "garbage.pem",
+            "no usable private key",
+        ),
+        (
+            fencegate::tls::TlsSettings {
+                key_file: pki.path("stranger.key"),
+                ..pki.settings(None)
+            },
+            "stranger.key",
+            "private key of the chain's first certificate",
+        ),
+        (
+            fencegate::tls::TlsSettings {
+                client_ca_file: Some(pki.path("garbage.pem")),
+                ..pki.settings(None)
+            },
+            "garbage.pem",
+            "client_ca_file",
+        ),
     ];
     for (tls, file, problem) in cases {
         let mut settings = fencegate::config::Settings::default();
         settings.database.url = Some(crate::pg::fresh_database().await);
         settings.server.tls = Some(tls);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(30), fencegate::serve(settings, listener, std::future::pending()))
-            .await
-            .expect("start-up fails at once")
-            .expect_err("start-up must fail");
+        let err = tokio::time::timeout(
+            Duration::from_secs(30),
+            fencegate::serve(settings, listener, std::future::pending()),
+        )
+        .await
+        .expect("start-up fails at once")
+        .expect_err("start-up must fail");
         let err = format!("{err:#}");
-        assert!(err.contains(file) && err.contains(problem), "names {file} and {problem:?}: {err}");
+        assert!(
+            err.contains(file) && err.contains(problem),
+            "names {file} and {problem:?}: {err}"
+        );
     }
 }
 
@@ -120,7 +190,12 @@ async fn bad_tls_files_stop_start_up_naming_the_file() {
 fn client_pki() -> Pki {
     let pki = Pki::new();
     pki.client("billing", "ca", "billing-worker", None);
-    pki.client("spiffe", "ca", "workload", Some("spiffe://corp/ns/billing/sa/worker"));
+    pki.client(
+        "spiffe",
+        "ca",
+        "workload",
+        Some("spiffe://corp/ns/billing/sa/worker"),
+    );
     pki.client("nobody", "ca", "nobody", None);
     pki.client("admin", "ca", "ops-admin", None);
     pki.ca("other");
@@ -132,17 +207,32 @@ const KEY: &str = "a-bearer-key-for-the-client-certificate-tests";
 const LOCK_KEY: &str = "a-bearer-key-with-the-lock-right-on-every-name";
 
 fn cert_auth(s: &mut fencegate::config::Settings) {
-    let entry = |name: &str, cn: Option<&str>, uri: Option<&str>, rights: &[&str], prefixes: &[&str]| fencegate::auth::CertSettings {
-        name: name.into(),
-        subject_cn: cn.map(Into::into),
-        uri_san: uri.map(Into::into),
-        rights: rights.iter().map(|r| r.to_string()).collect(),
-        prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
-        tables: vec![],
-    };
+    let entry =
+        |name: &str, cn: Option<&str>, uri: Option<&str>, rights: &[&str], prefixes: &[&str]| {
+            fencegate::auth::CertSettings {
+                name: name.into(),
+                subject_cn: cn.map(Into::into),
+                uri_san: uri.map(Into::into),
+                rights: rights.iter().map(|r| r.to_string()).collect(),
+                prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+                tables: vec![],
+            }
+        };
     s.auth.certs = vec![
-        entry("billing", Some("billing-worker"), None, &["read", "write"], &["invoice-"]),
-        entry("spiffe-worker", None, Some("spiffe://corp/ns/billing/sa/worker"), &["read", "write"], &["spiffe-"]),
+        entry(
+            "billing",
+            Some("billing-worker"),
+            None,
+            &["read", "write"],
+            &["invoice-"],
+        ),
+        entry(
+            "spiffe-worker",
+            None,
+            Some("spiffe://corp/ns/billing/sa/worker"),
+            &["read", "write"],
+            &["spiffe-"],
+        ),
         entry("ops", Some("ops-admin"), None, &["admin"], &[]),
     ];
     s.auth.keys = vec![fencegate::auth::ApiKeySettings {
@@ -161,36 +251,77 @@ async fn a_client_certificate_writes_within_its_prefixes_and_is_403_outside() {
     let key = unique("invoice");
     app.kv_put(&key, "1", &json!(1)).await.expect(201);
     app.assert_value(&key, &json!(1), "1").await;
-    let refused = app.kv_put(&unique("payroll"), "1", &json!(1)).await.problem(403, "forbidden");
+    let refused = app
+        .kv_put(&unique("payroll"), "1", &json!(1))
+        .await
+        .problem(403, "forbidden");
     assert_eq!(refused["right"], json!("write"), "{refused}");
 
     // No certificate: bearer auth, as without client certificates.
     let mut plain = spawn_tls(&pki, Some("ca"), None, cert_auth).await;
     plain.get("/v1/kv/x").await.problem(401, "unauthenticated");
-    let with_key = plain.send(plain.req(Method::PUT, &kv(&unique("any"))).bearer_auth(KEY).header(TOKEN, "1").json(&json!(2))).await;
+    let with_key = plain
+        .send(
+            plain
+                .req(Method::PUT, &kv(&unique("any")))
+                .bearer_auth(KEY)
+                .header(TOKEN, "1")
+                .json(&json!(2)),
+        )
+        .await;
     with_key.expect(201);
 
     // A verified certificate no entry names: 401, unless a bearer credential is sent.
     plain.client = pki.client_for("ca", Some("nobody"));
-    let refused = plain.get(&kv("invoice-1")).await.problem(401, "unauthenticated");
-    assert!(refused["detail"].as_str().unwrap().contains("[[auth.certs]]"), "{refused}");
-    plain.send(plain.req(Method::PUT, &kv(&unique("any"))).bearer_auth(KEY).header(TOKEN, "1").json(&json!(3))).await.expect(201);
+    let refused = plain
+        .get(&kv("invoice-1"))
+        .await
+        .problem(401, "unauthenticated");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("[[auth.certs]]"),
+        "{refused}"
+    );
+    plain
+        .send(
+            plain
+                .req(Method::PUT, &kv(&unique("any")))
+                .bearer_auth(KEY)
+                .header(TOKEN, "1")
+                .json(&json!(3)),
+        )
+        .await
+        .expect(201);
 }
 
 #[tokio::test]
 async fn a_spiffe_uri_san_is_an_identity() {
     let pki = client_pki();
     let app = spawn_tls(&pki, Some("ca"), Some("spiffe"), cert_auth).await;
-    app.kv_put(&unique("spiffe"), "1", &json!(1)).await.expect(201);
-    app.kv_put(&unique("invoice"), "1", &json!(1)).await.problem(403, "forbidden");
+    app.kv_put(&unique("spiffe"), "1", &json!(1))
+        .await
+        .expect(201);
+    app.kv_put(&unique("invoice"), "1", &json!(1))
+        .await
+        .problem(403, "forbidden");
 }
 
 #[tokio::test]
 async fn a_certificate_from_another_ca_fails_the_handshake() {
     let pki = client_pki();
     let app = spawn_tls(&pki, Some("ca"), Some("forged"), cert_auth).await;
-    let err = app.client.get(format!("{}/healthz", app.address)).send().await.expect_err("handshake refused");
-    assert!(format!("{err:?}").contains("UnknownCA"), "the server refused the certificate: {err:?}");
+    let err = app
+        .client
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .expect_err("handshake refused");
+    assert!(
+        format!("{err:?}").contains("UnknownCA"),
+        "the server refused the certificate: {err:?}"
+    );
 }
 
 /// The actor of a certificate is `cert:NAME`: it owns the leases it takes, and the audit log
@@ -211,22 +342,38 @@ async fn the_lease_owner_and_the_audit_log_show_the_certificate_actor() {
     })
     .await;
     let lock = unique("invoice-lock");
-    let grant = app.req(Method::POST, &format!("/v1/locks/{lock}")).json(&json!({"owner": "w", "ttl_ms": 60000}));
+    let grant = app
+        .req(Method::POST, &format!("/v1/locks/{lock}"))
+        .json(&json!({"owner": "w", "ttl_ms": 60000}));
     let granted = app.send(grant).await.expect(201);
     let token = granted["token"].as_str().unwrap().to_owned();
     // The lease is cert:billing's: another actor with the lock right on every name (the bearer
     // key, given it here) may not release it; the certificate may.
     app.client = pki.client_for("ca", None);
     let path = format!("/v1/locks/{lock}");
-    let refused = app.send(app.req(Method::DELETE, &path).header(TOKEN, &token).bearer_auth(LOCK_KEY)).await.problem(403, "forbidden");
+    let refused = app
+        .send(
+            app.req(Method::DELETE, &path)
+                .header(TOKEN, &token)
+                .bearer_auth(LOCK_KEY),
+        )
+        .await
+        .problem(403, "forbidden");
     assert_eq!(refused["lock"], json!(lock), "{refused}");
     app.client = pki.client_for("ca", Some("billing"));
-    app.send(app.req(Method::DELETE, &path).header(TOKEN, &token)).await.expect(200);
+    app.send(app.req(Method::DELETE, &path).header(TOKEN, &token))
+        .await
+        .expect(200);
 
     app.client = pki.client_for("ca", Some("admin"));
     let key = unique("audited");
     app.kv_put(&key, "9", &json!(1)).await.expect(201);
-    app.send(app.req(Method::POST, &format!("/v1/admin/kv/{key}/reset")).json(&json!({"to": "1", "reason": "cert test"}))).await.expect(200);
+    app.send(
+        app.req(Method::POST, &format!("/v1/admin/kv/{key}/reset"))
+            .json(&json!({"to": "1", "reason": "cert test"})),
+    )
+    .await
+    .expect(200);
     let audit = app.get("/v1/admin/audit?limit=1").await.expect(200);
     assert_eq!(audit["entries"][0]["actor"], json!("cert:ops"), "{audit}");
 }

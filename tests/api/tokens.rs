@@ -42,7 +42,9 @@ async fn malformed_tokens_are_400_and_change_nothing() {
         let r = put_with_tokens(&app, "k", &[t.as_bytes()]).await;
         r.problem(400, "malformed-token");
         // A brand-new key is not created by a malformed write either.
-        put_with_tokens(&app, "fresh", &[t.as_bytes()]).await.problem(400, "malformed-token");
+        put_with_tokens(&app, "fresh", &[t.as_bytes()])
+            .await
+            .problem(400, "malformed-token");
     }
     app.assert_value("k", &json!("old"), "5").await;
     app.assert_absent("fresh").await;
@@ -51,8 +53,12 @@ async fn malformed_tokens_are_400_and_change_nothing() {
 #[tokio::test]
 async fn two_token_headers_are_malformed() {
     let app = spawn_app().await;
-    put_with_tokens(&app, "k", &[b"5", b"5"]).await.problem(400, "malformed-token");
-    put_with_tokens(&app, "k", &[b"5", b"6"]).await.problem(400, "malformed-token");
+    put_with_tokens(&app, "k", &[b"5", b"5"])
+        .await
+        .problem(400, "malformed-token");
+    put_with_tokens(&app, "k", &[b"5", b"6"])
+        .await
+        .problem(400, "malformed-token");
     app.assert_absent("k").await;
 }
 
@@ -61,9 +67,13 @@ async fn missing_token_is_428_and_changes_nothing() {
     let app = spawn_app().await;
     app.kv_put("k", "5", &json!("old")).await.expect(201);
 
-    let r = app.send(app.req(Method::PUT, "/v1/kv/k").json(&json!("new"))).await;
+    let r = app
+        .send(app.req(Method::PUT, "/v1/kv/k").json(&json!("new")))
+        .await;
     r.problem(428, "missing-token");
-    let r = app.send(app.req(Method::PUT, "/v1/kv/fresh").json(&json!("new"))).await;
+    let r = app
+        .send(app.req(Method::PUT, "/v1/kv/fresh").json(&json!("new")))
+        .await;
     r.problem(428, "missing-token");
     let r = app.send(app.req(Method::DELETE, "/v1/kv/k")).await;
     r.problem(428, "missing-token");
@@ -113,11 +123,17 @@ async fn malformed_token_on_delete_claim_and_batch_is_400() {
     let app = spawn_app().await;
     app.kv_put("k", "5", &json!("old")).await.expect(201);
 
-    app.kv_delete("k", "-5").await.problem(400, "malformed-token");
-    app.claim("S", "0x1").await.problem(400, "malformed-token");
-    app.batch(Some("1.5"), None, &json!({"ops":[{"op":"put","key":"b","value":1}]}))
+    app.kv_delete("k", "-5")
         .await
         .problem(400, "malformed-token");
+    app.claim("S", "0x1").await.problem(400, "malformed-token");
+    app.batch(
+        Some("1.5"),
+        None,
+        &json!({"ops":[{"op":"put","key":"b","value":1}]}),
+    )
+    .await
+    .problem(400, "malformed-token");
 
     app.assert_value("k", &json!("old"), "5").await;
     app.fence("S").await.problem(404, "not-found");

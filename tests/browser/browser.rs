@@ -11,7 +11,8 @@ use std::{
 use fantoccini::{wd::WebDriverCompatibleCommand, Client, ClientBuilder};
 use serde_json::{json, Value};
 
-const INSTALL: &str = "install them: apt-get install -y chromium chromium-driver (Debian), or run .ci/run";
+const INSTALL: &str =
+    "install them: apt-get install -y chromium chromium-driver (Debian), or run .ci/run";
 
 /// One browser at a time in this process: two would share 2 CPUs with the server under test.
 /// (An async mutex: each test has its own runtime, and the turn is held across awaits.)
@@ -32,15 +33,24 @@ fn find(names: &[&str], fixed: &[&str]) -> Option<PathBuf> {
         }
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).flat_map(|dir| names.iter().map(move |n| dir.join(n))).find(|p| p.exists())
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.exists())
 }
 
 impl Browser {
     /// Starts chromedriver and a headless chromium with a `width`x`height` window.
     pub async fn start(width: u32, height: u32) -> Browser {
         let turn = ONE_AT_A_TIME.lock().await;
-        let chromium = find(&["chromium", "chromium-browser", "google-chrome"], &["/usr/bin/chromium"])
-            .unwrap_or_else(|| panic!("no chromium found (looked for /usr/bin/chromium and chromium on PATH); {INSTALL}"));
+        let chromium = find(
+            &["chromium", "chromium-browser", "google-chrome"],
+            &["/usr/bin/chromium"],
+        )
+        .unwrap_or_else(|| {
+            panic!(
+                "no chromium found (looked for /usr/bin/chromium and chromium on PATH); {INSTALL}"
+            )
+        });
         let chromedriver = find(&["chromedriver"], &["/usr/bin/chromedriver"])
             .unwrap_or_else(|| panic!("no chromedriver found (looked for /usr/bin/chromedriver and on PATH); {INSTALL}"));
         let port = {
@@ -57,11 +67,19 @@ impl Browser {
         let deadline = Instant::now() + Duration::from_secs(20);
         let http = reqwest::Client::new();
         loop {
-            let ready = http.get(format!("{url}/status")).send().await.ok().filter(|r| r.status().is_success());
+            let ready = http
+                .get(format!("{url}/status"))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success());
             if ready.is_some() {
                 break;
             }
-            assert!(Instant::now() < deadline, "chromedriver did not answer on {url} within 20 s");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not answer on {url} within 20 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let profile = tempfile::tempdir().expect("a temporary profile directory");
@@ -75,7 +93,9 @@ impl Browser {
             format!("--user-data-dir={}", profile.path().display()),
         ];
         // chromium's sandbox refuses to run as root (CI runs as root).
-        let root = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false);
+        let root = std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
         if root {
             args.push("--no-sandbox".to_owned());
         }
@@ -84,40 +104,65 @@ impl Browser {
             "goog:chromeOptions": { "binary": chromium, "args": args },
             "goog:loggingPrefs": { "browser": "ALL" },
         });
-        let Value::Object(caps) = caps else { unreachable!() };
-        let mut driver = driver;
-        let client = match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(caps)
-            .connect(&url)
-            .await
-        {
-            Ok(client) => client,
-            Err(err) => {
-                let _ = driver.kill();
-                panic!("chromedriver could not start {}: {err}", chromium.display());
-            }
+        let Value::Object(caps) = caps else {
+            unreachable!()
         };
-        Browser { client, driver, _profile: profile, _turn: turn }
+        let mut driver = driver;
+        let client =
+            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps)
+                .connect(&url)
+                .await
+            {
+                Ok(client) => client,
+                Err(err) => {
+                    let _ = driver.kill();
+                    panic!("chromedriver could not start {}: {err}", chromium.display());
+                }
+            };
+        Browser {
+            client,
+            driver,
+            _profile: profile,
+            _turn: turn,
+        }
     }
 
     /// The browser's console entries since the last call: (level, source-prefixed message).
     pub async fn console(&self) -> Vec<(String, String)> {
-        let logs = self.client.issue_cmd(BrowserLog).await.expect("chromedriver's browser log");
+        let logs = self
+            .client
+            .issue_cmd(BrowserLog)
+            .await
+            .expect("chromedriver's browser log");
         logs.as_array()
             .expect("a log is a list")
             .iter()
-            .map(|e| (e["level"].as_str().unwrap_or("").to_owned(), e["message"].as_str().unwrap_or("").to_owned()))
+            .map(|e| {
+                (
+                    e["level"].as_str().unwrap_or("").to_owned(),
+                    e["message"].as_str().unwrap_or("").to_owned(),
+                )
+            })
             .collect()
     }
 
     /// The console's errors since the last call.
     pub async fn errors(&self) -> Vec<String> {
-        self.console().await.into_iter().filter(|(level, _)| level == "SEVERE").map(|(_, m)| m).collect()
+        self.console()
+            .await
+            .into_iter()
+            .filter(|(level, _)| level == "SEVERE")
+            .map(|(_, m)| m)
+            .collect()
     }
 
     /// Evaluates `script` (a function body: `return ...`).
     pub async fn js(&self, script: &str) -> Value {
-        self.client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+        self.client
+            .execute(script, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
     }
 
     /// Waits up to `within` for `script` to return a truthy value; returns it.
@@ -125,13 +170,17 @@ impl Browser {
         let deadline = Instant::now() + within;
         loop {
             let v = self.js(script).await;
-            let truthy = !matches!(&v, Value::Null | Value::Bool(false)) && v != json!("") && v != json!(0);
+            let truthy =
+                !matches!(&v, Value::Null | Value::Bool(false)) && v != json!("") && v != json!(0);
             if truthy {
                 return v;
             }
             if Instant::now() >= deadline {
                 let body = self.js("return document.body.innerText").await;
-                panic!("{what}: not seen within {within:?}\nthe page shows:\n{}", body.as_str().unwrap_or(""));
+                panic!(
+                    "{what}: not seen within {within:?}\nthe page shows:\n{}",
+                    body.as_str().unwrap_or("")
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -156,7 +205,11 @@ impl Drop for Browser {
 struct BrowserLog;
 
 impl WebDriverCompatibleCommand for BrowserLog {
-    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+    fn endpoint(
+        &self,
+        base: &url::Url,
+        session: Option<&str>,
+    ) -> Result<url::Url, url::ParseError> {
         base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
     }
 

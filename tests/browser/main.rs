@@ -6,14 +6,14 @@
 //! Nothing here skips: without chromium and chromedriver the tests fail and say what to install.
 #![allow(dead_code)]
 
-#[path = "../api/helpers.rs"]
-mod helpers;
-#[path = "../api/pg.rs"]
-mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
 #[path = "../support/drain.rs"]
 mod drain;
+#[path = "../api/helpers.rs"]
+mod helpers;
+#[path = "../api/pg.rs"]
+mod pg;
 #[path = "../support/postgres.rs"]
 mod support_pg;
 

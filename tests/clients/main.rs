@@ -7,14 +7,14 @@
 //! fails the test with what to install (each library's test.sh says it).
 #![allow(dead_code)]
 
-#[path = "../api/helpers.rs"]
-mod helpers;
-#[path = "../api/pg.rs"]
-mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
 #[path = "../support/drain.rs"]
 mod drain;
+#[path = "../api/helpers.rs"]
+mod helpers;
+#[path = "../api/pg.rs"]
+mod pg;
 #[path = "../support/postgres.rs"]
 mod support_pg;
 
@@ -49,7 +49,12 @@ async fn run_library_tests(dir: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
-    assert!(out.status.success(), "{script} failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}", out.status, server.stderr());
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}\nserver log:\n{}",
+        out.status,
+        server.stderr()
+    );
 }
 
 #[tokio::test]

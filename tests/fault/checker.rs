@@ -131,15 +131,33 @@ fn assemble(events: &[Event]) -> (Vec<OpRec>, Vec<String>) {
         let key = (ev.process.clone(), ev.op_id, ev.op, ev.attempt);
         match ev.kind {
             Kind::Invoke => {
-                if attempts.insert(key, Attempt { invoke: ev.clone(), done: None }).is_some() {
-                    problems.push(format!("{} op {} {} attempt {}: invoked twice", ev.process, ev.op_id, ev.op.name(), ev.attempt));
+                if attempts
+                    .insert(
+                        key,
+                        Attempt {
+                            invoke: ev.clone(),
+                            done: None,
+                        },
+                    )
+                    .is_some()
+                {
+                    problems.push(format!(
+                        "{} op {} {} attempt {}: invoked twice",
+                        ev.process,
+                        ev.op_id,
+                        ev.op.name(),
+                        ev.attempt
+                    ));
                 }
             }
             _ => match attempts.get_mut(&key) {
                 Some(a) if a.done.is_none() => a.done = Some(ev.clone()),
                 _ => problems.push(format!(
                     "{} op {} {} attempt {}: completion without a pending invoke",
-                    ev.process, ev.op_id, ev.op.name(), ev.attempt
+                    ev.process,
+                    ev.op_id,
+                    ev.op.name(),
+                    ev.attempt
                 )),
             },
         }
@@ -151,10 +169,15 @@ fn assemble(events: &[Event]) -> (Vec<OpRec>, Vec<String>) {
     let recs = ops
         .into_iter()
         .map(|((process, op_id, op), attempts)| {
-            let ok = attempts.iter().find(|a| a.done.as_ref().is_some_and(|d| d.kind == Kind::Ok));
+            let ok = attempts
+                .iter()
+                .find(|a| a.done.as_ref().is_some_and(|d| d.kind == Kind::Ok));
             let outcome = if ok.is_some() {
                 Kind::Ok
-            } else if attempts.iter().any(|a| !matches!(&a.done, Some(d) if d.kind != Kind::Info)) {
+            } else if attempts
+                .iter()
+                .any(|a| !matches!(&a.done, Some(d) if d.kind != Kind::Info))
+            {
                 // (no completion at all, a process that ended mid-request, is unknown too)
                 Kind::Info
             } else {
@@ -164,7 +187,10 @@ fn assemble(events: &[Event]) -> (Vec<OpRec>, Vec<String>) {
             OpRec {
                 invoke_us: attempts.iter().map(|a| a.invoke.t).min().unwrap_or(0),
                 ack_us: ack.as_ref().map(|d| d.t),
-                token: ack.as_ref().and_then(|d| d.token).or(attempts[0].invoke.token),
+                token: ack
+                    .as_ref()
+                    .and_then(|d| d.token)
+                    .or(attempts[0].invoke.token),
                 write: attempts[0].invoke.write,
                 read: ack.as_ref().and_then(|d| d.read),
                 process,
@@ -201,7 +227,9 @@ fn sorted_with_prefix_max(mut acks: Vec<(u64, u64)>) -> (Vec<(u64, u64)>, Vec<u6
 }
 
 pub fn check(input: &Input) -> Report {
-    let mut v = Violations { by_rule: BTreeMap::new() };
+    let mut v = Violations {
+        by_rule: BTreeMap::new(),
+    };
     let t0 = input.t0_us;
     let at = |t: u64| crate::nemesis::stamp(t0, t);
     let (ops, problems) = assemble(input.events);
@@ -216,9 +244,16 @@ pub fn check(input: &Input) -> Report {
     }
     let faults = &input.nemesis.faults;
     let pauses_of = |process: &str| -> Vec<&Fault> {
-        faults.iter().filter(|f| f.kind == FaultKind::Pause && f.target == process).collect()
+        faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::Pause && f.target == process)
+            .collect()
     };
-    let paused_during = |process: &str, from: u64, to: u64| pauses_of(process).iter().any(|f| overlaps((f.start_us, f.end_us), (from, to)));
+    let paused_during = |process: &str, from: u64, to: u64| {
+        pauses_of(process)
+            .iter()
+            .any(|f| overlaps((f.start_us, f.end_us), (from, to)))
+    };
 
     // ---------- 4 (client side): every response, every failed request ----------
     let mut timeouts_excused = 0usize;
@@ -252,7 +287,10 @@ pub fn check(input: &Input) -> Report {
                 if status == 503 {
                     n503 += 1;
                     if d.retry_after != Some(true) {
-                        v.add("4-503-retry-after", format!("{what}: 503 without Retry-After"));
+                        v.add(
+                            "4-503-retry-after",
+                            format!("{what}: 503 without Retry-After"),
+                        );
                     }
                 } else if status >= 500 {
                     v.add("4-no-500", format!("{what}: HTTP {status}"));
@@ -265,19 +303,28 @@ pub fn check(input: &Input) -> Report {
                     if paused_during(&op.process, a.invoke.t, d.t) {
                         timeouts_excused += 1;
                     } else {
-                        v.add("4-no-hang", format!("{what}: no answer within the client timeout ({err})"));
+                        v.add(
+                            "4-no-hang",
+                            format!("{what}: no answer within the client timeout ({err})"),
+                        );
                     }
                 } else if err.starts_with("connect") || err.starts_with("io") {
                     let node = format!("n{}", a.invoke.node.unwrap_or(99));
                     let killed = faults.iter().any(|f| {
                         f.kind == FaultKind::KillNode
                             && f.target == node
-                            && overlaps((f.start_us.saturating_sub(200_000), f.end_us + 1_000_000), (a.invoke.t, d.t))
+                            && overlaps(
+                                (f.start_us.saturating_sub(200_000), f.end_us + 1_000_000),
+                                (a.invoke.t, d.t),
+                            )
                     });
                     if killed {
                         conn_errors_excused += 1;
                     } else {
-                        v.add("4-connection", format!("{what}: {err} (that fencegate was not being killed)"));
+                        v.add(
+                            "4-connection",
+                            format!("{what}: {err} (that fencegate was not being killed)"),
+                        );
                     }
                 } else {
                     v.add("4-bad-body", format!("{what}: {err}"));
@@ -287,30 +334,64 @@ pub fn check(input: &Input) -> Report {
     }
 
     // ---------- tokens: grants unique and increasing in real time ----------
-    let grants: Vec<&OpRec> = ops.iter().filter(|o| o.op == Op::Acquire && o.outcome == Kind::Ok).collect();
+    let grants: Vec<&OpRec> = ops
+        .iter()
+        .filter(|o| o.op == Op::Acquire && o.outcome == Kind::Ok)
+        .collect();
     let mut seen: HashMap<u64, &OpRec> = HashMap::new();
     for g in &grants {
         let tok = g.token.unwrap_or(0);
         if let Some(other) = seen.insert(tok, g) {
-            v.add("1-grants", format!("token {tok} granted twice: to {} op {} and {} op {}", other.process, other.op_id, g.process, g.op_id));
+            v.add(
+                "1-grants",
+                format!(
+                    "token {tok} granted twice: to {} op {} and {} op {}",
+                    other.process, other.op_id, g.process, g.op_id
+                ),
+            );
         }
     }
-    let (grant_acks, grant_max) = sorted_with_prefix_max(grants.iter().map(|g| (g.ack_us.unwrap(), g.token.unwrap_or(0))).collect());
+    let (grant_acks, grant_max) = sorted_with_prefix_max(
+        grants
+            .iter()
+            .map(|g| (g.ack_us.unwrap(), g.token.unwrap_or(0)))
+            .collect(),
+    );
     for g in &grants {
         let tok = g.token.unwrap_or(0);
         if let Some(m) = max_acked_before(&grant_acks, &grant_max, g.invoke_us) {
             if m >= tok {
-                v.add("1-grants", format!("{} op {} was granted token {tok} at {} after token {m} had been granted", g.process, g.op_id, at(g.invoke_us)));
+                v.add(
+                    "1-grants",
+                    format!(
+                        "{} op {} was granted token {tok} at {} after token {m} had been granted",
+                        g.process,
+                        g.op_id,
+                        at(g.invoke_us)
+                    ),
+                );
             }
         }
     }
 
     // ---------- 1: fencing ----------
     let writes: Vec<&OpRec> = ops.iter().filter(|o| o.op == Op::Write).collect();
-    let ok_writes: Vec<&OpRec> = writes.iter().copied().filter(|o| o.outcome == Kind::Ok).collect();
-    let info_writes: Vec<&OpRec> = writes.iter().copied().filter(|o| o.outcome == Kind::Info).collect();
+    let ok_writes: Vec<&OpRec> = writes
+        .iter()
+        .copied()
+        .filter(|o| o.outcome == Kind::Ok)
+        .collect();
+    let info_writes: Vec<&OpRec> = writes
+        .iter()
+        .copied()
+        .filter(|o| o.outcome == Kind::Info)
+        .collect();
     let mut fence_acks: Vec<(u64, u64)> = grant_acks.clone();
-    fence_acks.extend(ok_writes.iter().map(|w| (w.ack_us.unwrap(), w.token.unwrap_or(0))));
+    fence_acks.extend(
+        ok_writes
+            .iter()
+            .map(|w| (w.ack_us.unwrap(), w.token.unwrap_or(0))),
+    );
     let (fence_acks, fence_max) = sorted_with_prefix_max(fence_acks);
     let mut zombies_accepted = 0usize;
     for w in &ok_writes {
@@ -354,7 +435,13 @@ pub fn check(input: &Input) -> Report {
             continue;
         }
         if a.token == b.token {
-            v.add("3-lost-update", format!("token {:?} acknowledged two different values {:?} and {:?}", a.token, a.write, b.write));
+            v.add(
+                "3-lost-update",
+                format!(
+                    "token {:?} acknowledged two different values {:?} and {:?}",
+                    a.token, a.write, b.write
+                ),
+            );
         } else if a.write >= b.write {
             v.add(
                 "3-lost-update",
@@ -367,10 +454,21 @@ pub fn check(input: &Input) -> Report {
     }
     let mut acked_times: Vec<u64> = ok_writes.iter().map(|w| w.ack_us.unwrap()).collect();
     acked_times.sort_unstable();
-    let mut maybe_times: Vec<u64> = ok_writes.iter().chain(info_writes.iter()).map(|w| w.invoke_us).collect();
+    let mut maybe_times: Vec<u64> = ok_writes
+        .iter()
+        .chain(info_writes.iter())
+        .map(|w| w.invoke_us)
+        .collect();
     maybe_times.sort_unstable();
-    for r in ops.iter().filter(|o| o.op == Op::Read && o.outcome == Kind::Ok) {
-        let a = r.attempts.iter().find(|a| a.done.as_ref().is_some_and(|d| d.kind == Kind::Ok)).unwrap();
+    for r in ops
+        .iter()
+        .filter(|o| o.op == Op::Read && o.outcome == Kind::Ok)
+    {
+        let a = r
+            .attempts
+            .iter()
+            .find(|a| a.done.as_ref().is_some_and(|d| d.kind == Kind::Ok))
+            .unwrap();
         let (from, to) = (a.invoke.t, a.done.as_ref().unwrap().t);
         let value = r.read.unwrap_or(-1);
         let at_least = acked_times.partition_point(|&t| t < from) as i64;
@@ -379,7 +477,15 @@ pub fn check(input: &Input) -> Report {
             v.add("3-reads", format!("{} op {} read {value} at {} but {at_least} increments had been acknowledged before (a lost write)", r.process, r.op_id, at(from)));
         }
         if value > at_most {
-            v.add("3-reads", format!("{} op {} read {value} at {} but only {at_most} increments had been attempted", r.process, r.op_id, at(from)));
+            v.add(
+                "3-reads",
+                format!(
+                    "{} op {} read {value} at {} but only {at_most} increments had been attempted",
+                    r.process,
+                    r.op_id,
+                    at(from)
+                ),
+            );
         }
     }
 
@@ -394,7 +500,10 @@ pub fn check(input: &Input) -> Report {
             final_value = *value;
             final_token = Some(*token);
             if *deleted || value.is_none() {
-                v.add("2-final", format!("the counter row is deleted or empty: {:?}", fs.sql));
+                v.add(
+                    "2-final",
+                    format!("the counter row is deleted or empty: {:?}", fs.sql),
+                );
             }
         }
         None => {
@@ -418,7 +527,10 @@ pub fn check(input: &Input) -> Report {
     }
     let hi_ok = ok_writes.iter().max_by_key(|w| w.token);
     if ok_writes.is_empty() {
-        v.add("2-final", "no write was acknowledged at all: the run proves nothing".into());
+        v.add(
+            "2-final",
+            "no write was acknowledged at all: the run proves nothing".into(),
+        );
     }
     if let (Some(hi), Some(tf), Some(value)) = (hi_ok, final_token, final_value) {
         let hi_tok = hi.token.unwrap_or(0);
@@ -431,7 +543,10 @@ pub fn check(input: &Input) -> Report {
             if hi.write != Some(value) {
                 v.add("2-lost-write", format!("final value {value} under token {tf}, but the acknowledged write with that token wrote {:?}", hi.write));
             }
-        } else if !info_writes.iter().any(|w| w.token == Some(tf) && w.write == Some(value)) {
+        } else if !info_writes
+            .iter()
+            .any(|w| w.token == Some(tf) && w.write == Some(value))
+        {
             v.add(
                 "2-final",
                 format!("final state (value {value}, token {tf}) is explained by no write in the history (highest acknowledged: token {hi_tok}, value {:?})", hi.write),
@@ -459,14 +574,26 @@ pub fn check(input: &Input) -> Report {
 
     // ---------- 4 (server side): readiness during and after outages, progress after healing ----------
     for p in &input.nemesis.probes {
-        let what = format!("/readyz on {} during {} at {}", p.node, p.during.name(), at(p.t_us));
+        let what = format!(
+            "/readyz on {} during {} at {}",
+            p.node,
+            p.during.name(),
+            at(p.t_us)
+        );
         match (p.status, &p.error) {
-            (_, Some(err)) => v.add("4-no-hang", format!("{what}: {err} after {:.0} ms", p.latency_ms)),
-            (Some(503), None) if !p.retry_after => v.add("4-503-retry-after", format!("{what}: 503 without Retry-After")),
+            (_, Some(err)) => v.add(
+                "4-no-hang",
+                format!("{what}: {err} after {:.0} ms", p.latency_ms),
+            ),
+            (Some(503), None) if !p.retry_after => v.add(
+                "4-503-retry-after",
+                format!("{what}: 503 without Retry-After"),
+            ),
             (Some(503), None) => {}
-            (Some(s), None) if p.must_be_503 => {
-                v.add("4-readyz", format!("{what}: HTTP {s} while the database was unreachable (expected 503)"))
-            }
+            (Some(s), None) if p.must_be_503 => v.add(
+                "4-readyz",
+                format!("{what}: HTTP {s} while the database was unreachable (expected 503)"),
+            ),
             (Some(s), None) if s != 200 => v.add("4-readyz", format!("{what}: HTTP {s}")),
             _ => {}
         }
@@ -474,19 +601,35 @@ pub fn check(input: &Input) -> Report {
     for r in &input.nemesis.recoveries {
         match r.ms {
             Some(ms) if ms <= input.recovery_limit_ms => {}
-            Some(ms) => v.add("4-recovery", format!("{} was ready {ms:.0} ms after {} ended (limit {:.0} ms)", r.node, r.after.name(), input.recovery_limit_ms)),
-            None => v.add("4-recovery", format!("{} never became ready after {}", r.node, r.after.name())),
+            Some(ms) => v.add(
+                "4-recovery",
+                format!(
+                    "{} was ready {ms:.0} ms after {} ended (limit {:.0} ms)",
+                    r.node,
+                    r.after.name(),
+                    input.recovery_limit_ms
+                ),
+            ),
+            None => v.add(
+                "4-recovery",
+                format!("{} never became ready after {}", r.node, r.after.name()),
+            ),
         }
     }
     // Progress between faults: once an infrastructure fault is over, writes must succeed again
     // before the next one begins (a wedge that outlives its fault is a violation of its own,
     // even if the service looks "ready").
-    let mut infra: Vec<&Fault> = faults.iter().filter(|f| f.kind != FaultKind::Pause).collect();
+    let mut infra: Vec<&Fault> = faults
+        .iter()
+        .filter(|f| f.kind != FaultKind::Pause)
+        .collect();
     infra.sort_by_key(|f| f.start_us);
     let mut ok_acks: Vec<u64> = ok_writes.iter().map(|w| w.ack_us.unwrap()).collect();
     ok_acks.sort_unstable();
     for (i, f) in infra.iter().enumerate() {
-        let until = infra.get(i + 1).map_or(input.healed_us, |next| next.start_us);
+        let until = infra
+            .get(i + 1)
+            .map_or(input.healed_us, |next| next.start_us);
         if until <= f.end_us || until - f.end_us < 2_000_000 {
             continue;
         }
@@ -505,19 +648,33 @@ pub fn check(input: &Input) -> Report {
             );
         }
     }
-    let after_heal = ok_writes.iter().filter(|w| w.invoke_us >= input.healed_us).count();
+    let after_heal = ok_writes
+        .iter()
+        .filter(|w| w.invoke_us >= input.healed_us)
+        .count();
     if after_heal == 0 {
-        v.add("4-progress", "no write was acknowledged after the faults were healed".into());
+        v.add(
+            "4-progress",
+            "no write was acknowledged after the faults were healed".into(),
+        );
     }
 
     // ---------- summary ----------
     let mut s = String::new();
-    let count = |op: Op, kind: Kind| ops.iter().filter(|o| o.op == op && o.outcome == kind).count();
+    let count = |op: Op, kind: Kind| {
+        ops.iter()
+            .filter(|o| o.op == op && o.outcome == kind)
+            .count()
+    };
     writeln!(s, "operations (logical; retries of one write count once):").unwrap();
     let reasons = |op: Op, kind: Kind| -> String {
         let mut by: BTreeMap<String, usize> = BTreeMap::new();
         for o in ops.iter().filter(|o| o.op == op && o.outcome == kind) {
-            let last = o.attempts.iter().rev().find_map(|a| a.done.as_ref().filter(|d| d.kind == kind));
+            let last = o
+                .attempts
+                .iter()
+                .rev()
+                .find_map(|a| a.done.as_ref().filter(|d| d.kind == kind));
             let why = match last {
                 None => "no answer".to_string(),
                 Some(d) => match (d.status, &d.error) {
@@ -531,7 +688,13 @@ pub fn check(input: &Input) -> Report {
         if by.is_empty() {
             String::new()
         } else {
-            format!(" ({})", by.iter().map(|(k, n)| format!("{k}: {n}")).collect::<Vec<_>>().join(", "))
+            format!(
+                " ({})",
+                by.iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         }
     };
     for op in Op::ALL {
@@ -548,7 +711,13 @@ pub fn check(input: &Input) -> Report {
         .unwrap();
     }
     let retried = writes.iter().filter(|w| w.attempts.len() > 1).count();
-    writeln!(s, "  write attempts {} ({} writes retried after an unknown outcome)", writes.iter().map(|w| w.attempts.len()).sum::<usize>(), retried).unwrap();
+    writeln!(
+        s,
+        "  write attempts {} ({} writes retried after an unknown outcome)",
+        writes.iter().map(|w| w.attempts.len()).sum::<usize>(),
+        retried
+    )
+    .unwrap();
 
     writeln!(s, "faults injected:").unwrap();
     for kind in FaultKind::ALL.into_iter().chain([FaultKind::Failover]) {
@@ -557,21 +726,47 @@ pub fn check(input: &Input) -> Report {
             continue;
         }
         let extra = match kind {
-            FaultKind::Pause => format!(" ({} while holding the lock)", list.iter().filter(|f| f.held_token.is_some()).count()),
+            FaultKind::Pause => format!(
+                " ({} while holding the lock)",
+                list.iter().filter(|f| f.held_token.is_some()).count()
+            ),
             _ => String::new(),
         };
         let total_ms: u64 = list.iter().map(|f| (f.end_us - f.start_us) / 1000).sum();
-        writeln!(s, "  {:<15} {:>3}{extra}, {:.1} s in total", kind.name(), list.len(), total_ms as f64 / 1000.0).unwrap();
+        writeln!(
+            s,
+            "  {:<15} {:>3}{extra}, {:.1} s in total",
+            kind.name(),
+            list.len(),
+            total_ms as f64 / 1000.0
+        )
+        .unwrap();
     }
 
     // Zombies: writes refused as stale; "after a pause" if the worker was frozen between its
     // grant and that write.
-    let grant_of: HashMap<(&str, u64), &OpRec> = grants.iter().map(|g| ((g.process.as_str(), g.op_id), *g)).collect();
+    let grant_of: HashMap<(&str, u64), &OpRec> = grants
+        .iter()
+        .map(|g| ((g.process.as_str(), g.op_id), *g))
+        .collect();
     let mut zombie_after_pause = 0usize;
     let mut zombie_other = 0usize;
-    for w in writes.iter().filter(|w| w.attempts.iter().any(|a| a.done.as_ref().is_some_and(|d| d.status == Some(412)))) {
-        let since = grant_of.get(&(w.process.as_str(), w.op_id)).and_then(|g| g.ack_us).unwrap_or(w.invoke_us);
-        let refused_at = w.attempts.iter().find(|a| a.done.as_ref().is_some_and(|d| d.status == Some(412))).unwrap().invoke.t;
+    for w in writes.iter().filter(|w| {
+        w.attempts
+            .iter()
+            .any(|a| a.done.as_ref().is_some_and(|d| d.status == Some(412)))
+    }) {
+        let since = grant_of
+            .get(&(w.process.as_str(), w.op_id))
+            .and_then(|g| g.ack_us)
+            .unwrap_or(w.invoke_us);
+        let refused_at = w
+            .attempts
+            .iter()
+            .find(|a| a.done.as_ref().is_some_and(|d| d.status == Some(412)))
+            .unwrap()
+            .invoke
+            .t;
         if paused_during(&w.process, since, refused_at) {
             zombie_after_pause += 1;
         } else {
@@ -583,9 +778,35 @@ pub fn check(input: &Input) -> Report {
         "zombie writes rejected (412): {zombie_after_pause} after a pause past the lease, {zombie_other} others (lease lost while retrying); 412 responses {stale_412}; zombie writes ACCEPTED: {zombies_accepted}"
     )
     .unwrap();
-    let timeouts = ops.iter().flat_map(|o| &o.attempts).filter(|a| a.done.as_ref().is_some_and(|d| d.error.as_deref() == Some("timeout"))).count();
-    let conn = ops.iter().flat_map(|o| &o.attempts).filter(|a| a.done.as_ref().is_some_and(|d| d.error.as_deref().is_some_and(|e| e.starts_with("connect") || e.starts_with("io")))).count();
-    let n5xx = ops.iter().flat_map(|o| &o.attempts).filter(|a| a.done.as_ref().is_some_and(|d| d.status.is_some_and(|st| st >= 500 && st != 503))).count();
+    let timeouts = ops
+        .iter()
+        .flat_map(|o| &o.attempts)
+        .filter(|a| {
+            a.done
+                .as_ref()
+                .is_some_and(|d| d.error.as_deref() == Some("timeout"))
+        })
+        .count();
+    let conn = ops
+        .iter()
+        .flat_map(|o| &o.attempts)
+        .filter(|a| {
+            a.done.as_ref().is_some_and(|d| {
+                d.error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("connect") || e.starts_with("io"))
+            })
+        })
+        .count();
+    let n5xx = ops
+        .iter()
+        .flat_map(|o| &o.attempts)
+        .filter(|a| {
+            a.done
+                .as_ref()
+                .is_some_and(|d| d.status.is_some_and(|st| st >= 500 && st != 503))
+        })
+        .count();
     writeln!(
         s,
         "client view: {n503} x 503 (all must carry Retry-After), {n5xx} x other 5xx, {timeouts} timeouts ({timeouts_excused} while the worker was frozen), {conn} connection failures ({conn_errors_excused} to a fencegate being killed); slowest answer {max_latency:.0} ms (frozen workers excluded)"
@@ -593,13 +814,37 @@ pub fn check(input: &Input) -> Report {
     .unwrap();
     let probes = &input.nemesis.probes;
     let p503 = probes.iter().filter(|p| p.status == Some(503)).count();
-    writeln!(s, "/readyz during outages: {} probes, {p503} x 503, slowest {:.0} ms", probes.len(), probes.iter().map(|p| p.latency_ms).fold(0.0, f64::max)).unwrap();
-    for kind in [FaultKind::CrashPg, FaultKind::ProxyCut, FaultKind::ProxyStall, FaultKind::KillNode, FaultKind::Failover] {
-        let times: Vec<f64> = input.nemesis.recoveries.iter().filter(|r| r.after == kind).filter_map(|r| r.ms).collect();
+    writeln!(
+        s,
+        "/readyz during outages: {} probes, {p503} x 503, slowest {:.0} ms",
+        probes.len(),
+        probes.iter().map(|p| p.latency_ms).fold(0.0, f64::max)
+    )
+    .unwrap();
+    for kind in [
+        FaultKind::CrashPg,
+        FaultKind::ProxyCut,
+        FaultKind::ProxyStall,
+        FaultKind::KillNode,
+        FaultKind::Failover,
+    ] {
+        let times: Vec<f64> = input
+            .nemesis
+            .recoveries
+            .iter()
+            .filter(|r| r.after == kind)
+            .filter_map(|r| r.ms)
+            .collect();
         if !times.is_empty() {
             let max = times.iter().cloned().fold(0.0, f64::max);
             let mean = times.iter().sum::<f64>() / times.len() as f64;
-            writeln!(s, "  ready again after {:<15} {} measurements, mean {mean:.0} ms, max {max:.0} ms", kind.name(), times.len()).unwrap();
+            writeln!(
+                s,
+                "  ready again after {:<15} {} measurements, mean {mean:.0} ms, max {max:.0} ms",
+                kind.name(),
+                times.len()
+            )
+            .unwrap();
         }
     }
     writeln!(
@@ -615,6 +860,14 @@ pub fn check(input: &Input) -> Report {
     for (rule, list) in &v.by_rule {
         writeln!(s, "  {rule}: {}", list.len()).unwrap();
     }
-    let rules = v.by_rule.iter().map(|(rule, list)| (*rule, list.len())).collect();
-    Report { violations: v.flatten(), rules, summary: s }
+    let rules = v
+        .by_rule
+        .iter()
+        .map(|(rule, list)| (*rule, list.len()))
+        .collect();
+    Report {
+        violations: v.flatten(),
+        rules,
+        summary: s,
+    }
 }

@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-pub use crate::support_pg::{free_port, Cluster};
 use crate::support_pg::{self, is_root, shell_quote};
+pub use crate::support_pg::{free_port, Cluster};
 
-const NOT_FOUND: &str = "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: install them \
+const NOT_FOUND: &str =
+    "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: install them \
      (Debian/Ubuntu: apt-get install postgresql) or put their directory in FAULT_PG_BINDIR. \
      The fault-injection test needs its own cluster to crash; it never uses DATABASE_URL";
 
@@ -34,7 +35,10 @@ impl Cluster {
     /// initdb + start. `root` is this run's scratch directory; the cluster lives in `root/pg`.
     /// `keep`: the watchdog leaves `root` in place (FAULT_KEEP) for post-mortems.
     pub async fn create(root: &Path, keep: bool) -> Cluster {
-        let bindir = support_pg::bindir(std::env::var_os("FAULT_PG_BINDIR").map(PathBuf::from), NOT_FOUND);
+        let bindir = support_pg::bindir(
+            std::env::var_os("FAULT_PG_BINDIR").map(PathBuf::from),
+            NOT_FOUND,
+        );
         if is_root() && !which("runuser") {
             panic!("running as root needs `runuser` (util-linux) to start PostgreSQL as the postgres user");
         }
@@ -42,10 +46,17 @@ impl Cluster {
         std::fs::create_dir_all(&pgroot).expect("create the cluster directory");
         if is_root() {
             // The postgres user must be able to reach its directory.
-            let _ = std::process::Command::new("chmod").arg("755").arg(root).status();
+            let _ = std::process::Command::new("chmod")
+                .arg("755")
+                .arg(root)
+                .status();
         }
         let settings = "-c fsync=off -c full_page_writes=off -c max_connections=200 -c log_min_messages=warning";
-        let remove = if keep { String::new() } else { format!("rm -rf {}", shell_quote(root)) };
+        let remove = if keep {
+            String::new()
+        } else {
+            format!("rm -rf {}", shell_quote(root))
+        };
         Cluster::new(&bindir, &pgroot, settings, &remove, "")
     }
 
@@ -57,7 +68,12 @@ impl Cluster {
     /// The crash: `pg_ctl stop -m immediate` (every server process quits at once, no checkpoint;
     /// the next start runs crash recovery).
     pub async fn crash(&self) -> Result<(), String> {
-        run(self.stop_command("immediate"), "pg_ctl stop -m immediate", &self.log).await
+        run(
+            self.stop_command("immediate"),
+            "pg_ctl stop -m immediate",
+            &self.log,
+        )
+        .await
     }
 
     /// A clean stop at the end of the run.

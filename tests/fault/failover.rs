@@ -39,7 +39,10 @@ use crate::history::now_us;
 use crate::nemesis::{self, stamp, Fault, FaultKind, NemesisLog, Probe, Recovery};
 use crate::node::Node;
 use crate::proxy::Proxy;
-use crate::{checker, read_final_state, read_histories, spawn_worker, stop_workers, worker, worker_refs, Config, Job};
+use crate::{
+    checker, read_final_state, read_histories, spawn_worker, stop_workers, worker, worker_refs,
+    Config, Job,
+};
 
 /// How long before the failover the workers run undisturbed but for pauses.
 const BEFORE: Duration = Duration::from_secs(4);
@@ -71,7 +74,11 @@ async fn readyz_detail(client: &reqwest::Client, url: &str) -> (Option<u16>, boo
             let status = resp.status().as_u16();
             let retry_after = resp.headers().contains_key(reqwest::header::RETRY_AFTER);
             let body: serde_json::Value = resp.json().await.unwrap_or_default();
-            (Some(status), retry_after, body["detail"].as_str().unwrap_or_default().to_string())
+            (
+                Some(status),
+                retry_after,
+                body["detail"].as_str().unwrap_or_default().to_string(),
+            )
         }
         Err(e) => (None, false, e.to_string()),
     }
@@ -105,7 +112,10 @@ async fn sync_gauge(client: &reqwest::Client, url: &str) -> Option<String> {
     for _ in 0..50 {
         if let Ok(resp) = client.get(format!("{url}/metrics")).send().await {
             let text = resp.text().await.unwrap_or_default();
-            if let Some(line) = text.lines().find(|l| l.starts_with("fencegate_replication_synchronous ")) {
+            if let Some(line) = text
+                .lines()
+                .find(|l| l.starts_with("fencegate_replication_synchronous "))
+            {
                 return Some(line.to_string());
             }
         }
@@ -116,10 +126,17 @@ async fn sync_gauge(client: &reqwest::Client, url: &str) -> Option<String> {
 
 pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
     let began = Instant::now();
-    let mode = if synchronous { "synchronous" } else { "ASYNCHRONOUS (negative control)" };
+    let mode = if synchronous {
+        "synchronous"
+    } else {
+        "ASYNCHRONOUS (negative control)"
+    };
     let say = |msg: &str| println!("[{}] failover ({mode}): {msg}", stamp(t0, now_us()));
-    let root =
-        tempfile::Builder::new().prefix("fencegate-failover-").tempdir().expect("create a scratch directory").keep();
+    let root = tempfile::Builder::new()
+        .prefix("fencegate-failover-")
+        .tempdir()
+        .expect("create a scratch directory")
+        .keep();
     let pair = Replicated::create(&root, cfg.keep, synchronous).await;
     say(&format!(
         "primary on :{}, standby on :{} streaming {mode} through a proxy; scratch {}",
@@ -131,7 +148,10 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
     let config = root.join("fencegate.toml");
     std::fs::write(
         &config,
-        format!("[server]\nrequest_timeout_ms = {}\nshutdown_grace_ms = 1000\n", cfg.request_timeout_ms),
+        format!(
+            "[server]\nrequest_timeout_ms = {}\nshutdown_grace_ms = 1000\n",
+            cfg.request_timeout_ms
+        ),
     )
     .expect("write the fencegate config");
     let db = |port: u16| format!("postgres://postgres@127.0.0.1:{port}/postgres");
@@ -139,7 +159,14 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
     let client = nemesis::probe_client();
 
     // Started against the standby before anything is migrated: it must start anyway.
-    let mut on_standby = Node::new(2, free_port(), false, db(pair.standby.port), config.clone(), root.join("s0.log"));
+    let mut on_standby = Node::new(
+        2,
+        free_port(),
+        false,
+        db(pair.standby.port),
+        config.clone(),
+        root.join("s0.log"),
+    );
     on_standby.name = "s0".into();
     if let Err(e) = on_standby.start().await {
         panic!("fencegate did not start against a standby: {e}");
@@ -171,20 +198,39 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
     }
 
     let mut nodes: Vec<Node> = (0..2)
-        .map(|i| Node::new(i, free_port(), true, db(route.port), config.clone(), root.join(format!("n{i}.log"))))
+        .map(|i| {
+            Node::new(
+                i,
+                free_port(),
+                true,
+                db(route.port),
+                config.clone(),
+                root.join(format!("n{i}.log")),
+            )
+        })
         .collect();
     for node in &mut nodes {
         node.start().await.unwrap_or_else(|e| panic!("{e}"));
     }
-    let want = if synchronous { "fencegate_replication_synchronous 1" } else { "fencegate_replication_synchronous 0" };
+    let want = if synchronous {
+        "fencegate_replication_synchronous 1"
+    } else {
+        "fencegate_replication_synchronous 0"
+    };
     match sync_gauge(&client, &nodes[0].url).await {
-        Some(line) if line == want => say(&format!("n0, n1 up through the clients' proxy; n0 reports `{line}`")),
-        other => problems.push(("replication-gauge", format!("n0 reports {other:?}, expected `{want}`"))),
+        Some(line) if line == want => say(&format!(
+            "n0, n1 up through the clients' proxy; n0 reports `{line}`"
+        )),
+        other => problems.push((
+            "replication-gauge",
+            format!("n0 reports {other:?}, expected `{want}`"),
+        )),
     }
 
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let start_us = now_us();
-    let end_us = start_us + (BEFORE + LAG + MISROUTED + AFTER + Duration::from_secs(2)).as_micros() as u64;
+    let end_us =
+        start_us + (BEFORE + LAG + MISROUTED + AFTER + Duration::from_secs(2)).as_micros() as u64;
     let job = Job {
         prefix: if synchronous { "fs" } else { "fa" },
         key: worker::KEY,
@@ -193,7 +239,9 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
         stop_file: root.join("workers.stop"),
         hard_deadline_us: end_us + 120 * 1_000_000,
     };
-    let mut workers: Vec<_> = (1..=cfg.workers).map(|i| spawn_worker(i, cfg, &root, &urls, &job)).collect();
+    let mut workers: Vec<_> = (1..=cfg.workers)
+        .map(|i| spawn_worker(i, cfg, &root, &urls, &job))
+        .collect();
     let refs = worker_refs(&workers);
     let log = Mutex::new(NemesisLog::default());
     let settings = nemesis::Settings {
@@ -205,11 +253,19 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
         t0_us: t0,
         recovery_limit: Duration::from_millis(cfg.recovery_ms),
     };
-    let pauses = nemesis::pause_loop(&refs, &settings, &log, rand::SeedableRng::seed_from_u64(cfg.seed ^ 0xfa11));
+    let pauses = nemesis::pause_loop(
+        &refs,
+        &settings,
+        &log,
+        rand::SeedableRng::seed_from_u64(cfg.seed ^ 0xfa11),
+    );
     let failover = async {
         tokio::time::sleep(BEFORE).await;
         pair.link.stall();
-        say(&format!("the standby falls behind: replication link stalled for {} ms", LAG.as_millis()));
+        say(&format!(
+            "the standby falls behind: replication link stalled for {} ms",
+            LAG.as_millis()
+        ));
         tokio::time::sleep(LAG).await;
         let fault_start = now_us();
         if let Err(e) = pair.primary.crash().await {
@@ -219,20 +275,32 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
         say("primary crashed (pg_ctl stop -m immediate)");
         let mut probes = Vec::new();
         for (probe, detail) in probe_readyz(&client, &nodes).await {
-            say(&format!("  /readyz on {} with the primary gone: {:?} {detail}", probe.node, probe.status));
+            say(&format!(
+                "  /readyz on {} with the primary gone: {:?} {detail}",
+                probe.node, probe.status
+            ));
             probes.push(probe);
         }
         // The route reaches the standby before its promotion (a health check or a DNS change
         // ahead of it): writes reach a server in recovery and must be 503 (25006), never 500,
         // and the connections they used must not stay in the pools.
         route.switch(([127, 0, 0, 1], pair.standby.port).into());
-        say(&format!("clients' proxy switched to the standby BEFORE its promotion, for {} ms", MISROUTED.as_millis()));
+        say(&format!(
+            "clients' proxy switched to the standby BEFORE its promotion, for {} ms",
+            MISROUTED.as_millis()
+        ));
         tokio::time::sleep(MISROUTED).await;
         let mut misrouted = Vec::new();
         for (probe, detail) in probe_readyz(&client, &nodes).await {
-            say(&format!("  /readyz on {} routed to the standby: {:?} \"{detail}\"", probe.node, probe.status));
+            say(&format!(
+                "  /readyz on {} routed to the standby: {:?} \"{detail}\"",
+                probe.node, probe.status
+            ));
             if !detail.contains("in recovery") {
-                misrouted.push(format!("{}: /readyz routed to a standby answered {:?} {detail:?}", probe.node, probe.status));
+                misrouted.push(format!(
+                    "{}: /readyz routed to a standby answered {:?} {detail:?}",
+                    probe.node, probe.status
+                ));
             }
             probes.push(probe);
         }
@@ -241,7 +309,10 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
             panic!("could not promote the standby: {e}");
         }
         let back = Instant::now();
-        say(&format!("standby promoted (pg_ctl promote took {} ms)", back.duration_since(promoting).as_millis()));
+        say(&format!(
+            "standby promoted (pg_ctl promote took {} ms)",
+            back.duration_since(promoting).as_millis()
+        ));
         let fault = Fault {
             kind: FaultKind::Failover,
             target: "primary->standby".into(),
@@ -264,19 +335,29 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
             say(&format!(
                 "  {} ready {}",
                 node.name,
-                ms.map_or("NEVER".into(), |ms| format!("{ms:.0} ms after the promotion"))
+                ms.map_or("NEVER".into(), |ms| format!(
+                    "{ms:.0} ms after the promotion"
+                ))
             ));
-            recoveries.push(Recovery { after: FaultKind::Failover, node: node.name.clone(), ms });
+            recoveries.push(Recovery {
+                after: FaultKind::Failover,
+                node: node.name.clone(),
+                ms,
+            });
         }
         let mut log = log.lock().unwrap();
-        log.violations.extend(misrouted.into_iter().map(|m| ("4-readyz", m)));
+        log.violations
+            .extend(misrouted.into_iter().map(|m| ("4-readyz", m)));
         log.faults.push(fault);
         log.probes.extend(probes);
         log.recoveries.extend(recoveries);
     };
     tokio::join!(pauses, failover);
     let healed_us = now_us();
-    say(&format!("failover over; {} s of quiet running", cfg.quiet_secs));
+    say(&format!(
+        "failover over; {} s of quiet running",
+        cfg.quiet_secs
+    ));
     tokio::time::sleep(Duration::from_secs(cfg.quiet_secs)).await;
     problems.extend(stop_workers(&mut workers, &job.stop_file).await);
 
@@ -287,18 +368,27 @@ pub async fn run(cfg: &Config, synchronous: bool, t0: u64) -> Outcome {
             problems.push(("4-process", e));
         }
     }
-    let final_state = read_final_state(&all, &pair.standby.url(), job.key, job.lock).await.unwrap_or_else(|e| {
-        problems.push(("2-final", format!("cannot read the final state: {e}")));
-        checker::FinalState::default()
-    });
+    let final_state = read_final_state(&all, &pair.standby.url(), job.key, job.lock)
+        .await
+        .unwrap_or_else(|e| {
+            problems.push(("2-final", format!("cannot read the final state: {e}")));
+            checker::FinalState::default()
+        });
     match nemesis::leaked_transactions(&pair.standby.url()).await {
         Ok(leaks) if !leaks.is_empty() => problems.push(("5-leaked-transaction", leaks.join("; "))),
         Ok(_) => {}
-        Err(e) => problems.push(("5-leaked-transaction", format!("cannot query pg_stat_activity: {e}"))),
+        Err(e) => problems.push((
+            "5-leaked-transaction",
+            format!("cannot query pg_stat_activity: {e}"),
+        )),
     }
     let events = read_histories(&workers, &mut problems);
     let log = log.into_inner().unwrap();
-    let ready_ms = log.recoveries.iter().map(|r| (r.node.clone(), r.ms)).collect();
+    let ready_ms = log
+        .recoveries
+        .iter()
+        .map(|r| (r.node.clone(), r.ms))
+        .collect();
     let report = checker::check(&checker::Input {
         events: &events,
         nemesis: &log,
@@ -346,7 +436,12 @@ impl Outcome {
         let ready: Vec<String> = self
             .ready_ms
             .iter()
-            .map(|(node, ms)| format!("{node} {}", ms.map_or("never".into(), |ms| format!("{ms:.0} ms"))))
+            .map(|(node, ms)| {
+                format!(
+                    "{node} {}",
+                    ms.map_or("never".into(), |ms| format!("{ms:.0} ms"))
+                )
+            })
             .collect();
         println!(
             "\n== failover, {} replication: {} writes acknowledged, {} acknowledged increments lost; ready after the promotion: {}; {:.1} s ==",
@@ -357,7 +452,12 @@ impl Outcome {
             self.runtime.as_secs_f64()
         );
         print!("{}", self.report.summary);
-        for v in self.report.violations.iter().take(if self.synchronous { usize::MAX } else { 4 }) {
+        for v in self
+            .report
+            .violations
+            .iter()
+            .take(if self.synchronous { usize::MAX } else { 4 })
+        {
             println!("  {}{v}", if self.synchronous { "" } else { "e.g. " });
         }
     }

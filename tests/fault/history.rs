@@ -157,8 +157,13 @@ pub fn read_history(path: &Path) -> Result<Vec<Event>, String> {
         if line.trim().is_empty() {
             continue;
         }
-        let event: Event = serde_json::from_str(&line)
-            .map_err(|e| format!("{}:{}: not a history event ({e}): {line}", path.display(), n + 1))?;
+        let event: Event = serde_json::from_str(&line).map_err(|e| {
+            format!(
+                "{}:{}: not a history event ({e}): {line}",
+                path.display(),
+                n + 1
+            )
+        })?;
         events.push(event);
     }
     Ok(events)
@@ -178,6 +183,11 @@ pub fn tail_events(path: &Path) -> Vec<Event> {
         return Vec::new();
     }
     // Whole lines only: the first may be cut by the seek, the last may be mid-write.
-    let Some(end) = tail.rfind('\n') else { return Vec::new() };
-    tail[..end].split('\n').filter_map(|l| serde_json::from_str(l).ok()).collect()
+    let Some(end) = tail.rfind('\n') else {
+        return Vec::new();
+    };
+    tail[..end]
+        .split('\n')
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }

@@ -74,16 +74,29 @@ fn worker_program() -> PathBuf {
         .and_then(Path::parent)
         .map(|profile| profile.join("examples").join("fault_worker"))
         .expect("this test binary lives in target/<profile>/deps");
-    let build = "build it with `cargo build --example fault_worker` (a plain `cargo test` builds it; \
+    let build =
+        "build it with `cargo build --example fault_worker` (a plain `cargo test` builds it; \
                  `cargo test --test fault` alone does not)";
     let built = std::fs::metadata(&program)
         .and_then(|m| m.modified())
-        .unwrap_or_else(|_| panic!("the fault worker program {} is missing: {build}", program.display()));
+        .unwrap_or_else(|_| {
+            panic!(
+                "the fault worker program {} is missing: {build}",
+                program.display()
+            )
+        });
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for source in ["examples/fault_worker.rs", "tests/fault/worker.rs", "tests/fault/history.rs"] {
+    for source in [
+        "examples/fault_worker.rs",
+        "tests/fault/worker.rs",
+        "tests/fault/history.rs",
+    ] {
         let changed = std::fs::metadata(root.join(source)).and_then(|m| m.modified());
         if changed.is_ok_and(|changed| changed > built) {
-            panic!("the fault worker program {} is older than {source}: {build}", program.display());
+            panic!(
+                "the fault worker program {} is older than {source}: {build}",
+                program.display()
+            );
         }
     }
     program
@@ -110,7 +123,10 @@ struct Config {
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|e| panic!("{name}={v:?}: {e}")),
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?}: {e}")),
         _ => default,
     }
 }
@@ -132,15 +148,21 @@ impl Config {
                 Ok(list) if !list.trim().is_empty() => list
                     .split(',')
                     .map(|k| {
-                        nemesis::FaultKind::parse(k)
-                            .unwrap_or_else(|| panic!("FAULT_KINDS: unknown kind {k:?} (pause, kill, crash, cut, stall)"))
+                        nemesis::FaultKind::parse(k).unwrap_or_else(|| {
+                            panic!(
+                                "FAULT_KINDS: unknown kind {k:?} (pause, kill, crash, cut, stall)"
+                            )
+                        })
                     })
                     .collect(),
                 _ => nemesis::FaultKind::ALL.to_vec(),
             },
             keep: std::env::var("FAULT_KEEP").is_ok_and(|v| !v.is_empty() && v != "0"),
         };
-        assert!(cfg.workers >= 1 && cfg.nodes >= 1 && cfg.lease_ms >= 50, "FAULT_WORKERS, FAULT_NODES >= 1; FAULT_LEASE_MS >= 50");
+        assert!(
+            cfg.workers >= 1 && cfg.nodes >= 1 && cfg.lease_ms >= 50,
+            "FAULT_WORKERS, FAULT_NODES >= 1; FAULT_LEASE_MS >= 50"
+        );
         cfg
     }
 }
@@ -162,7 +184,11 @@ struct WorkerProc {
 fn worker_refs(workers: &[WorkerProc]) -> Vec<WorkerRef> {
     workers
         .iter()
-        .map(|w| WorkerRef { name: w.name.clone(), pid: w.child.id().expect("worker pid"), history: w.history.clone() })
+        .map(|w| WorkerRef {
+            name: w.name.clone(),
+            pid: w.child.id().expect("worker pid"),
+            history: w.history.clone(),
+        })
         .collect()
 }
 
@@ -190,7 +216,10 @@ fn spawn_worker(i: usize, cfg: &Config, root: &Path, nodes: &[String], job: &Job
         history: history.clone(),
         lease_ms: cfg.lease_ms,
         deadline_us: job.hard_deadline_us,
-        seed: cfg.seed.wrapping_mul(1000).wrapping_add(i as u64 + if job.unfenced { 100 } else { 0 }),
+        seed: cfg
+            .seed
+            .wrapping_mul(1000)
+            .wrapping_add(i as u64 + if job.unfenced { 100 } else { 0 }),
         client_timeout_ms: cfg.client_timeout_ms,
         parent_pid: std::process::id(),
         stop_file: job.stop_file.clone(),
@@ -204,12 +233,24 @@ fn spawn_worker(i: usize, cfg: &Config, root: &Path, nodes: &[String], job: &Job
         .stderr(Stdio::from(err))
         .kill_on_drop(true);
     die_with_parent(&mut cmd);
-    let child = cmd.spawn().expect("cannot start a worker process (examples/fault_worker)");
-    WorkerProc { name, child, history, output }
+    let child = cmd
+        .spawn()
+        .expect("cannot start a worker process (examples/fault_worker)");
+    WorkerProc {
+        name,
+        child,
+        history,
+        output,
+    }
 }
 
 /// The counter as every fencegate serves it and as the tables hold it.
-async fn read_final_state(nodes: &[Node], db_url: &str, key: &str, lock: &str) -> Result<checker::FinalState, String> {
+async fn read_final_state(
+    nodes: &[Node],
+    db_url: &str,
+    key: &str,
+    lock: &str,
+) -> Result<checker::FinalState, String> {
     let client = nemesis::probe_client();
     let mut fs = checker::FinalState::default();
     for node in nodes {
@@ -219,38 +260,55 @@ async fn read_final_state(nodes: &[Node], db_url: &str, key: &str, lock: &str) -
                 let status = resp.status().as_u16();
                 let body: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
                 let token = body["fence_token"].as_str().and_then(|t| t.parse().ok());
-                checker::NodeRead { node: node.name.clone(), status: Some(status), value: body["value"].as_i64(), token }
+                checker::NodeRead {
+                    node: node.name.clone(),
+                    status: Some(status),
+                    value: body["value"].as_i64(),
+                    token,
+                }
             }
             Err(e) => {
                 println!("final read on {} failed: {e}", node.name);
-                checker::NodeRead { node: node.name.clone(), status: None, value: None, token: None }
+                checker::NodeRead {
+                    node: node.name.clone(),
+                    status: None,
+                    value: None,
+                    token: None,
+                }
             }
         };
         fs.http.push(entry);
     }
-    let mut conn = PgConnection::connect(db_url).await.map_err(|e| format!("connect to {db_url}: {e}"))?;
-    let row = sqlx::query("SELECT value, fence_token, deleted FROM fencegate.fencegate_kv WHERE key = $1")
-        .bind(key)
-        .fetch_optional(&mut conn)
+    let mut conn = PgConnection::connect(db_url)
         .await
-        .map_err(|e| format!("read fencegate_kv: {e}"))?;
+        .map_err(|e| format!("connect to {db_url}: {e}"))?;
+    let row = sqlx::query(
+        "SELECT value, fence_token, deleted FROM fencegate.fencegate_kv WHERE key = $1",
+    )
+    .bind(key)
+    .fetch_optional(&mut conn)
+    .await
+    .map_err(|e| format!("read fencegate_kv: {e}"))?;
     if let Some(row) = row {
-        let value: Option<sqlx::types::Json<serde_json::Value>> = row.try_get(0).map_err(|e| e.to_string())?;
+        let value: Option<sqlx::types::Json<serde_json::Value>> =
+            row.try_get(0).map_err(|e| e.to_string())?;
         let token: i64 = row.try_get(1).map_err(|e| e.to_string())?;
         let deleted: bool = row.try_get(2).map_err(|e| e.to_string())?;
         fs.sql = Some((value.and_then(|v| v.0.as_i64()), token as u64, deleted));
     }
-    let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate.fencegate_fences WHERE scope = $1")
-        .bind(lock)
-        .fetch_optional(&mut conn)
-        .await
-        .map_err(|e| format!("read fencegate_fences: {e}"))?;
+    let fence: Option<i64> =
+        sqlx::query_scalar("SELECT fence_token FROM fencegate.fencegate_fences WHERE scope = $1")
+            .bind(lock)
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(|e| format!("read fencegate_fences: {e}"))?;
     fs.scope_fence = fence.map(|f| f as u64);
-    let lock: Option<i64> = sqlx::query_scalar("SELECT token FROM fencegate.fencegate_locks WHERE name = $1")
-        .bind(lock)
-        .fetch_optional(&mut conn)
-        .await
-        .map_err(|e| format!("read fencegate_locks: {e}"))?;
+    let lock: Option<i64> =
+        sqlx::query_scalar("SELECT token FROM fencegate.fencegate_locks WHERE name = $1")
+            .bind(lock)
+            .fetch_optional(&mut conn)
+            .await
+            .map_err(|e| format!("read fencegate_locks: {e}"))?;
     fs.lock_token = lock.map(|t| t as u64);
     let _ = conn.close().await;
     Ok(fs)
@@ -266,13 +324,26 @@ async fn stop_workers(workers: &mut [WorkerProc], stop_file: &Path) -> Vec<Probl
     for w in workers {
         match tokio::time::timeout(Duration::from_secs(30), w.child.wait()).await {
             Ok(Ok(status)) if status.success() => {}
-            Ok(status) => problems.push(("4-process", format!("worker {} exited with {status:?}; output:\n{}", w.name, tail(&w.output, 20)))),
+            Ok(status) => problems.push((
+                "4-process",
+                format!(
+                    "worker {} exited with {status:?}; output:\n{}",
+                    w.name,
+                    tail(&w.output, 20)
+                ),
+            )),
             Err(_) => {
                 if let Some(pid) = w.child.id() {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
                 }
                 let _ = w.child.start_kill();
-                problems.push(("4-process", format!("worker {} did not stop within 30 s of the stop signal (a hang)", w.name)));
+                problems.push((
+                    "4-process",
+                    format!(
+                        "worker {} did not stop within 30 s of the stop signal (a hang)",
+                        w.name
+                    ),
+                ));
             }
         }
     }
@@ -292,7 +363,13 @@ fn read_histories(workers: &[WorkerProc], problems: &mut Vec<Problem>) -> Vec<hi
 
 /// The negative control (see the module doc): unfenced writers, frozen lock holders. Returns the
 /// checker's report, which must contain violations.
-async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0: u64) -> checker::Report {
+async fn control_run(
+    cfg: &Config,
+    root: &Path,
+    nodes: &[Node],
+    db_url: &str,
+    t0: u64,
+) -> checker::Report {
     let say = |msg: &str| println!("[{}] control: {msg}", stamp(t0, now_us()));
     let start_us = now_us();
     let end_us = start_us + cfg.control_secs * 1_000_000;
@@ -305,7 +382,9 @@ async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0
         stop_file: root.join("control.stop"),
         hard_deadline_us: end_us + 120 * 1_000_000,
     };
-    let mut workers: Vec<WorkerProc> = (1..=cfg.workers).map(|i| spawn_worker(i, cfg, root, &urls, &job)).collect();
+    let mut workers: Vec<WorkerProc> = (1..=cfg.workers)
+        .map(|i| spawn_worker(i, cfg, root, &urls, &job))
+        .collect();
     say(&format!(
         "{} workers write counter `control` WITHOUT fencing (a fresh scope per write) for {} s while lock holders are frozen",
         workers.len(),
@@ -322,12 +401,20 @@ async fn control_run(cfg: &Config, root: &Path, nodes: &[Node], db_url: &str, t0
         t0_us: t0,
         recovery_limit: Duration::from_millis(cfg.recovery_ms),
     };
-    nemesis::pause_loop(&refs, &settings, &log, rand::SeedableRng::seed_from_u64(cfg.seed ^ 0xc0)).await;
+    nemesis::pause_loop(
+        &refs,
+        &settings,
+        &log,
+        rand::SeedableRng::seed_from_u64(cfg.seed ^ 0xc0),
+    )
+    .await;
     let mut problems = stop_workers(&mut workers, &job.stop_file).await;
-    let final_state = read_final_state(nodes, db_url, job.key, job.lock).await.unwrap_or_else(|e| {
-        problems.push(("2-final", format!("cannot read the final state: {e}")));
-        checker::FinalState::default()
-    });
+    let final_state = read_final_state(nodes, db_url, job.key, job.lock)
+        .await
+        .unwrap_or_else(|e| {
+            problems.push(("2-final", format!("cannot read the final state: {e}")));
+            checker::FinalState::default()
+        });
     let events = read_histories(&workers, &mut problems);
     let log = log.into_inner().unwrap();
     checker::check(&checker::Input {
@@ -366,9 +453,16 @@ async fn nothing_is_lost_under_faults() {
         .tempdir()
         .expect("create a scratch directory")
         .keep();
-    say(&format!("scratch directory {}{}", root.display(), if cfg.keep { " (kept: FAULT_KEEP)" } else { "" }));
+    say(&format!(
+        "scratch directory {}{}",
+        root.display(),
+        if cfg.keep { " (kept: FAULT_KEEP)" } else { "" }
+    ));
     let cluster = Cluster::create(&root, cfg.keep).await;
-    say(&format!("PostgreSQL up on 127.0.0.1:{} (own throwaway cluster)", cluster.port));
+    say(&format!(
+        "PostgreSQL up on 127.0.0.1:{} (own throwaway cluster)",
+        cluster.port
+    ));
     let proxy = Proxy::start(([127, 0, 0, 1], cluster.port).into()).await;
 
     let config = root.join("fencegate.toml");
@@ -387,7 +481,14 @@ async fn nothing_is_lost_under_faults() {
             let proxied = i % 2 == 0;
             let port = if proxied { proxy.port } else { cluster.port };
             let db = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-            Node::new(i, free_port(), proxied, db, config.clone(), root.join(format!("n{i}.log")))
+            Node::new(
+                i,
+                free_port(),
+                proxied,
+                db,
+                config.clone(),
+                root.join(format!("n{i}.log")),
+            )
         })
         .collect();
     for node in &mut nodes {
@@ -396,7 +497,11 @@ async fn nothing_is_lost_under_faults() {
             "{} listening on {} (database {})",
             node.name,
             node.url,
-            if node.proxied { "through the proxy" } else { "direct" }
+            if node.proxied {
+                "through the proxy"
+            } else {
+                "direct"
+            }
         ));
     }
 
@@ -412,9 +517,15 @@ async fn nothing_is_lost_under_faults() {
         stop_file: root.join("workers.stop"),
         hard_deadline_us: fault_end_us + (cfg.quiet_secs + 120) * 1_000_000,
     };
-    let mut workers: Vec<WorkerProc> = (1..=cfg.workers).map(|i| spawn_worker(i, &cfg, &root, &node_urls, &job)).collect();
+    let mut workers: Vec<WorkerProc> = (1..=cfg.workers)
+        .map(|i| spawn_worker(i, &cfg, &root, &node_urls, &job))
+        .collect();
     let worker_refs = worker_refs(&workers);
-    say(&format!("{} workers started; fault phase until {}", workers.len(), stamp(t0, fault_end_us)));
+    say(&format!(
+        "{} workers started; fault phase until {}",
+        workers.len(),
+        stamp(t0, fault_end_us)
+    ));
 
     // Fault phase.
     let log = Arc::new(Mutex::new(NemesisLog::default()));
@@ -424,7 +535,12 @@ async fn nothing_is_lost_under_faults() {
         proxy: &proxy,
         workers: &worker_refs,
         settings: nemesis::Settings {
-            kinds: cfg.kinds.iter().copied().filter(|k| *k != nemesis::FaultKind::Pause).collect(),
+            kinds: cfg
+                .kinds
+                .iter()
+                .copied()
+                .filter(|k| *k != nemesis::FaultKind::Pause)
+                .collect(),
             pauses: cfg.kinds.contains(&nemesis::FaultKind::Pause),
             db_url: cluster.url(),
             lease_ms: cfg.lease_ms,
@@ -437,7 +553,10 @@ async fn nothing_is_lost_under_faults() {
     nemesis.run(cfg.seed).await;
     nemesis.heal_all().await;
     let healed_us = now_us();
-    say(&format!("faults over and healed; {} s of quiet running", cfg.quiet_secs));
+    say(&format!(
+        "faults over and healed; {} s of quiet running",
+        cfg.quiet_secs
+    ));
     tokio::time::sleep(Duration::from_secs(cfg.quiet_secs)).await;
 
     // Stop the workers: they finish their current cycle.
@@ -485,7 +604,10 @@ async fn nothing_is_lost_under_faults() {
     let nemesis_log = std::mem::take(&mut *log.lock().unwrap());
     let _ = std::fs::write(
         root.join("nemesis.log"),
-        format!("{:#?}\n{:#?}\n{:#?}\n{:#?}\n", nemesis_log.faults, nemesis_log.probes, nemesis_log.recoveries, nemesis_log.violations),
+        format!(
+            "{:#?}\n{:#?}\n{:#?}\n{:#?}\n",
+            nemesis_log.faults, nemesis_log.probes, nemesis_log.recoveries, nemesis_log.violations
+        ),
     );
     let report = checker::check(&checker::Input {
         events: &events,
@@ -502,11 +624,19 @@ async fn nothing_is_lost_under_faults() {
         // the bypass that sticky scopes (the default, which the fenced run above used) now
         // refuse with 409. So the control's nodes run with sticky scopes off, to show what a
         // store without fencing lets through.
-        std::fs::write(&config, format!("{}\n[kv]\nsticky_scope = false\n", std::fs::read_to_string(&config).unwrap()))
-            .expect("rewrite the fencegate config for the control run");
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[kv]\nsticky_scope = false\n",
+                std::fs::read_to_string(&config).unwrap()
+            ),
+        )
+        .expect("rewrite the fencegate config for the control run");
         for node in &mut nodes {
             node.kill().await;
-            node.start().await.unwrap_or_else(|e| panic!("restart for the control run: {e}"));
+            node.start()
+                .await
+                .unwrap_or_else(|e| panic!("restart for the control run: {e}"));
         }
         Some(control_run(&cfg, &root, &nodes, &cluster.url(), t0).await)
     } else {
@@ -515,7 +645,14 @@ async fn nothing_is_lost_under_faults() {
 
     let node_errors: Vec<String> = nodes
         .iter()
-        .map(|n| format!("{}: {} starts, {} ERROR log lines", n.name, n.starts, n.error_lines().len()))
+        .map(|n| {
+            format!(
+                "{}: {} starts, {} ERROR log lines",
+                n.name,
+                n.starts,
+                n.error_lines().len()
+            )
+        })
         .collect();
     for node in &mut nodes {
         node.kill().await;
@@ -544,7 +681,15 @@ async fn nothing_is_lost_under_faults() {
         for node in &nodes {
             println!("\n-- {} log (tail) --\n{}", node.name, node.log_tail(12));
         }
-        println!("\nhistories and logs: {} ({})", root.display(), if cfg.keep { "kept" } else { "set FAULT_KEEP=1 to keep them" });
+        println!(
+            "\nhistories and logs: {} ({})",
+            root.display(),
+            if cfg.keep {
+                "kept"
+            } else {
+                "set FAULT_KEEP=1 to keep them"
+            }
+        );
     }
     let mut control_blind = None;
     if let Some(control) = &control {
@@ -562,7 +707,10 @@ async fn nothing_is_lost_under_faults() {
                 control.rules
             ));
         } else {
-            println!("negative control: the checker caught what fencing prevents: {:?}", control.rules);
+            println!(
+                "negative control: the checker caught what fencing prevents: {:?}",
+                control.rules
+            );
         }
     }
     println!("total runtime {:.1} s", began.elapsed().as_secs_f64());
@@ -601,7 +749,10 @@ async fn fences_survive_a_failover_to_a_synchronous_standby() {
         cfg.seed,
         synchronous.report.violations.join("\n")
     );
-    assert_eq!(synchronous.lost, 0, "acknowledged increments were lost in a failover to a synchronous standby");
+    assert_eq!(
+        synchronous.lost, 0,
+        "acknowledged increments were lost in a failover to a synchronous standby"
+    );
     let found = |rule: &str| control.report.rules.get(rule).copied().unwrap_or(0);
     let lost_rules = found("2-lost-write") + found("3-lost-update") + found("3-reads");
     assert!(

@@ -37,8 +37,13 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] =
-        [FaultKind::Pause, FaultKind::KillNode, FaultKind::CrashPg, FaultKind::ProxyCut, FaultKind::ProxyStall];
+    pub const ALL: [FaultKind; 5] = [
+        FaultKind::Pause,
+        FaultKind::KillNode,
+        FaultKind::CrashPg,
+        FaultKind::ProxyCut,
+        FaultKind::ProxyStall,
+    ];
 
     /// Parses `FAULT_KINDS` entries: pause, kill, crash, cut, stall.
     pub fn parse(name: &str) -> Option<FaultKind> {
@@ -155,7 +160,10 @@ pub fn probe_client() -> reqwest::Client {
 }
 
 /// GET /readyz once: (status, has Retry-After, error, latency ms).
-pub async fn readyz(client: &reqwest::Client, url: &str) -> (Option<u16>, bool, Option<String>, f64) {
+pub async fn readyz(
+    client: &reqwest::Client,
+    url: &str,
+) -> (Option<u16>, bool, Option<String>, f64) {
     let started = Instant::now();
     let result = client.get(format!("{url}/readyz")).send().await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -172,7 +180,12 @@ pub async fn readyz(client: &reqwest::Client, url: &str) -> (Option<u16>, bool, 
 }
 
 /// Polls /readyz every 100 ms until 200; the time since `from`, or `None` after `limit`.
-async fn await_ready(client: &reqwest::Client, url: &str, from: Instant, limit: Duration) -> Option<f64> {
+async fn await_ready(
+    client: &reqwest::Client,
+    url: &str,
+    from: Instant,
+    limit: Duration,
+) -> Option<f64> {
     loop {
         if let (Some(200), ..) = readyz(client, url).await {
             return Some(from.elapsed().as_secs_f64() * 1000.0);
@@ -190,7 +203,9 @@ async fn await_ready(client: &reqwest::Client, url: &str, from: Instant, limit: 
 /// on it next is answered 2xx without being committed, and its row locks block everyone.
 pub async fn leaked_transactions(db_url: &str) -> Result<Vec<String>, String> {
     use sqlx::{Connection, Row};
-    let mut conn = sqlx::PgConnection::connect(db_url).await.map_err(|e| e.to_string())?;
+    let mut conn = sqlx::PgConnection::connect(db_url)
+        .await
+        .map_err(|e| e.to_string())?;
     let rows = sqlx::query(
         "SELECT pid, state, extract(epoch FROM now() - state_change)::float8, \
                 regexp_replace(left(query, 120), '\\s+', ' ', 'g') \
@@ -209,7 +224,10 @@ pub async fn leaked_transactions(db_url: &str) -> Result<Vec<String>, String> {
             let state: String = r.get(1);
             let secs: f64 = r.get(2);
             let query: String = r.get(3);
-            format!("backend pid {pid} {state} for {secs:.1} s, last statement: {}", query.trim())
+            format!(
+                "backend pid {pid} {state} for {secs:.1} s, last statement: {}",
+                query.trim()
+            )
         })
         .collect())
 }
@@ -219,10 +237,16 @@ pub async fn leaked_transactions(db_url: &str) -> Result<Vec<String>, String> {
 fn holding(path: &std::path::Path) -> Option<u64> {
     let events = tail_events(path);
     let last = events.last()?;
-    if !matches!((last.op, last.kind), (Op::Acquire, Kind::Ok) | (Op::Read, Kind::Invoke | Kind::Ok)) {
+    if !matches!(
+        (last.op, last.kind),
+        (Op::Acquire, Kind::Ok) | (Op::Read, Kind::Invoke | Kind::Ok)
+    ) {
         return None;
     }
-    let grant = events.iter().rev().find(|e| e.op == Op::Acquire && e.kind == Kind::Ok && e.op_id == last.op_id)?;
+    let grant = events
+        .iter()
+        .rev()
+        .find(|e| e.op == Op::Acquire && e.kind == Kind::Ok && e.op_id == last.op_id)?;
     grant.token
 }
 
@@ -261,14 +285,25 @@ impl Nemesis<'_> {
                     self.violation("4-process", e);
                 }
                 if let Err(e) = self.nodes[i].start().await {
-                    self.violation("4-process", format!("cannot restart {} after the fault phase: {e}", self.nodes[i].name));
+                    self.violation(
+                        "4-process",
+                        format!(
+                            "cannot restart {} after the fault phase: {e}",
+                            self.nodes[i].name
+                        ),
+                    );
                 }
             }
         }
     }
 }
 
-pub async fn pause_loop(workers: &[WorkerRef], settings: &Settings, log: &Mutex<NemesisLog>, mut rng: StdRng) {
+pub async fn pause_loop(
+    workers: &[WorkerRef],
+    settings: &Settings,
+    log: &Mutex<NemesisLog>,
+    mut rng: StdRng,
+) {
     let t0 = settings.t0_us;
     loop {
         let gap = rng.gen_range(1200..=3000);
@@ -281,7 +316,10 @@ pub async fn pause_loop(workers: &[WorkerRef], settings: &Settings, log: &Mutex<
         let mut order: Vec<&WorkerRef> = workers.iter().collect();
         let target = loop {
             order.shuffle(&mut rng);
-            if let Some(found) = order.iter().find_map(|w| holding(&w.history).map(|t| (*w, true, Some(t)))) {
+            if let Some(found) = order
+                .iter()
+                .find_map(|w| holding(&w.history).map(|t| (*w, true, Some(t))))
+            {
                 break found;
             }
             if Instant::now() >= look_until {
@@ -343,7 +381,13 @@ impl Infra<'_, '_> {
     }
 
     fn record(&self, kind: FaultKind, target: String, start_us: u64) {
-        self.log.lock().unwrap().faults.push(Fault { kind, target, start_us, end_us: now_us(), held_token: None });
+        self.log.lock().unwrap().faults.push(Fault {
+            kind,
+            target,
+            start_us,
+            end_us: now_us(),
+            held_token: None,
+        });
     }
 
     /// A fencegate that exited by itself is a violation; it is restarted so the run goes on.
@@ -352,7 +396,10 @@ impl Infra<'_, '_> {
             if let Err(e) = self.nodes[i].check_alive() {
                 self.violation("4-process", e);
                 if let Err(e) = self.nodes[i].start().await {
-                    self.violation("4-process", format!("cannot restart {}: {e}", self.nodes[i].name));
+                    self.violation(
+                        "4-process",
+                        format!("cannot restart {}: {e}", self.nodes[i].name),
+                    );
                 }
             }
         }
@@ -391,7 +438,11 @@ impl Infra<'_, '_> {
                 bag.shuffle(&mut self.rng);
             }
             let kind = bag.pop().unwrap();
-            previous = format!("{} (started {})", kind.name(), stamp(self.settings.t0_us, now_us()));
+            previous = format!(
+                "{} (started {})",
+                kind.name(),
+                stamp(self.settings.t0_us, now_us())
+            );
             match kind {
                 FaultKind::KillNode => self.kill_node().await,
                 FaultKind::CrashPg => self.crash_pg().await,
@@ -408,7 +459,10 @@ impl Infra<'_, '_> {
         let pid = self.nodes[i].pid();
         self.nodes[i].kill().await;
         let start_us = now_us();
-        self.say(&format!("SIGKILL {} (pid {pid:?}); restarting it in {down} ms", self.nodes[i].name));
+        self.say(&format!(
+            "SIGKILL {} (pid {pid:?}); restarting it in {down} ms",
+            self.nodes[i].name
+        ));
         tokio::time::sleep(Duration::from_millis(down)).await;
         match self.nodes[i].start().await {
             Ok(took) => self.say(&format!(
@@ -416,13 +470,26 @@ impl Infra<'_, '_> {
                 self.nodes[i].name,
                 took.as_millis()
             )),
-            Err(e) => self.violation("4-process", format!("restart of {} failed: {e}", self.nodes[i].name)),
+            Err(e) => self.violation(
+                "4-process",
+                format!("restart of {} failed: {e}", self.nodes[i].name),
+            ),
         }
         self.record(FaultKind::KillNode, self.nodes[i].name.clone(), start_us);
         // A fresh process must be ready at once (the database is up).
         let node = self.nodes[i].name.clone();
-        let ms = await_ready(&self.client, &self.nodes[i].url, Instant::now(), self.settings.recovery_limit * 3).await;
-        self.log.lock().unwrap().recoveries.push(Recovery { after: FaultKind::KillNode, node, ms });
+        let ms = await_ready(
+            &self.client,
+            &self.nodes[i].url,
+            Instant::now(),
+            self.settings.recovery_limit * 3,
+        )
+        .await;
+        self.log.lock().unwrap().recoveries.push(Recovery {
+            after: FaultKind::KillNode,
+            node,
+            ms,
+        });
     }
 
     /// Probes /readyz on the given nodes at once, recording each answer.
@@ -464,9 +531,16 @@ impl Infra<'_, '_> {
             let node = self.nodes[i].name.clone();
             self.say(&format!(
                 "  {node} ready again {}",
-                ms.map_or_else(|| format!("NOT within {} s", limit.as_secs()), |ms| format!("after {ms:.0} ms"))
+                ms.map_or_else(
+                    || format!("NOT within {} s", limit.as_secs()),
+                    |ms| format!("after {ms:.0} ms")
+                )
             ));
-            self.log.lock().unwrap().recoveries.push(Recovery { after, node, ms });
+            self.log
+                .lock()
+                .unwrap()
+                .recoveries
+                .push(Recovery { after, node, ms });
         }
     }
 
@@ -478,7 +552,10 @@ impl Infra<'_, '_> {
         }
         let started = Instant::now();
         let start_us = now_us();
-        self.say(&format!("PostgreSQL crashed (pg_ctl stop -m immediate); down for {} ms", outage.as_millis()));
+        self.say(&format!(
+            "PostgreSQL crashed (pg_ctl stop -m immediate); down for {} ms",
+            outage.as_millis()
+        ));
         let all: Vec<usize> = (0..self.nodes.len()).collect();
         self.probe_during(&all, FaultKind::CrashPg, true).await;
         if let Some(rest) = outage.checked_sub(started.elapsed()) {
@@ -506,7 +583,9 @@ impl Infra<'_, '_> {
     }
 
     fn proxied(&self) -> Vec<usize> {
-        (0..self.nodes.len()).filter(|&i| self.nodes[i].proxied).collect()
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].proxied)
+            .collect()
     }
 
     async fn cut_link(&mut self) {
@@ -518,18 +597,28 @@ impl Infra<'_, '_> {
         self.proxy.cut();
         let started = Instant::now();
         let start_us = now_us();
-        let names: Vec<&str> = proxied.iter().map(|&i| self.nodes[i].name.as_str()).collect();
+        let names: Vec<&str> = proxied
+            .iter()
+            .map(|&i| self.nodes[i].name.as_str())
+            .collect();
         let target = format!("{}<->postgres", names.join(","));
-        self.say(&format!("cut {target}: connections reset, new ones closed, for {} ms", outage.as_millis()));
+        self.say(&format!(
+            "cut {target}: connections reset, new ones closed, for {} ms",
+            outage.as_millis()
+        ));
         self.probe_during(&proxied, FaultKind::ProxyCut, true).await;
         if let Some(rest) = outage.checked_sub(started.elapsed()) {
             tokio::time::sleep(rest).await;
         }
         self.proxy.heal();
         let back = Instant::now();
-        self.say(&format!("healed {target} after {} ms", started.elapsed().as_millis()));
+        self.say(&format!(
+            "healed {target} after {} ms",
+            started.elapsed().as_millis()
+        ));
         self.record(FaultKind::ProxyCut, target, start_us);
-        self.measure_recovery(&proxied, FaultKind::ProxyCut, back).await;
+        self.measure_recovery(&proxied, FaultKind::ProxyCut, back)
+            .await;
     }
 
     async fn stall_link(&mut self) {
@@ -543,18 +632,29 @@ impl Infra<'_, '_> {
         self.proxy.stall();
         let started = Instant::now();
         let start_us = now_us();
-        let names: Vec<&str> = proxied.iter().map(|&i| self.nodes[i].name.as_str()).collect();
+        let names: Vec<&str> = proxied
+            .iter()
+            .map(|&i| self.nodes[i].name.as_str())
+            .collect();
         let target = format!("{}<->postgres", names.join(","));
-        self.say(&format!("stall {target}: no bytes delivered either way for {} ms", outage.as_millis()));
+        self.say(&format!(
+            "stall {target}: no bytes delivered either way for {} ms",
+            outage.as_millis()
+        ));
         // The answer may be 503 or, if the stall ends meanwhile, 200; it must not be a hang.
-        self.probe_during(&proxied, FaultKind::ProxyStall, false).await;
+        self.probe_during(&proxied, FaultKind::ProxyStall, false)
+            .await;
         if let Some(rest) = outage.checked_sub(started.elapsed()) {
             tokio::time::sleep(rest).await;
         }
         self.proxy.heal();
         let back = Instant::now();
-        self.say(&format!("healed {target} after {} ms", started.elapsed().as_millis()));
+        self.say(&format!(
+            "healed {target} after {} ms",
+            started.elapsed().as_millis()
+        ));
         self.record(FaultKind::ProxyStall, target, start_us);
-        self.measure_recovery(&proxied, FaultKind::ProxyStall, back).await;
+        self.measure_recovery(&proxied, FaultKind::ProxyStall, back)
+            .await;
     }
 }

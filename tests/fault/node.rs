@@ -14,7 +14,8 @@ pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
         });
     }
 }
@@ -34,7 +35,14 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(idx: usize, port: u16, proxied: bool, db_url: String, config: PathBuf, log: PathBuf) -> Node {
+    pub fn new(
+        idx: usize,
+        port: u16,
+        proxied: bool,
+        db_url: String,
+        config: PathBuf,
+        log: PathBuf,
+    ) -> Node {
         Node {
             name: format!("n{idx}"),
             port,
@@ -82,7 +90,9 @@ impl Node {
                 .stderr(Stdio::from(log))
                 .kill_on_drop(true);
             die_with_parent(&mut cmd);
-            let mut child = cmd.spawn().map_err(|e| format!("cannot start fencegate: {e}"))?;
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot start fencegate: {e}"))?;
             let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
             match tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await {
                 Ok(Ok(Some(line))) if line.starts_with("listening on ") => {
@@ -128,7 +138,11 @@ impl Node {
             Ok(None) => Ok(()),
             Ok(Some(status)) => {
                 self.child = None;
-                Err(format!("{} exited on its own ({status}); log tail:\n{}", self.name, self.log_tail(20)))
+                Err(format!(
+                    "{} exited on its own ({status}); log tail:\n{}",
+                    self.name,
+                    self.log_tail(20)
+                ))
             }
             Err(e) => Err(format!("{}: cannot query its status: {e}", self.name)),
         }

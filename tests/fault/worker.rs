@@ -52,28 +52,52 @@ impl WorkerConfig {
             ("FAULT_WORKER_ID".into(), self.id.clone()),
             ("FAULT_WORKER_KEY".into(), self.key.clone()),
             ("FAULT_WORKER_LOCK".into(), self.lock.clone()),
-            ("FAULT_WORKER_UNFENCED".into(), (self.unfenced as u8).to_string()),
+            (
+                "FAULT_WORKER_UNFENCED".into(),
+                (self.unfenced as u8).to_string(),
+            ),
             ("FAULT_WORKER_NODES".into(), self.nodes.join(",")),
-            ("FAULT_WORKER_HISTORY".into(), self.history.display().to_string()),
+            (
+                "FAULT_WORKER_HISTORY".into(),
+                self.history.display().to_string(),
+            ),
             ("FAULT_WORKER_LEASE_MS".into(), self.lease_ms.to_string()),
-            ("FAULT_WORKER_DEADLINE_US".into(), self.deadline_us.to_string()),
+            (
+                "FAULT_WORKER_DEADLINE_US".into(),
+                self.deadline_us.to_string(),
+            ),
             ("FAULT_WORKER_SEED".into(), self.seed.to_string()),
-            ("FAULT_WORKER_TIMEOUT_MS".into(), self.client_timeout_ms.to_string()),
+            (
+                "FAULT_WORKER_TIMEOUT_MS".into(),
+                self.client_timeout_ms.to_string(),
+            ),
             ("FAULT_WORKER_PARENT".into(), self.parent_pid.to_string()),
-            ("FAULT_WORKER_STOP".into(), self.stop_file.display().to_string()),
+            (
+                "FAULT_WORKER_STOP".into(),
+                self.stop_file.display().to_string(),
+            ),
         ]
     }
 
     /// `None` unless this process was started as a worker.
     pub fn from_env() -> Option<WorkerConfig> {
         let id = std::env::var("FAULT_WORKER_ID").ok()?;
-        let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("worker {id}: {name} is not set"));
-        let num = |name: &str| var(name).parse::<u64>().unwrap_or_else(|e| panic!("worker {id}: {name}: {e}"));
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| panic!("worker {id}: {name} is not set"))
+        };
+        let num = |name: &str| {
+            var(name)
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("worker {id}: {name}: {e}"))
+        };
         Some(WorkerConfig {
             key: var("FAULT_WORKER_KEY"),
             lock: var("FAULT_WORKER_LOCK"),
             unfenced: var("FAULT_WORKER_UNFENCED") == "1",
-            nodes: var("FAULT_WORKER_NODES").split(',').map(str::to_string).collect(),
+            nodes: var("FAULT_WORKER_NODES")
+                .split(',')
+                .map(str::to_string)
+                .collect(),
             history: PathBuf::from(var("FAULT_WORKER_HISTORY")),
             lease_ms: num("FAULT_WORKER_LEASE_MS"),
             deadline_us: num("FAULT_WORKER_DEADLINE_US"),
@@ -88,7 +112,11 @@ impl WorkerConfig {
 
 /// What came back for one request.
 enum Reply {
-    Status { status: u16, retry_after: bool, body: Value },
+    Status {
+        status: u16,
+        retry_after: bool,
+        body: Value,
+    },
     /// The client's timeout fired: a hang, unless the process was frozen meanwhile.
     Timeout,
     /// No connection could be made: the request was certainly not processed.
@@ -108,7 +136,10 @@ struct Worker {
 }
 
 pub fn run(cfg: WorkerConfig) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("worker runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("worker runtime");
     runtime.block_on(async move {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(cfg.client_timeout_ms))
@@ -119,7 +150,14 @@ pub fn run(cfg: WorkerConfig) {
         let rec = Recorder::create(&cfg.history);
         let rng = StdRng::seed_from_u64(cfg.seed);
         let n = cfg.nodes.len();
-        let mut worker = Worker { client, rec, rng, next_node: 0, avoid_until: vec![None; n], cfg };
+        let mut worker = Worker {
+            client,
+            rec,
+            rng,
+            next_node: 0,
+            avoid_until: vec![None; n],
+            cfg,
+        };
         worker.next_node = worker.rng.gen_range(0..n);
         worker.main_loop().await;
     });
@@ -206,7 +244,11 @@ impl Worker {
         done.t = now_us();
         done.latency_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
         match &reply {
-            Reply::Status { status, retry_after, .. } => {
+            Reply::Status {
+                status,
+                retry_after,
+                ..
+            } => {
                 done.status = Some(*status);
                 if *status == 503 {
                     done.retry_after = Some(*retry_after);
@@ -224,9 +266,12 @@ impl Worker {
 
     async fn main_loop(&mut self) {
         let mut op_id = 0u64;
-        while now_us() < self.cfg.deadline_us && !self.parent_gone() && !self.cfg.stop_file.exists() {
+        while now_us() < self.cfg.deadline_us && !self.parent_gone() && !self.cfg.stop_file.exists()
+        {
             op_id += 1;
-            let Some(token) = self.acquire(op_id).await else { continue };
+            let Some(token) = self.acquire(op_id).await else {
+                continue;
+            };
             let acquired = Instant::now();
             let Some(value) = self.read(op_id, acquired).await else {
                 self.release(op_id, token).await;
@@ -247,10 +292,14 @@ impl Worker {
         let invoke = self.event(Kind::Invoke, Op::Acquire, op_id, 1);
         let path = format!("/v1/locks/{}", self.cfg.lock);
         let body = json!({"owner": owner, "ttl_ms": self.cfg.lease_ms});
-        let (reply, mut done) = self.call(node, invoke, Method::POST, &path, None, None, Some(body)).await;
+        let (reply, mut done) = self
+            .call(node, invoke, Method::POST, &path, None, None, Some(body))
+            .await;
         let mut granted = None;
         done.kind = match &reply {
-            Reply::Status { status: 201, body, .. } => match token_of(&body["token"]) {
+            Reply::Status {
+                status: 201, body, ..
+            } => match token_of(&body["token"]) {
                 Some(token) => {
                     granted = Some(token);
                     done.token = Some(token);
@@ -270,7 +319,9 @@ impl Worker {
         self.rec.record(&done);
         if granted.is_none() {
             match reply {
-                Reply::Status { status: 409, body, .. } => {
+                Reply::Status {
+                    status: 409, body, ..
+                } => {
                     // Poll again soon; not longer than the holder's remaining lease.
                     let remaining = body["remaining_ms"].as_u64().unwrap_or(20).clamp(2, 40);
                     self.sleep_ms(2, remaining).await;
@@ -289,10 +340,14 @@ impl Worker {
             let node = self.pick_node();
             let invoke = self.event(Kind::Invoke, Op::Read, op_id, attempt);
             let path = format!("/v1/kv/{}", self.cfg.key);
-            let (reply, mut done) = self.call(node, invoke, Method::GET, &path, None, None, None).await;
+            let (reply, mut done) = self
+                .call(node, invoke, Method::GET, &path, None, None, None)
+                .await;
             let mut value = None;
             done.kind = match &reply {
-                Reply::Status { status: 200, body, .. } => match (body["value"].as_i64(), token_of(&body["fence_token"])) {
+                Reply::Status {
+                    status: 200, body, ..
+                } => match (body["value"].as_i64(), token_of(&body["fence_token"])) {
                     (Some(v), Some(t)) => {
                         value = Some(v);
                         done.read = Some(v);
@@ -334,16 +389,29 @@ impl Worker {
             } else {
                 self.cfg.lock.clone()
             };
-            let (reply, mut done) =
-                self.call(node, invoke, Method::PUT, &path, Some(token), Some(&scope), Some(json!(value))).await;
+            let (reply, mut done) = self
+                .call(
+                    node,
+                    invoke,
+                    Method::PUT,
+                    &path,
+                    Some(token),
+                    Some(&scope),
+                    Some(json!(value)),
+                )
+                .await;
             let mut finished = false;
             let mut stale = false;
             done.kind = match &reply {
-                Reply::Status { status: 200 | 201, .. } => {
+                Reply::Status {
+                    status: 200 | 201, ..
+                } => {
                     finished = true;
                     Kind::Ok
                 }
-                Reply::Status { status: 412, body, .. } => {
+                Reply::Status {
+                    status: 412, body, ..
+                } => {
                     finished = true;
                     stale = true;
                     done.current_token = token_of(&body["current_token"]);
@@ -369,7 +437,9 @@ impl Worker {
         let node = self.pick_node();
         let invoke = self.event(Kind::Invoke, Op::Release, op_id, 1);
         let path = format!("/v1/locks/{}", self.cfg.lock);
-        let (reply, mut done) = self.call(node, invoke, Method::DELETE, &path, Some(token), None, None).await;
+        let (reply, mut done) = self
+            .call(node, invoke, Method::DELETE, &path, Some(token), None, None)
+            .await;
         done.token = Some(token);
         done.kind = match &reply {
             Reply::Status { status: 200, .. } => Kind::Ok,
@@ -390,7 +460,8 @@ fn is_definite_client_error(status: u16) -> bool {
 /// Tokens are JSON strings of canonical decimals (docs/wire.md).
 fn token_of(v: &Value) -> Option<u64> {
     let s = v.as_str()?;
-    if s.is_empty() || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit()) {
+    if s.is_empty() || (s.len() > 1 && s.starts_with('0')) || !s.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     s.parse().ok()

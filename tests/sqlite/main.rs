@@ -8,14 +8,14 @@
 //! (`edge`, `byol`, `client_tls`). Nor `tls_pg`: PostgreSQL over TLS has no SQLite counterpart.
 #![allow(dead_code)]
 
-#[path = "../api/helpers.rs"]
-mod helpers;
-#[path = "../api/pg.rs"]
-mod pg;
 #[path = "../support/db_url.rs"]
 mod db_url;
 #[path = "../support/drain.rs"]
 mod drain;
+#[path = "../api/helpers.rs"]
+mod helpers;
+#[path = "../api/pg.rs"]
+mod pg;
 #[path = "../support/postgres.rs"]
 mod support_pg;
 
@@ -29,10 +29,10 @@ mod auth;
 mod batch;
 #[path = "../api/client.rs"]
 mod client;
-#[path = "../api/console.rs"]
-mod console;
 #[path = "../api/concurrency.rs"]
 mod concurrency;
+#[path = "../api/console.rs"]
+mod console;
 #[path = "../api/demo.rs"]
 mod demo;
 #[path = "../api/errors.rs"]

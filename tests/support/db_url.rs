@@ -14,7 +14,9 @@ pub fn host_port(url: &str) -> String {
     let (head, _, _) = split(url);
     let authority_start = head.find("://").map_or(0, |i| i + 3);
     let authority = &head[authority_start..];
-    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
     if host.contains(':') {
         host.to_owned()
     } else {
@@ -26,7 +28,9 @@ pub fn host_port(url: &str) -> String {
 pub fn with_host_port(url: &str, host_port: &str) -> String {
     let (head, path, query) = split(url);
     let authority_start = head.find("://").map_or(0, |i| i + 3);
-    let userinfo_end = head[authority_start..].rfind('@').map_or(authority_start, |at| authority_start + at + 1);
+    let userinfo_end = head[authority_start..]
+        .rfind('@')
+        .map_or(authority_start, |at| authority_start + at + 1);
     format!("{}{host_port}{path}{query}", &head[..userinfo_end])
 }
 
@@ -34,7 +38,9 @@ pub fn with_host_port(url: &str, host_port: &str) -> String {
 fn split(url: &str) -> (&str, &str, &str) {
     let (base, query) = url.find('?').map_or((url, ""), |i| url.split_at(i));
     let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..].find('/').map_or(base.len(), |i| authority_start + i);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
     let (head, path) = base.split_at(path_start);
     (head, path, query)
 }

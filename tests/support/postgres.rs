@@ -28,7 +28,13 @@ pub fn bindir(preset: Option<PathBuf>, not_found: &str) -> PathBuf {
             .flatten()
             .flatten()
             .filter_map(|entry| {
-                let major: u32 = entry.file_name().to_str()?.split('.').next()?.parse().ok()?;
+                let major: u32 = entry
+                    .file_name()
+                    .to_str()?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()?;
                 let bin = entry.path().join("bin");
                 has_initdb(&bin).then_some((major, bin))
             })
@@ -37,7 +43,13 @@ pub fn bindir(preset: Option<PathBuf>, not_found: &str) -> PathBuf {
         candidates.pop().map(|(_, bin)| bin)
     };
     match preset.or_else(pg_config).or_else(debian) {
-        Some(dir) if ["initdb", "pg_ctl", "postgres"].iter().all(|b| dir.join(b).is_file()) => dir,
+        Some(dir)
+            if ["initdb", "pg_ctl", "postgres"]
+                .iter()
+                .all(|b| dir.join(b).is_file()) =>
+        {
+            dir
+        }
         Some(dir) => panic!("{not_found} (looked in {})", dir.display()),
         None => panic!("{not_found}"),
     }
@@ -47,7 +59,11 @@ pub fn is_root() -> bool {
     // /proc/self is owned by the effective uid of this process (Linux), no extra dependency needed.
     use std::os::unix::fs::MetadataExt;
     static ROOT: OnceLock<bool> = OnceLock::new();
-    *ROOT.get_or_init(|| std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false))
+    *ROOT.get_or_init(|| {
+        std::fs::metadata("/proc/self")
+            .map(|m| m.uid() == 0)
+            .unwrap_or(false)
+    })
 }
 
 /// A command for a PostgreSQL server binary; as root it runs as the `postgres` user,
@@ -81,7 +97,9 @@ pub fn free_port() -> u16 {
 /// watchdog is in its own process group: a Ctrl-C aimed at the test run does not kill it before it
 /// cleans up.
 pub fn watchdog(cleanup: &str, unless_gone: Option<u32>) {
-    let early = unless_gone.map(|pid| format!("kill -0 {pid} 2>/dev/null || exit 0; ")).unwrap_or_default();
+    let early = unless_gone
+        .map(|pid| format!("kill -0 {pid} 2>/dev/null || exit 0; "))
+        .unwrap_or_default();
     let script = format!(
         "while kill -0 {pid} 2>/dev/null; do {early}sleep 1; done; {cleanup}",
         pid = std::process::id()
@@ -105,7 +123,15 @@ pub fn check(what: &str, out: std::io::Result<Output>, log: &Path) -> Result<(),
         return Ok(());
     }
     let server_log = std::fs::read_to_string(log).unwrap_or_default();
-    let tail: String = server_log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    let tail: String = server_log
+        .lines()
+        .rev()
+        .take(30)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
     Err(format!(
         "{what} failed ({}):\nstdout: {}\nstderr: {}\nserver log (tail):\n{tail}",
         out.status,
@@ -126,7 +152,13 @@ fn prepare(bindir: &Path, dir: &Path, cleanup: &str, hint: &str) -> (PathBuf, Pa
     } else {
         shell_quote(&pg_ctl)
     };
-    watchdog(&format!("{stop} -D {} stop -m immediate >/dev/null 2>&1; {cleanup}", shell_quote(&data)), None);
+    watchdog(
+        &format!(
+            "{stop} -D {} stop -m immediate >/dev/null 2>&1; {cleanup}",
+            shell_quote(&data)
+        ),
+        None,
+    );
     if is_root() {
         let status = Command::new("chown")
             .args(["-R", "postgres:"])
@@ -161,15 +193,36 @@ impl Cluster {
         let (pg_ctl, data, log) = prepare(bindir, dir, cleanup, hint);
 
         let mut cmd = pg_command(&bindir.join("initdb"));
-        cmd.arg("-D")
-            .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"]);
+        cmd.arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]);
         check("initdb", cmd.output(), &log).unwrap_or_else(|e| panic!("{e}"));
 
         let port = free_port();
-        let opts = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}", shell_quote(dir));
-        let cluster = Cluster { port, log, data, pg_ctl, opts };
-        check("pg_ctl start", cluster.start_command().output(), &cluster.log).unwrap_or_else(|e| panic!("{e}"));
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}",
+            shell_quote(dir)
+        );
+        let cluster = Cluster {
+            port,
+            log,
+            data,
+            pg_ctl,
+            opts,
+        };
+        check(
+            "pg_ctl start",
+            cluster.start_command().output(),
+            &cluster.log,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         cluster
     }
 
@@ -177,24 +230,58 @@ impl Cluster {
     /// it: the standby then streams through that proxy), made with `pg_basebackup -R` into
     /// `dir/data` and started; `settings` as for [`Cluster::new`]. Once this process is gone, a
     /// watchdog stops it and runs `cleanup`. Panics with what went wrong.
-    pub fn standby_of(bindir: &Path, dir: &Path, source_port: u16, settings: &str, cleanup: &str) -> Cluster {
+    pub fn standby_of(
+        bindir: &Path,
+        dir: &Path,
+        source_port: u16,
+        settings: &str,
+        cleanup: &str,
+    ) -> Cluster {
         std::fs::create_dir_all(dir).expect("create the standby's directory");
         let (pg_ctl, data, log) = prepare(bindir, dir, cleanup, "");
         let mut cmd = pg_command(&bindir.join("pg_basebackup"));
-        cmd.args(["-h", "127.0.0.1", "-p", &source_port.to_string(), "-U", "postgres", "-R", "-X", "stream", "--no-sync", "-D"])
-            .arg(&data);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &source_port.to_string(),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(&data);
         check("pg_basebackup", cmd.output(), &log).unwrap_or_else(|e| panic!("{e}"));
         let port = free_port();
-        let opts = format!("-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}", shell_quote(dir));
-        let cluster = Cluster { port, log, data, pg_ctl, opts };
-        check("pg_ctl start (standby)", cluster.start_command().output(), &cluster.log).unwrap_or_else(|e| panic!("{e}"));
+        let opts = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} {settings}",
+            shell_quote(dir)
+        );
+        let cluster = Cluster {
+            port,
+            log,
+            data,
+            pg_ctl,
+            opts,
+        };
+        check(
+            "pg_ctl start (standby)",
+            cluster.start_command().output(),
+            &cluster.log,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         cluster
     }
 
     /// `pg_ctl promote -w`: the standby ends recovery and becomes a primary.
     pub fn promote_command(&self) -> Command {
         let mut cmd = pg_command(&self.pg_ctl);
-        cmd.arg("-D").arg(&self.data).args(["-w", "-t", "60", "promote"]);
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-t", "60", "promote"]);
         cmd
     }
 
@@ -220,7 +307,9 @@ impl Cluster {
     /// checkpoint, and the next start runs crash recovery.
     pub fn stop_command(&self, mode: &str) -> Command {
         let mut cmd = pg_command(&self.pg_ctl);
-        cmd.arg("-D").arg(&self.data).args(["-w", "-t", "30", "stop", "-m", mode]);
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args(["-w", "-t", "30", "stop", "-m", mode]);
         cmd
     }
 }
@@ -243,38 +332,82 @@ impl TlsFiles {
     pub fn make(dir: &Path, client_cn: &str) -> TlsFiles {
         std::fs::create_dir_all(dir).expect("create the certificates' directory");
         let openssl = |args: &[&str]| {
-            let out = Command::new("openssl").args(args).current_dir(dir).stdin(Stdio::null()).output();
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output();
             match out {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     panic!("the `openssl` command is needed to make test certificates: install it (Debian: apt-get install openssl)")
                 }
                 Err(e) => panic!("cannot run openssl {args:?}: {e}"),
                 Ok(out) if !out.status.success() => {
-                    panic!("openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))
+                    panic!(
+                        "openssl {args:?} failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )
                 }
                 Ok(_) => {}
             }
         };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-        for (name, cn) in [("ca", "fencegate test CA"), ("other-ca", "unrelated test CA")] {
-            let (key, crt, subj) = (format!("{name}.key"), format!("{name}.crt"), format!("/CN={cn}"));
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for (name, cn) in [
+            ("ca", "fencegate test CA"),
+            ("other-ca", "unrelated test CA"),
+        ] {
+            let (key, crt, subj) = (
+                format!("{name}.key"),
+                format!("{name}.crt"),
+                format!("/CN={cn}"),
+            );
             let mut args = vec!["req", "-x509"];
             args.extend(ec);
             args.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
-            args.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+            args.extend([
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
             openssl(&args);
         }
         let leaf = |name: &str, cn: &str, ext: &str| {
-            let (key, csr, crt, subj, ext_file) =
-                (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("/CN={cn}"), format!("{name}.ext"));
+            let (key, csr, crt, subj, ext_file) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.crt"),
+                format!("/CN={cn}"),
+                format!("{name}.ext"),
+            );
             std::fs::write(dir.join(&ext_file), ext).expect("write an extensions file");
             let mut args = vec!["req", "-new"];
             args.extend(ec);
             args.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
             openssl(&args);
             openssl(&[
-                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-set_serial", &format!("{}", 1000 + name.len()),
-                "-days", "2", "-out", &crt, "-extfile", &ext_file,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                &format!("{}", 1000 + name.len()),
+                "-days",
+                "2",
+                "-out",
+                &crt,
+                "-extfile",
+                &ext_file,
             ]);
         };
         leaf(
@@ -286,7 +419,8 @@ impl TlsFiles {
         leaf("client", client_cn, "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n");
         for key in ["ca.key", "other-ca.key", "server.key", "client.key"] {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(dir.join(key), std::fs::Permissions::from_mode(0o600)).expect("chmod 0600 a key");
+            std::fs::set_permissions(dir.join(key), std::fs::Permissions::from_mode(0o600))
+                .expect("chmod 0600 a key");
         }
         TlsFiles {
             ca: dir.join("ca.crt"),
@@ -317,6 +451,10 @@ impl TlsFiles {
 impl Cluster {
     /// A URL to this cluster through its Unix socket in `dir` (no TLS there: local connections).
     pub fn socket_url(&self, dir: &Path, database: &str) -> String {
-        format!("postgres:///{database}?host={}&port={}&user=postgres", dir.display(), self.port)
+        format!(
+            "postgres:///{database}?host={}&port={}&user=postgres",
+            dir.display(),
+            self.port
+        )
     }
 }

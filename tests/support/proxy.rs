@@ -39,12 +39,19 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
         let (state, rx) = watch::channel((Mode::Pass, 0u64));
         let upstream = Arc::new(Mutex::new(upstream));
         let task = tokio::spawn(accept_loop(listener, upstream.clone(), rx));
-        Proxy { port, state, upstream, task }
+        Proxy {
+            port,
+            state,
+            upstream,
+            task,
+        }
     }
 
     /// From now on, connections go to `upstream`; the existing ones are reset.
@@ -64,7 +71,6 @@ impl Proxy {
     pub fn heal(&self) {
         self.state.send_modify(|s| s.0 = Mode::Pass);
     }
-
 }
 
 impl Drop for Proxy {
@@ -75,7 +81,11 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: Arc<Mutex<SocketAddr>>, rx: watch::Receiver<State>) {
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: Arc<Mutex<SocketAddr>>,
+    rx: watch::Receiver<State>,
+) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -120,11 +130,12 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut rx: watch::Rece
         reset_on_close(&client);
         return;
     }
-    let server = match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(upstream)).await {
-        Ok(Ok(server)) => server,
-        // PostgreSQL is down: the client sees its connection closed, as behind any TCP proxy.
-        _ => return,
-    };
+    let server =
+        match tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(upstream)).await {
+            Ok(Ok(server)) => server,
+            // PostgreSQL is down: the client sees its connection closed, as behind any TCP proxy.
+            _ => return,
+        };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (client_r, client_w) = client.into_split();
@@ -138,7 +149,12 @@ async fn connection(client: TcpStream, upstream: SocketAddr, mut rx: watch::Rece
 
 /// Copies one direction. Returns `true` if it ended because of a cut (then the socket it writes
 /// to has been set to reset on close).
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut rx: watch::Receiver<State>, epoch: u64) -> bool {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut rx: watch::Receiver<State>,
+    epoch: u64,
+) -> bool {
     let mut buf = vec![0u8; 32 * 1024];
     let reset = |from: &OwnedReadHalf, to: &OwnedWriteHalf| {
         reset_on_close(from.as_ref());

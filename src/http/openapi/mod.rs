@@ -76,7 +76,9 @@ impl Modify for Security {
         components.add_security_scheme("bearer", SecurityScheme::Http(bearer));
         // Every problem type there is, as the values of `type` (per response: the ones it has).
         if let Some(RefOr::T(Schema::Object(problem))) = components.schemas.get_mut("Problem") {
-            problem.properties.insert("type".into(), type_enum(kinds::ALL).into());
+            problem
+                .properties
+                .insert("type".into(), type_enum(kinds::ALL).into());
         }
     }
 }
@@ -95,7 +97,14 @@ pub struct Served(pub axum::body::Bytes);
 )]
 pub async fn openapi_json(Extension(doc): Extension<Served>) -> Response {
     // A clone of `Bytes` shares the one document: an open route must not copy it per request.
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], doc.0).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        doc.0,
+    )
+        .into_response()
 }
 
 const DOCS_HTML: &str = include_str!("docs/index.html");
@@ -129,5 +138,9 @@ fn docs_page() -> &'static (String, String) {
 )]
 pub async fn docs() -> Response {
     let (page, csp) = docs_page();
-    super::embedded::page(page, "text/html; charset=utf-8", HeaderValue::from_str(csp).expect("the policy is ASCII"))
+    super::embedded::page(
+        page,
+        "text/html; charset=utf-8",
+        HeaderValue::from_str(csp).expect("the policy is ASCII"),
+    )
 }

@@ -15,11 +15,20 @@ use crate::{
     http::extract::{KeyPath, Proof, ScopeHeader, ScopePath, Token},
 };
 
-fn header_param(name: &str, required: bool, schema: impl Into<RefOr<Schema>>, description: &str) -> Parameter {
+fn header_param(
+    name: &str,
+    required: bool,
+    schema: impl Into<RefOr<Schema>>,
+    description: &str,
+) -> Parameter {
     ParameterBuilder::new()
         .name(name)
         .parameter_in(ParameterIn::Header)
-        .required(if required { Required::True } else { Required::False })
+        .required(if required {
+            Required::True
+        } else {
+            Required::False
+        })
         .description(Some(description))
         .schema(Some(schema))
         .build()
@@ -31,7 +40,11 @@ fn path_param(name: &str, description: &str) -> Parameter {
         .parameter_in(ParameterIn::Path)
         .required(Required::True)
         .description(Some(description))
-        .schema(Some(ObjectBuilder::new().schema_type(Type::String).min_length(Some(1))))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1)),
+        ))
         .build()
 }
 
@@ -52,7 +65,9 @@ impl IntoParams for ScopeHeader {
         vec![header_param(
             "X-Fencing-Scope",
             false,
-            ObjectBuilder::new().schema_type(Type::String).min_length(Some(1)),
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1)),
             "Write under this scope's fence (normally the lock's name) instead of the key's own. \
              Percent-decoded like a path segment (caf%C3%A9 is café). Invalid: 400 invalid-scope.",
         )]
@@ -84,7 +99,10 @@ impl IntoParams for KeyPath {
 
 impl IntoParams for ScopePath {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        vec![path_param("scope", "The scope: one percent-decoded path segment, the rules of a key.")]
+        vec![path_param(
+            "scope",
+            "The scope: one percent-decoded path segment, the rules of a key.",
+        )]
     }
 }
 
@@ -93,7 +111,10 @@ pub struct LockName;
 
 impl IntoParams for LockName {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-        vec![path_param("name", "The lock's name, also the scope its tokens fence: the rules of a key.")]
+        vec![path_param(
+            "name",
+            "The lock's name, also the scope its tokens fence: the rules of a key.",
+        )]
     }
 }
 

@@ -14,9 +14,10 @@ use crate::http::problem::{kinds, ProblemType};
 
 /// A string that is one of these problem types' URIs.
 pub(super) fn type_enum(kinds: &[ProblemType]) -> ObjectBuilder {
-    ObjectBuilder::new().schema_type(Type::String).enum_values(Some(kinds.iter().map(ProblemType::uri)))
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(kinds.iter().map(ProblemType::uri)))
 }
-
 
 /// Each operation's security and its credential's refusals (401, 403), from its route's
 /// access (`routes::ALL`): the one place a route is open or guarded, here as in the gate.
@@ -26,18 +27,29 @@ pub fn describe_access(doc: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::SecurityRequirement;
     for (path, item) in doc.paths.paths.iter_mut() {
         let access = routes::access(Some(path));
-        let operations = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
         for operation in operations.into_iter().flatten() {
             let open = SecurityRequirement::default();
             match access {
                 Access::Probe | Access::Open => operation.security = Some(vec![open]),
                 Access::Metrics => {
-                    operation.security = Some(vec![open, SecurityRequirement::new("bearer", Vec::<String>::new())])
+                    operation.security = Some(vec![
+                        open,
+                        SecurityRequirement::new("bearer", Vec::<String>::new()),
+                    ])
                 }
                 Access::Guarded => {}
             }
             if matches!(access, Access::Metrics | Access::Guarded) {
-                for (status, response) in problem_responses(&[kinds::UNAUTHENTICATED, kinds::FORBIDDEN]) {
+                for (status, response) in
+                    problem_responses(&[kinds::UNAUTHENTICATED, kinds::FORBIDDEN])
+                {
                     let listed = operation.responses.responses.insert(status, response);
                     assert!(listed.is_none(), "{path}: the credential's refusals are the route's access, not its handler's");
                 }
@@ -58,14 +70,22 @@ pub fn problem_responses(kinds: &[ProblemType]) -> BTreeMap<String, RefOr<ApiRes
     by_status
         .into_iter()
         .map(|(status, kinds)| {
-            let names: Vec<String> = kinds.iter().map(|k| format!("{} ({})", k.slug, k.title)).collect();
+            let names: Vec<String> = kinds
+                .iter()
+                .map(|k| format!("{} ({})", k.slug, k.title))
+                .collect();
             let schema = AllOfBuilder::new()
                 .item(Ref::from_schema_name("Problem"))
                 .item(ObjectBuilder::new().property("type", type_enum(&kinds)))
                 .build();
             let response = ResponseBuilder::new()
                 .description(names.join("; "))
-                .content("application/problem+json", ContentBuilder::new().schema(Some(Schema::AllOf(schema))).build())
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Schema::AllOf(schema)))
+                        .build(),
+                )
                 .build();
             (status.to_string(), RefOr::T(response))
         })

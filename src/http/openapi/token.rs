@@ -22,7 +22,9 @@ impl PartialSchema for FencingToken {
             .schema_type(Type::String)
             .pattern(Some(TOKEN_PATTERN))
             .max_length(Some(19))
-            .description(Some("A fencing token: a canonical decimal in 0..=9223372036854775807, as a string."))
+            .description(Some(
+                "A fencing token: a canonical decimal in 0..=9223372036854775807, as a string.",
+            ))
             .examples(["42"])
             .into()
     }

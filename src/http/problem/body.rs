@@ -95,8 +95,13 @@ impl ApiError {
     /// The problem this error answers with.
     pub(super) fn body(&self) -> Problem<'_> {
         let kind = self.kind();
-        let mut body =
-            Problem { r#type: kind.uri(), title: kind.title, status: kind.status, detail: self.detail(), ..Problem::default() };
+        let mut body = Problem {
+            r#type: kind.uri(),
+            title: kind.title,
+            status: kind.status,
+            detail: self.detail(),
+            ..Problem::default()
+        };
         match self {
             ApiError::Stale(stale) => body.stale(stale),
             ApiError::ScopeMismatch(m) => {
@@ -117,7 +122,11 @@ impl ApiError {
             }
             ApiError::Row(err) => {
                 body.column = err.column();
-                if let RowError::Value { constraint: Some(constraint), .. } = err {
+                if let RowError::Value {
+                    constraint: Some(constraint),
+                    ..
+                } = err
+                {
                     body.constraint = Some(constraint);
                 }
             }
@@ -125,7 +134,10 @@ impl ApiError {
                 body.scope = Some(Some(scope));
                 body.issuer = Some(issuer);
             }
-            ApiError::LockHeld { owner, remaining_ms } => {
+            ApiError::LockHeld {
+                owner,
+                remaining_ms,
+            } => {
                 body.holder = Some(owner);
                 body.remaining_ms = Some(*remaining_ms);
             }
@@ -145,7 +157,9 @@ impl ApiError {
                     }
                 }
             }
-            ApiError::LockLost { current: Some(holder) } => {
+            ApiError::LockLost {
+                current: Some(holder),
+            } => {
                 body.holder = Some(&holder.owner);
                 body.remaining_ms = Some(holder.remaining_ms);
             }
@@ -178,8 +192,16 @@ impl<'a> Problem<'a> {
         let keys: Vec<StaleKey> = stale
             .iter()
             .filter_map(|s| match &s.fenced {
-                Fenced::Key(key) => Some(StaleKey { current_token: s.current, key: key.as_str(), resource: None }),
-                Fenced::Row { resource, key } => Some(StaleKey { current_token: s.current, key, resource: Some(resource) }),
+                Fenced::Key(key) => Some(StaleKey {
+                    current_token: s.current,
+                    key: key.as_str(),
+                    resource: None,
+                }),
+                Fenced::Row { resource, key } => Some(StaleKey {
+                    current_token: s.current,
+                    key,
+                    resource: Some(resource),
+                }),
                 Fenced::Scope(_) => None,
             })
             .collect();

@@ -87,7 +87,9 @@ pub enum ApiError {
     #[error("lock is held by {owner:?} for {remaining_ms} ms more")]
     LockHeld { owner: String, remaining_ms: i64 },
     #[error("the lease is lost: it expired, was released, or was taken over")]
-    LockLost { current: Option<crate::locks::Holder> },
+    LockLost {
+        current: Option<crate::locks::Holder>,
+    },
     /// A legacy-table request refused for what it sent (see `tables::RowError`).
     #[error(transparent)]
     Row(#[from] RowError),
@@ -96,7 +98,10 @@ pub enum ApiError {
     Unauthenticated(crate::auth::Unauthenticated),
     /// A valid credential without `right` on the name (`None`: on everything, e.g. admin).
     #[error("forbidden")]
-    Forbidden { right: crate::auth::Right, refused: Option<(super::auth::Named, String)> },
+    Forbidden {
+        right: crate::auth::Right,
+        refused: Option<(super::auth::Named, String)>,
+    },
     /// A renew or release of the live lease of `lock`, which another actor took (auth on).
     #[error("the lease of lock {0:?} was taken by another actor; only that actor (or an admin) may renew or release it; nothing was changed")]
     ForeignLease(String),
@@ -148,7 +153,12 @@ impl ApiError {
             LockLost { .. } => kinds::LOCK_LOST,
             Unauthenticated(_) => kinds::UNAUTHENTICATED,
             Forbidden { .. } | ForeignLease(_) => kinds::FORBIDDEN,
-            Timeout | Overloaded | BufferFull | Store(StoreError::Unavailable(_)) | Store(StoreError::Raced(_)) | Store(StoreError::NotReady(_)) => kinds::UNAVAILABLE,
+            Timeout
+            | Overloaded
+            | BufferFull
+            | Store(StoreError::Unavailable(_))
+            | Store(StoreError::Raced(_))
+            | Store(StoreError::NotReady(_)) => kinds::UNAVAILABLE,
             Store(_) | Internal(_) => kinds::INTERNAL,
         }
     }
@@ -163,22 +173,29 @@ impl IntoResponse for ApiError {
             let text = self.to_string();
             // The source's text, unless the message already quotes it (most do).
             match std::error::Error::source(&self).map(|source| source.to_string()) {
-                Some(source) if !text.contains(&source) => super::ServerFailure(format!("{text}: {source}")),
+                Some(source) if !text.contains(&source) => {
+                    super::ServerFailure(format!("{text}: {source}"))
+                }
                 _ => super::ServerFailure(text),
             }
         });
         match &self {
             ApiError::Unauthenticated(why) => {
-                metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason()).increment(1);
+                metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason())
+                    .increment(1);
             }
             ApiError::ForeignLease(_) | ApiError::Forbidden { .. } => {
-                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden").increment(1);
+                metrics::counter!("fencegate_auth_failures_total", "reason" => "forbidden")
+                    .increment(1);
             }
             _ => {}
         }
         let mut response = (status, axum::Json(self.body())).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
@@ -225,10 +242,16 @@ impl ApiError {
             ApiError::NotIssued(refused) => Refused::NotIssued(refused),
             ApiError::Jump(refused) => Refused::Jump(refused),
             ApiError::ScopeMismatch(mismatch) => Refused::Mismatch(mismatch),
-            ApiError::Proof(ProofError::Missing { scope, issuer }) => {
-                Refused::BadProof { scope: Some(scope), issuer, why: "no X-Fencing-Proof".into() }
-            }
-            ApiError::Proof(ProofError::Invalid { issuer, why }) => Refused::BadProof { scope: None, issuer, why: why.into() },
+            ApiError::Proof(ProofError::Missing { scope, issuer }) => Refused::BadProof {
+                scope: Some(scope),
+                issuer,
+                why: "no X-Fencing-Proof".into(),
+            },
+            ApiError::Proof(ProofError::Invalid { issuer, why }) => Refused::BadProof {
+                scope: None,
+                issuer,
+                why: why.into(),
+            },
             _ => return None,
         })
     }

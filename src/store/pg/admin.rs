@@ -19,7 +19,10 @@ use super::PgStore;
 use crate::{
     fence::{FencingToken, HighWater, Key, Scope},
     store::{
-        admin::{decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget, RESET_POLL},
+        admin::{
+            decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone,
+            ResetRefused, ResetTarget, RESET_POLL,
+        },
         backend::AdminStore,
         decode::audit_entry,
         token_from_db, StoreError,
@@ -54,7 +57,13 @@ impl AdminStore for PgStore {
             ResetTarget::Scope(scope) => reset_scope(&mut tx, reset, scope).await?,
             ResetTarget::Key(key) => reset_key(&mut tx, reset, key).await?,
             ResetTarget::Row { resource, .. } => {
-                self.reset_row(&mut tx, reset, resource, row_key.as_deref().unwrap_or_default()).await?
+                self.reset_row(
+                    &mut tx,
+                    reset,
+                    resource,
+                    row_key.as_deref().unwrap_or_default(),
+                )
+                .await?
             }
             ResetTarget::Lock(name) => retire_lock(&mut tx, name).await?,
         };
@@ -68,13 +77,19 @@ impl AdminStore for PgStore {
         };
         let audit_id = insert_audit(&mut tx, reset, &change).await?;
         // Delivered to every listening process when (and only if) this commits.
-        sqlx::query("SELECT pg_notify('fencegate_reset', $1)").bind(audit_id.to_string()).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_notify('fencegate_reset', $1)")
+            .bind(audit_id.to_string())
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         conn.done();
         Ok(Ok(change.done(reset, audit_id)))
     }
 
-    async fn rebind(&self, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+    async fn rebind(
+        &self,
+        rebind: &Rebind,
+    ) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let done = rebind_in(&mut tx, rebind).await?;
@@ -88,14 +103,19 @@ impl AdminStore for PgStore {
 
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let rows = sqlx::query(AUDIT_SELECT).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
+        let rows = sqlx::query(AUDIT_SELECT)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
         conn.done();
         rows.iter().map(audit_entry).collect()
     }
 
     async fn newest_audit_id(&self) -> Result<i64, StoreError> {
         let mut conn = self.conns.take().await?;
-        let id: i64 = sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit").fetch_one(&mut *conn).await?;
+        let id: i64 = sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit")
+            .fetch_one(&mut *conn)
+            .await?;
         conn.done();
         Ok(id)
     }
@@ -107,7 +127,9 @@ impl AdminStore for PgStore {
         let options = self.listener_options();
         Some(tokio::spawn(async move {
             loop {
-                let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_lazy_with(options.clone());
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect_lazy_with(options.clone());
                 match sqlx::postgres::PgListener::connect_with(&pool).await {
                     Ok(mut listener) => {
                         if let Err(err) = listener.listen("fencegate_reset").await {
@@ -128,7 +150,9 @@ impl AdminStore for PgStore {
                             }
                         }
                     }
-                    Err(err) => tracing::debug!(error = %err, "cannot connect the reset listener; retrying"),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "cannot connect the reset listener; retrying")
+                    }
                 }
                 tokio::time::sleep(RESET_POLL).await;
             }
@@ -138,34 +162,57 @@ impl AdminStore for PgStore {
 
 /// Retires the lock `name`: its grants no longer speak for the scope's tokens, its lease
 /// (if any) ends. The token stays: `from` and `to` are both the lock's latest grant.
-async fn retire_lock(tx: &mut PgConnection, name: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn retire_lock(
+    tx: &mut PgConnection,
+    name: &Scope,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let row = sqlx::query("SELECT token, retired FROM fencegate_locks WHERE name = $1 FOR UPDATE")
         .bind(name.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     let Some(row) = row else {
-        return Ok(Err(ResetRefused::NotFound(format!("the built-in lock {:?} was never granted", name.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "the built-in lock {:?} was never granted",
+            name.as_str()
+        ))));
     };
     let token = token_from_db(row.try_get(0)?)?;
     if row.try_get::<bool, _>(1)? {
-        return Ok(Err(ResetRefused::Invalid(format!("the lock {:?} is retired already", name.as_str()))));
+        return Ok(Err(ResetRefused::Invalid(format!(
+            "the lock {:?} is retired already",
+            name.as_str()
+        ))));
     }
     sqlx::query("UPDATE fencegate_locks SET retired = TRUE, owner = NULL, actor = NULL, expires_at = NULL WHERE name = $1")
     .bind(name.as_str())
     .execute(&mut *tx)
     .await?;
     let name = name.as_str().to_owned();
-    Ok(Ok(Change { name, resource: None, from: token, to: token, from_scope: None, to_scope: None }))
+    Ok(Ok(Change {
+        name,
+        resource: None,
+        from: token,
+        to: token,
+        from_scope: None,
+        to_scope: None,
+    }))
 }
 
-async fn reset_scope(tx: &mut PgConnection, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn reset_scope(
+    tx: &mut PgConnection,
+    reset: &Reset,
+    scope: &Scope,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let current: Option<i64> =
         sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE")
             .bind(scope.as_str())
             .fetch_optional(&mut *tx)
             .await?;
     let Some(current) = current else {
-        return Ok(Err(ResetRefused::NotFound(format!("no fence for scope {:?}", scope.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "no fence for scope {:?}",
+            scope.as_str()
+        ))));
     };
     let from = token_from_db(current)?;
     let (to, _) = match decide(reset, from, None) {
@@ -177,16 +224,30 @@ async fn reset_scope(tx: &mut PgConnection, reset: &Reset, scope: &Scope) -> Res
     .bind(to.get())
     .execute(&mut *tx)
     .await?;
-    Ok(Ok(Change { name: scope.as_str().to_owned(), resource: None, from, to, from_scope: None, to_scope: None }))
+    Ok(Ok(Change {
+        name: scope.as_str().to_owned(),
+        resource: None,
+        from,
+        to,
+        from_scope: None,
+        to_scope: None,
+    }))
 }
 
-async fn reset_key(tx: &mut PgConnection, reset: &Reset, key: &Key) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn reset_key(
+    tx: &mut PgConnection,
+    reset: &Reset,
+    key: &Key,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let row = sqlx::query("SELECT key_fence, scope FROM fencegate_kv WHERE key = $1 FOR UPDATE")
         .bind(key.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     let Some(row) = row else {
-        return Ok(Err(ResetRefused::NotFound(format!("key {:?} was never written", key.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "key {:?} was never written",
+            key.as_str()
+        ))));
     };
     let from = token_from_db(row.try_get(0)?)?;
     let from_scope: Option<String> = row.try_get(1)?;
@@ -200,12 +261,31 @@ async fn reset_key(tx: &mut PgConnection, reset: &Reset, key: &Key) -> Result<Re
         .bind(&to_scope)
         .execute(&mut *tx)
         .await?;
-    Ok(Ok(Change { name: key.as_str().to_owned(), resource: None, from, to, from_scope, to_scope }))
+    Ok(Ok(Change {
+        name: key.as_str().to_owned(),
+        resource: None,
+        from,
+        to,
+        from_scope,
+        to_scope,
+    }))
 }
 
 /// The reset's audit row, in the reset's transaction; its id.
-async fn insert_audit(tx: &mut PgConnection, reset: &Reset, change: &Change) -> Result<i64, StoreError> {
-    audit_row(tx, &reset.actor, reset.target.action(), reset.target.kind(), change, &reset.reason).await
+async fn insert_audit(
+    tx: &mut PgConnection,
+    reset: &Reset,
+    change: &Change,
+) -> Result<i64, StoreError> {
+    audit_row(
+        tx,
+        &reset.actor,
+        reset.target.action(),
+        reset.target.kind(),
+        change,
+        &reset.reason,
+    )
+    .await
 }
 
 async fn audit_row(
@@ -232,7 +312,10 @@ async fn audit_row(
 }
 
 /// Rebinds and audits, in `tx` (not committed here).
-async fn rebind_in(tx: &mut PgConnection, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+async fn rebind_in(
+    tx: &mut PgConnection,
+    rebind: &Rebind,
+) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
     let scope = rebind.scope.as_ref().map(|s| s.as_str());
     let (rebound, target, name, resource) = match &rebind.target {
         RebindTarget::Keys { prefix } => {
@@ -251,7 +334,12 @@ async fn rebind_in(tx: &mut PgConnection, rebind: &Rebind) -> Result<Result<Rebi
                 .bind(scope)
                 .execute(&mut *tx)
                 .await?;
-            (done.rows_affected(), "table", String::new(), Some(resource.name.clone()))
+            (
+                done.rows_affected(),
+                "table",
+                String::new(),
+                Some(resource.name.clone()),
+            )
         }
     };
     // The tokens of a rebind are not changed: 0 and 0 in the audit row.

@@ -18,7 +18,9 @@ pub(super) struct WorkQueue<J> {
 
 impl<J> Clone for WorkQueue<J> {
     fn clone(&self) -> Self {
-        WorkQueue { queue: self.queue.clone() }
+        WorkQueue {
+            queue: self.queue.clone(),
+        }
     }
 }
 
@@ -45,12 +47,19 @@ impl<J: Send + 'static> WorkQueue<J> {
     }
 
     /// Queues the request `job` builds around its reply channel, and waits for the reply.
-    pub(super) async fn ask<T>(&self, job: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J) -> Result<T, StoreError> {
+    pub(super) async fn ask<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J,
+    ) -> Result<T, StoreError> {
         let (reply, outcome) = oneshot::channel();
         if self.queue.send(job(reply)).await.is_err() {
-            return Err(StoreError::unavailable("the work queue is closed (shutting down)"));
+            return Err(StoreError::unavailable(
+                "the work queue is closed (shutting down)",
+            ));
         }
-        outcome.await.unwrap_or(Err(StoreError::unavailable("the worker running this statement is gone")))
+        outcome.await.unwrap_or(Err(StoreError::unavailable(
+            "the worker running this statement is gone",
+        )))
     }
 }
 
@@ -102,17 +111,33 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_batch_fails_its_callers_and_the_worker_serves_the_next() {
         // One worker: if the panic killed it, the second ask would never be answered.
-        let queue = WorkQueue::start(1, 8, |jobs: Vec<(u32, oneshot::Sender<Result<u32, StoreError>>)>| async move {
-            for (n, reply) in jobs {
-                if n == 0 {
-                    panic!("job 0 panics");
+        let queue = WorkQueue::start(
+            1,
+            8,
+            |jobs: Vec<(u32, oneshot::Sender<Result<u32, StoreError>>)>| async move {
+                for (n, reply) in jobs {
+                    if n == 0 {
+                        panic!("job 0 panics");
+                    }
+                    let _ = reply.send(Ok(n * 2));
                 }
-                let _ = reply.send(Ok(n * 2));
-            }
-        });
+            },
+        );
         let failed = queue.ask(|reply| (0, reply)).await;
-        assert!(matches!(failed, Err(StoreError::Unavailable(_))), "{failed:?}");
-        let served = tokio::time::timeout(std::time::Duration::from_secs(5), queue.ask(|reply| (21, reply))).await;
-        assert_eq!(served.expect("the worker survived the panic").expect("served"), 42);
+        assert!(
+            matches!(failed, Err(StoreError::Unavailable(_))),
+            "{failed:?}"
+        );
+        let served = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            queue.ask(|reply| (21, reply)),
+        )
+        .await;
+        assert_eq!(
+            served
+                .expect("the worker survived the panic")
+                .expect("served"),
+            42
+        );
     }
 }

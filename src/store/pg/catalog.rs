@@ -16,16 +16,40 @@ use crate::{
 
 /// fencegate's own tables (and anything in its schema): writing them through `/v1/tables`
 /// would forge fences.
-const OWN_TABLES: [&str; 5] = ["fencegate_kv", "fencegate_fences", "fencegate_ledger", "fencegate_locks", "_sqlx_migrations"];
+const OWN_TABLES: [&str; 5] = [
+    "fencegate_kv",
+    "fencegate_fences",
+    "fencegate_ledger",
+    "fencegate_locks",
+    "_sqlx_migrations",
+];
 
 /// Key types whose output function is canonical (equal values print the same), so the printed
 /// key can identify the row's fence. Floats (-0 = 0), citext and friends are not.
-const CANONICAL_KEY_TYPES: [&str; 12] =
-    ["int2", "int4", "int8", "text", "varchar", "bpchar", "uuid", "date", "timestamp", "timestamptz", "bool", "numeric"];
+const CANONICAL_KEY_TYPES: [&str; 12] = [
+    "int2",
+    "int4",
+    "int8",
+    "text",
+    "varchar",
+    "bpchar",
+    "uuid",
+    "date",
+    "timestamp",
+    "timestamptz",
+    "bool",
+    "numeric",
+];
 
-pub async fn load(pool: &PgPool, own_schema: &str, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
+pub async fn load(
+    pool: &PgPool,
+    own_schema: &str,
+    settings: &[ResourceSettings],
+) -> anyhow::Result<Resources> {
     let mut conn = pool.acquire().await?;
-    let ledger: bool = sqlx::query_scalar("SELECT to_regclass('fencegate_ledger') IS NOT NULL").fetch_one(&mut *conn).await?;
+    let ledger: bool = sqlx::query_scalar("SELECT to_regclass('fencegate_ledger') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
     if !ledger {
         anyhow::bail!("[[resources]] need the table fencegate_ledger: run `fencegate migrate` (or set database.migrate_on_start)");
     }
@@ -53,7 +77,11 @@ struct CatalogColumn {
 }
 
 /// `Ok(Err(problem))` is a bad resource; `Err` is a database failure.
-async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceSettings) -> anyhow::Result<Result<Resource, String>> {
+async fn inspect(
+    conn: &mut PgConnection,
+    own_schema: &str,
+    settings: &ResourceSettings,
+) -> anyhow::Result<Result<Resource, String>> {
     let (schema, table) = settings.schema_and_table();
     let relation = sqlx::query(
         "SELECT c.oid::int8, c.relkind::text, quote_ident(n.nspname) || '.' || quote_ident(c.relname),
@@ -83,10 +111,14 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
             "S" => "a sequence",
             _ => "not a table",
         };
-        return Ok(Err(format!("{qualified} is {what}; only ordinary and partitioned tables can be fenced")));
+        return Ok(Err(format!(
+            "{qualified} is {what}; only ordinary and partitioned tables can be fenced"
+        )));
     }
     if OWN_TABLES.contains(&table) || schema == own_schema {
-        return Ok(Err(format!("{qualified} is one of fencegate's own tables (in its schema {own_schema:?})")));
+        return Ok(Err(format!(
+            "{qualified} is one of fencegate's own tables (in its schema {own_schema:?})"
+        )));
     }
     let missing: Vec<&str> = ["SELECT", "INSERT", "UPDATE", "DELETE"]
         .iter()
@@ -97,17 +129,29 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
         })
         .collect();
     if !missing.is_empty() {
-        return Ok(Err(format!("fencegate's database role lacks {} on {qualified}", missing.join(", "))));
+        return Ok(Err(format!(
+            "fencegate's database role lacks {} on {qualified}",
+            missing.join(", ")
+        )));
     }
 
     let columns = columns(conn, oid).await?;
-    let names = || columns.iter().map(|c| c.column.name.as_str()).collect::<Vec<_>>().join(", ");
+    let names = || {
+        columns
+            .iter()
+            .map(|c| c.column.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let find = |name: &str| columns.iter().position(|c| c.column.name == name);
 
     let mut key = Vec::with_capacity(settings.key.len());
     for name in &settings.key {
         let Some(index) = find(name) else {
-            return Ok(Err(format!("key column {name:?} does not exist in {qualified} (its columns: {})", names())));
+            return Ok(Err(format!(
+                "key column {name:?} does not exist in {qualified} (its columns: {})",
+                names()
+            )));
         };
         let c = &columns[index];
         if !(CANONICAL_KEY_TYPES.contains(&c.base_type.as_str()) || c.base_kind == "e") {
@@ -138,10 +182,28 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
     .fetch_all(&mut *conn)
     .await?;
     let wanted: BTreeSet<i32> = key.iter().map(|&i| i32::from(columns[i].attnum)).collect();
-    if !unique.iter().any(|cols| cols.iter().copied().collect::<BTreeSet<_>>() == wanted) {
-        let by_num = |n: i32| columns.iter().find(|c| i32::from(c.attnum) == n).map_or("?", |c| c.column.name.as_str());
-        let keys: Vec<String> =
-            unique.iter().map(|cols| format!("({})", cols.iter().map(|&n| by_num(n)).collect::<Vec<_>>().join(", "))).collect();
+    if !unique
+        .iter()
+        .any(|cols| cols.iter().copied().collect::<BTreeSet<_>>() == wanted)
+    {
+        let by_num = |n: i32| {
+            columns
+                .iter()
+                .find(|c| i32::from(c.attnum) == n)
+                .map_or("?", |c| c.column.name.as_str())
+        };
+        let keys: Vec<String> = unique
+            .iter()
+            .map(|cols| {
+                format!(
+                    "({})",
+                    cols.iter()
+                        .map(|&n| by_num(n))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+            .collect();
         return Ok(Err(format!(
             "key ({}) is not the primary key or a unique key of {qualified} (unique, non-partial, not deferrable); \
              its unique keys are: {}",
@@ -152,10 +214,15 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
 
     let fence = match (settings.fence, &settings.fence_column) {
         (FenceMode::Ledger, _) => Fence::Ledger,
-        (FenceMode::Column, None) => return Ok(Err("fence = \"column\" needs fence_column".into())),
+        (FenceMode::Column, None) => {
+            return Ok(Err("fence = \"column\" needs fence_column".into()))
+        }
         (FenceMode::Column, Some(name)) => {
             let Some(index) = find(name) else {
-                return Ok(Err(format!("fence column {name:?} does not exist in {qualified} (its columns: {})", names())));
+                return Ok(Err(format!(
+                    "fence column {name:?} does not exist in {qualified} (its columns: {})",
+                    names()
+                )));
             };
             let c = &columns[index];
             let max = match c.base_type.as_str() {
@@ -170,7 +237,9 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
                 }
             };
             if let Some(why) = c.column.read_only {
-                return Ok(Err(format!("fence column {name:?} is {why}; fencegate must be able to write it")));
+                return Ok(Err(format!(
+                    "fence column {name:?} is {why}; fencegate must be able to write it"
+                )));
             }
             Fence::Column { column: index, max }
         }
@@ -186,7 +255,9 @@ async fn inspect(conn: &mut PgConnection, own_schema: &str, settings: &ResourceS
         fence,
         rule: Rule::from_strict(settings.strict),
         // Its length was checked against kv.max_key_bytes by `tables::validate`.
-        scope: settings.bound_scope(usize::MAX).map_err(|e| anyhow::anyhow!(e))?,
+        scope: settings
+            .bound_scope(usize::MAX)
+            .map_err(|e| anyhow::anyhow!(e))?,
         guard: settings.guard,
     }))
 }
@@ -196,7 +267,9 @@ async fn columns(conn: &mut PgConnection, oid: i64) -> anyhow::Result<Vec<Catalo
     // pg_catalog on it, user types come out schema-qualified and mean the same on every
     // connection, whatever its search_path.
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    sqlx::query("SET LOCAL search_path = pg_catalog").execute(&mut *tx).await?;
+    sqlx::query("SET LOCAL search_path = pg_catalog")
+        .execute(&mut *tx)
+        .await?;
     let rows = sqlx::query(
         "SELECT a.attnum, a.attname::text, format_type(a.atttypid, a.atttypmod),
                 bt.typname::text, bt.typtype::text, a.attidentity::text, a.attgenerated::text,
@@ -231,7 +304,11 @@ async fn columns(conn: &mut PgConnection, oid: i64) -> anyhow::Result<Vec<Catalo
                     sql_type: row.try_get(2)?,
                     read_only,
                     identity: !identity.is_empty(),
-                    key_text: if base_type == "numeric" { KeyText::TrimScale } else { KeyText::Output },
+                    key_text: if base_type == "numeric" {
+                        KeyText::TrimScale
+                    } else {
+                        KeyText::Output
+                    },
                 },
                 base_type,
                 base_kind: row.try_get(4)?,

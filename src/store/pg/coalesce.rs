@@ -79,7 +79,12 @@ fn statement<'a>(sql: &'a ByRule<Statements>, round: &Round) -> &'a str {
 }
 
 impl Coalescer {
-    pub(super) fn start(conns: Arc<Connections>, sql: Arc<ByRule<Statements>>, workers: usize, max_rows: usize) -> Self {
+    pub(super) fn start(
+        conns: Arc<Connections>,
+        sql: Arc<ByRule<Statements>>,
+        workers: usize,
+        max_rows: usize,
+    ) -> Self {
         let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<Job>| {
             let (conns, sql) = (conns.clone(), sql.clone());
             async move {
@@ -99,7 +104,16 @@ impl Coalescer {
         rule: Rule,
         scope: Option<Scope>,
     ) -> Result<Option<i64>, StoreError> {
-        self.queue.ask(|reply| Job { key, value, token, rule, scope, reply }).await
+        self.queue
+            .ask(|reply| Job {
+                key,
+                value,
+                token,
+                rule,
+                scope,
+                reply,
+            })
+            .await
     }
 }
 
@@ -121,7 +135,10 @@ impl Round {
 fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
     if jobs.len() == 1 {
         // A lone write, the usual case at low load: nothing to order or split.
-        return vec![Round { rule: jobs[0].rule, jobs }];
+        return vec![Round {
+            rule: jobs[0].rule,
+            jobs,
+        }];
     }
     jobs.sort_by_key(|job| job.token); // stable: equal tokens keep their arrival order
     let mut rounds = Vec::new();
@@ -140,7 +157,8 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
                     }
                     // The scope's claim in this round is for this token: one more write under
                     // it, if the rule admits a token equal to the fence the claim leaves.
-                    Entry::Occupied(claim) if *claim.get() == job.token && rule.accepts(job.token, *claim.get()) => {}
+                    Entry::Occupied(claim)
+                        if *claim.get() == job.token && rule.accepts(job.token, *claim.get()) => {}
                     Entry::Occupied(_) => return false,
                 }
             }
@@ -156,7 +174,8 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
 /// Applies the rounds and replies to every write, each only after its commit: the unscoped
 /// rounds together (one transaction), then each scoped round on its own.
 async fn run_rounds(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round>) {
-    let (unscoped, scoped): (Vec<Round>, Vec<Round>) = rounds.into_iter().partition(|round| !round.scoped());
+    let (unscoped, scoped): (Vec<Round>, Vec<Round>) =
+        rounds.into_iter().partition(|round| !round.scoped());
     if !unscoped.is_empty() {
         settle(conns, sql, unscoped).await;
     }
@@ -204,7 +223,15 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                 None => {
                     for round in rest {
                         for job in round.jobs {
-                            Box::pin(settle(conns, sql, vec![Round { rule: round.rule, jobs: vec![job] }])).await;
+                            Box::pin(settle(
+                                conns,
+                                sql,
+                                vec![Round {
+                                    rule: round.rule,
+                                    jobs: vec![job],
+                                }],
+                            ))
+                            .await;
                         }
                     }
                 }
@@ -219,7 +246,15 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
             for round in rounds {
                 for job in round.jobs {
                     // A lone write is never retried again: this recursion is one level deep.
-                    Box::pin(settle(conns, sql, vec![Round { rule: round.rule, jobs: vec![job] }])).await;
+                    Box::pin(settle(
+                        conns,
+                        sql,
+                        vec![Round {
+                            rule: round.rule,
+                            jobs: vec![job],
+                        }],
+                    ))
+                    .await;
                 }
             }
         }
@@ -245,8 +280,9 @@ fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
     let mut refused = Vec::new();
     for round in rounds.iter_mut() {
         let jobs = std::mem::take(&mut round.jobs);
-        let (out, kept): (Vec<Job>, Vec<Job>) =
-            jobs.into_iter().partition(|job| job.token.get() == token && job.key.as_str() == key);
+        let (out, kept): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|job| job.token.get() == token && job.key.as_str() == key);
         refused.extend(out);
         round.jobs = kept;
     }
@@ -268,14 +304,22 @@ fn refused_whole(err: &StoreError) -> bool {
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
 /// instead of paying an fsync each. Returns, per round, the version of every key applied.
-async fn apply(conns: &Connections, sql: &ByRule<Statements>, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply(
+    conns: &Connections,
+    sql: &ByRule<Statements>,
+    rounds: &[Round],
+) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     let mut conn = conns.take().await?;
     let applied = apply_on(&mut conn, sql, rounds).await?;
     conn.done();
     Ok(applied)
 }
 
-async fn apply_on(conn: &mut PgConnection, sql: &ByRule<Statements>, rounds: &[Round]) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+async fn apply_on(
+    conn: &mut PgConnection,
+    sql: &ByRule<Statements>,
+    rounds: &[Round],
+) -> Result<Vec<HashMap<String, i64>>, StoreError> {
     if let [round] = rounds {
         return Ok(vec![execute(conn, sql, round).await?]);
     }
@@ -289,7 +333,11 @@ async fn apply_on(conn: &mut PgConnection, sql: &ByRule<Statements>, rounds: &[R
 }
 
 /// Runs the statement for one round; returns the version of every key it applied.
-async fn execute(conn: &mut PgConnection, sql: &ByRule<Statements>, round: &Round) -> Result<HashMap<String, i64>, StoreError> {
+async fn execute(
+    conn: &mut PgConnection,
+    sql: &ByRule<Statements>,
+    round: &Round,
+) -> Result<HashMap<String, i64>, StoreError> {
     let statement = statement(sql, round);
     if let [job] = round.jobs.as_slice() {
         let mut query = sqlx::query_scalar(statement)
@@ -301,17 +349,28 @@ async fn execute(conn: &mut PgConnection, sql: &ByRule<Statements>, round: &Roun
             query = query.bind(scope.as_str());
         }
         let version: Option<i64> = query.fetch_optional(&mut *conn).await?;
-        return Ok(version.map(|v| (job.key.as_str().to_owned(), v)).into_iter().collect());
+        return Ok(version
+            .map(|v| (job.key.as_str().to_owned(), v))
+            .into_iter()
+            .collect());
     }
     let jobs = &round.jobs;
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
-    let values: Vec<Option<Json<&serde_json::Value>>> = jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
+    let values: Vec<Option<Json<&serde_json::Value>>> =
+        jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
-    let mut query = sqlx::query(statement).bind(&keys).bind(&values).bind(&deleted).bind(&tokens);
+    let mut query = sqlx::query(statement)
+        .bind(&keys)
+        .bind(&values)
+        .bind(&deleted)
+        .bind(&tokens);
     let scopes: Vec<&str>;
     if round.scoped() {
-        scopes = jobs.iter().map(|j| j.scope.as_ref().map_or("", Scope::as_str)).collect();
+        scopes = jobs
+            .iter()
+            .map(|j| j.scope.as_ref().map_or("", Scope::as_str))
+            .collect();
         query = query.bind(&scopes);
     }
     let rows = query.fetch_all(&mut *conn).await?;
@@ -345,14 +404,27 @@ mod tests {
     fn shape(rounds: &[Round]) -> Vec<Vec<(String, i64)>> {
         rounds
             .iter()
-            .map(|round| round.jobs.iter().map(|j| (j.key.as_str().to_owned(), j.token.get())).collect())
+            .map(|round| {
+                round
+                    .jobs
+                    .iter()
+                    .map(|j| (j.key.as_str().to_owned(), j.token.get()))
+                    .collect()
+            })
             .collect()
     }
 
     #[test]
     fn one_key_per_round_in_token_order() {
         // Arrival order: the hot key's tokens overtook each other in the queue.
-        let jobs = vec![job("hot", 9), job("a", 5), job("hot", 3), job("hot", 7), job("b", 1), job("hot", 3)];
+        let jobs = vec![
+            job("hot", 9),
+            job("a", 5),
+            job("hot", 3),
+            job("hot", 7),
+            job("b", 1),
+            job("hot", 3),
+        ];
         let rounds = split_rounds(jobs);
         assert_eq!(
             shape(&rounds),
@@ -382,12 +454,20 @@ mod tests {
         assert_eq!(
             shape(&rounds),
             vec![
-                vec![("b".into(), 5), ("c".into(), 5), ("a".into(), 5), ("d".into(), 5)],
+                vec![
+                    ("b".into(), 5),
+                    ("c".into(), 5),
+                    ("a".into(), 5),
+                    ("d".into(), 5)
+                ],
                 vec![("e".into(), 5)],
                 vec![("a".into(), 7)],
             ]
         );
-        assert_eq!(rounds.iter().map(Round::scoped).collect::<Vec<_>>(), [true, false, true]);
+        assert_eq!(
+            rounds.iter().map(Round::scoped).collect::<Vec<_>>(),
+            [true, false, true]
+        );
     }
 
     #[test]
@@ -395,8 +475,18 @@ mod tests {
         // Under the strict rule a token writes once: applied one by one, the second write with
         // token 5 is refused, so the two must not share a claim.
         let s = Some("lock");
-        let jobs = vec![write("a", 5, s, Rule::Strict), write("b", 5, s, Rule::Strict), write("c", 6, Some("x"), Rule::Strict)];
+        let jobs = vec![
+            write("a", 5, s, Rule::Strict),
+            write("b", 5, s, Rule::Strict),
+            write("c", 6, Some("x"), Rule::Strict),
+        ];
         let rounds = split_rounds(jobs);
-        assert_eq!(shape(&rounds), vec![vec![("a".into(), 5), ("c".into(), 6)], vec![("b".into(), 5)]]);
+        assert_eq!(
+            shape(&rounds),
+            vec![
+                vec![("a".into(), 5), ("c".into(), 6)],
+                vec![("b".into(), 5)]
+            ]
+        );
     }
 }

@@ -71,7 +71,11 @@ pub(in crate::store) struct Borrowed<'a> {
 }
 
 impl Connections {
-    pub(in crate::store) fn new(pool: PgPool, max_connections: u32, acquire_timeout: Duration) -> Self {
+    pub(in crate::store) fn new(
+        pool: PgPool,
+        max_connections: u32,
+        acquire_timeout: Duration,
+    ) -> Self {
         Connections {
             pool,
             idle: Mutex::new(Vec::new()),
@@ -85,14 +89,26 @@ impl Connections {
     pub(in crate::store) async fn take(&self) -> Result<Borrowed<'_>, StoreError> {
         // A free permit is taken at once; only a caller that must wait arms a timer (this runs
         // for every statement).
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => match tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned()).await {
-                Ok(Ok(permit)) => permit,
-                Ok(Err(_closed)) => return Err(StoreError::unavailable("the connection pool is closed (shutting down)")),
-                Err(_elapsed) => return Err(StoreError::unavailable("no database connection came free in time (database.acquire_timeout_ms)")),
-            },
-        };
+        let permit =
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => match tokio::time::timeout(
+                    self.acquire_timeout,
+                    self.permits.clone().acquire_owned(),
+                )
+                .await
+                {
+                    Ok(Ok(permit)) => permit,
+                    Ok(Err(_closed)) => {
+                        return Err(StoreError::unavailable(
+                            "the connection pool is closed (shutting down)",
+                        ))
+                    }
+                    Err(_elapsed) => return Err(StoreError::unavailable(
+                        "no database connection came free in time (database.acquire_timeout_ms)",
+                    )),
+                },
+            };
         let top = self.idle.lock().expect("idle connections lock").pop();
         let held = match top {
             Some(held) if !held.is_old() => held,
@@ -101,10 +117,18 @@ impl Connections {
                 // BEFORE asking the pool for another: held, it could be the very connection the
                 // pool is waiting for, and after an idle spell every stacked one is old.
                 drop(old);
-                Held { conn: self.pool.acquire().await?, since: Instant::now() }
+                Held {
+                    conn: self.pool.acquire().await?,
+                    since: Instant::now(),
+                }
             }
         };
-        Ok(Borrowed { conns: self, held: Some(held), clean: false, _permit: permit })
+        Ok(Borrowed {
+            conns: self,
+            held: Some(held),
+            clean: false,
+            _permit: permit,
+        })
     }
 
     /// Connections kept here, not in use.
@@ -118,7 +142,11 @@ impl Connections {
             idle.push(held);
             // The bottom of the stack is the least recently used: hand it back once old, so
             // connections a past burst opened do not stay held for good.
-            if idle.first().is_some_and(Held::is_old) { Some(idle.remove(0)) } else { None }
+            if idle.first().is_some_and(Held::is_old) {
+                Some(idle.remove(0))
+            } else {
+                None
+            }
         };
         // Outside the lock: dropping spawns the pool's return task. Its buffers go back to
         // their default size first, or the pool would keep them as large as its biggest message.

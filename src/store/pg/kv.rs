@@ -18,8 +18,8 @@ use super::{
 use crate::{
     fence::{FencingToken, Guard, JumpCap, Key, Outcome, Rule, Scope, Target},
     store::{
-        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write,
-        Written, SCOPE_STATE,
+        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db,
+        Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
     },
 };
 
@@ -58,7 +58,15 @@ impl KvStore for PgStore {
         let sql = self.statements(guard.rule);
         let version: Option<i64> = match (&guard.target, &self.coalescer) {
             (_, Some(coalescer)) => {
-                coalescer.write(key.clone(), value, guard.token, guard.rule, guard.scope().cloned()).await?
+                coalescer
+                    .write(
+                        key.clone(),
+                        value,
+                        guard.token,
+                        guard.rule,
+                        guard.scope().cloned(),
+                    )
+                    .await?
             }
             (target, None) => {
                 let (statement, scope) = match target {
@@ -74,7 +82,11 @@ impl KvStore for PgStore {
                     query = query.bind(scope.as_str());
                 }
                 let mut conn = self.conns.take().await?;
-                let version = match query.fetch_optional(&mut *conn).await.map_err(StoreError::from) {
+                let version = match query
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(StoreError::from)
+                {
                     // A key this write would create, above the jump cap: nothing was written,
                     // and the refusal below explains it (the key has no fence).
                     Err(err) if err.is_key_jump() => None,
@@ -85,12 +97,23 @@ impl KvStore for PgStore {
             }
         };
         match version {
-            Some(version) => Ok(Outcome::Accepted(Written { key, was_live: version != 1, version })),
-            None => Ok(self.refusal(std::slice::from_ref(&key), guard).await?.outcome()),
+            Some(version) => Ok(Outcome::Accepted(Written {
+                key,
+                was_live: version != 1,
+                version,
+            })),
+            None => Ok(self
+                .refusal(std::slice::from_ref(&key), guard)
+                .await?
+                .outcome()),
         }
     }
 
-    async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+    async fn batch(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Outcome<Vec<Written>>, StoreError> {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let outcome = self.batch_in(&mut tx, writes, guard).await?;
@@ -101,7 +124,9 @@ impl KvStore for PgStore {
         conn.done();
         match outcome {
             BatchKv::Written(written) => Ok(Outcome::Accepted(written)),
-            BatchKv::Refused(refused) | BatchKv::Aborted(refused) => Ok(self.refusal(&refused, guard).await?.outcome()),
+            BatchKv::Refused(refused) | BatchKv::Aborted(refused) => {
+                Ok(self.refusal(&refused, guard).await?.outcome())
+            }
         }
     }
 
@@ -110,18 +135,29 @@ impl KvStore for PgStore {
             return reads.get(key.clone()).await;
         }
         let mut conn = self.conns.take().await?;
-        let row = sqlx::query(KV_GET).bind(key.as_str()).fetch_optional(&mut *conn).await?;
+        let row = sqlx::query(KV_GET)
+            .bind(key.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
         conn.done();
         row.map(|row| entry_from(&row, 0)).transpose()
     }
 
     /// Raises the scope's fence to `token` (inclusive rule), or says why not.
-    async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<Outcome<Claimed>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let claimed = self.claim_scope(&mut conn, scope, token, Rule::Inclusive).await?;
+        let claimed = self
+            .claim_scope(&mut conn, scope, token, Rule::Inclusive)
+            .await?;
         conn.done();
         Ok(match claimed {
-            Ok(version) => Outcome::Accepted(Claimed { created: version == 1 }),
+            Ok(version) => Outcome::Accepted(Claimed {
+                created: version == 1,
+            }),
             Err(refusal) => refusal.outcome(),
         })
     }
@@ -164,8 +200,16 @@ impl PgStore {
             return Ok(Ok(version));
         }
         let (scope_fence, latest_issued) = scope_state(conn, scope).await?;
-        let guard = Guard { token, target: Target::Scope(scope.clone()), rule };
-        let seen = Seen { keys: HashMap::new(), scope_fence, latest_issued };
+        let guard = Guard {
+            token,
+            target: Target::Scope(scope.clone()),
+            rule,
+        };
+        let seen = Seen {
+            keys: HashMap::new(),
+            scope_fence,
+            latest_issued,
+        };
         explain_refusal(&[], &seen, &guard, &self.checks).map(Err)
     }
 
@@ -216,7 +260,9 @@ impl PgStore {
                     // is refused (explained as a jump); if its name cannot be read, every key is
                     // (and whatever explains none of them is answered "raced, retry").
                     Err(err) if err.is_key_jump() => {
-                        let named = err.key_jump_detail().and_then(|(_, key)| last.keys().find(|k| k.as_str() == key));
+                        let named = err
+                            .key_jump_detail()
+                            .and_then(|(_, key)| last.keys().find(|k| k.as_str() == key));
                         return Ok(BatchKv::Aborted(match named {
                             Some(key) => vec![(*key).clone()],
                             None => last.keys().map(|k| (*k).clone()).collect(),
@@ -225,22 +271,27 @@ impl PgStore {
                     rows => rows?,
                 }
             }
-            Target::Scope(scope) => sqlx::query(&sql.batch_scope)
-                .bind(&keys)
-                .bind(&values)
-                .bind(&deleted)
-                .bind(guard.token.get())
-                .bind(scope.as_str())
-                .fetch_all(&mut *tx)
-                .await?,
+            Target::Scope(scope) => {
+                sqlx::query(&sql.batch_scope)
+                    .bind(&keys)
+                    .bind(&values)
+                    .bind(&deleted)
+                    .bind(guard.token.get())
+                    .bind(scope.as_str())
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
         };
         if rows.len() != keys.len() {
             let mut applied = std::collections::HashSet::with_capacity(rows.len());
             for row in &rows {
                 applied.insert(row.try_get::<&str, _>(0)?);
             }
-            let refused: Vec<Key> =
-                last.keys().filter(|k| !applied.contains(k.as_str())).map(|k| (*k).clone()).collect();
+            let refused: Vec<Key> = last
+                .keys()
+                .filter(|k| !applied.contains(k.as_str()))
+                .map(|k| (*k).clone())
+                .collect();
             return Ok(BatchKv::Refused(refused));
         }
         // Rows come back in no guaranteed order: map each to its key by name, not by position.
@@ -249,11 +300,14 @@ impl PgStore {
         for row in rows {
             let key: &str = row.try_get(0)?;
             let version: i64 = row.try_get(1)?;
-            let key = by_name
-                .get(key)
-                .map(|k| (*k).clone())
-                .ok_or_else(|| StoreError::Corrupt(format!("batch returned an unknown key {key:?}")))?;
-            written.push(Written { key, was_live: version != 1, version });
+            let key = by_name.get(key).map(|k| (*k).clone()).ok_or_else(|| {
+                StoreError::Corrupt(format!("batch returned an unknown key {key:?}"))
+            })?;
+            written.push(Written {
+                key,
+                was_live: version != 1,
+                version,
+            });
         }
         Ok(BatchKv::Written(written))
     }
@@ -271,10 +325,20 @@ impl PgStore {
             .fetch_all(&mut *conn)
             .await?;
         conn.done();
-        let mut seen = Seen { keys: HashMap::with_capacity(rows.len()), scope_fence: None, latest_issued: None };
+        let mut seen = Seen {
+            keys: HashMap::with_capacity(rows.len()),
+            scope_fence: None,
+            latest_issued: None,
+        };
         for row in &rows {
             let key: &str = row.try_get(0)?;
-            seen.keys.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+            seen.keys.insert(
+                key,
+                KeyState {
+                    key_fence: token_from_db(row.try_get(1)?)?,
+                    scope: row.try_get(2)?,
+                },
+            );
         }
         if let Some(scope) = guard.scope() {
             let mut conn = self.conns.take().await?;
@@ -301,7 +365,9 @@ impl PgStore {
             return Ok(None);
         }
         let mut conn = self.conns.take().await?;
-        let enabled: Option<String> = sqlx::query_scalar(sql::NEW_KEY_TRIGGER_STATE).fetch_optional(&mut *conn).await?;
+        let enabled: Option<String> = sqlx::query_scalar(sql::NEW_KEY_TRIGGER_STATE)
+            .fetch_optional(&mut *conn)
+            .await?;
         conn.done();
         Ok(match enabled.as_deref() {
             Some("A") => None,
@@ -321,5 +387,10 @@ pub(super) async fn scope_state(
     conn: &mut sqlx::PgConnection,
     scope: &Scope,
 ) -> Result<(Option<FencingToken>, Option<FencingToken>), StoreError> {
-    scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&mut *conn).await?)
+    scope_state_from(
+        sqlx::query_as(SCOPE_STATE)
+            .bind(scope.as_str())
+            .fetch_one(&mut *conn)
+            .await?,
+    )
 }

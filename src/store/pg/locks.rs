@@ -27,7 +27,13 @@ impl LockStore for PgStore {
     /// undone unless the grant commits), then the clock is read once, then the grant decides
     /// on the lock row, which it locks whether or not it grants. Not granted means the lock is
     /// held at that instant, and the holder is read under the same lock at the same instant.
-    async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+    async fn acquire(
+        &self,
+        name: &Scope,
+        owner: &str,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Acquired, StoreError> {
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let acquired = self.acquire_in(&mut tx, name, owner, ttl, actor).await?;
@@ -41,7 +47,13 @@ impl LockStore for PgStore {
 
     /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
     /// is given and another actor took it.
-    async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+    async fn renew(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError> {
         let mut conn = self.conns.take().await?;
         let row = sqlx::query(RENEW)
             .bind(name.as_str())
@@ -55,10 +67,19 @@ impl LockStore for PgStore {
     }
 
     /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
-    async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+    async fn release(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let row =
-            sqlx::query(RELEASE).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *conn).await?;
+        let row = sqlx::query(RELEASE)
+            .bind(name.as_str())
+            .bind(token.get())
+            .bind(actor)
+            .fetch_optional(&mut *conn)
+            .await?;
         conn.done();
         lease_from(name, token, row)
     }
@@ -80,7 +101,10 @@ impl PgStore {
         ttl: Ttl,
         actor: Option<&str>,
     ) -> Result<Acquired, StoreError> {
-        sqlx::query(ENSURE_FENCE).bind(name.as_str()).execute(&mut *tx).await?;
+        sqlx::query(ENSURE_FENCE)
+            .bind(name.as_str())
+            .execute(&mut *tx)
+            .await?;
         // Claims of this scope now wait for our grant: the fence stays as read.
         let fence: i64 = sqlx::query_scalar(FENCE_FOR_UPDATE)
             .bind(name.as_str())
@@ -91,8 +115,10 @@ impl PgStore {
         // and, if it refuses, the holder are judged (so waiting for the row does not shorten
         // the lease). The next token exceeds both the fence and every earlier grant (which an
         // admin reset may have left above the fence): none is left when either is the maximum.
-        let (latest, at, owned): (Option<i64>, i64, bool) =
-            sqlx::query_as(LOCK_TOKEN_AND_CLOCK).bind(name.as_str()).fetch_one(&mut *tx).await?;
+        let (latest, at, owned): (Option<i64>, i64, bool) = sqlx::query_as(LOCK_TOKEN_AND_CLOCK)
+            .bind(name.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
         if fence.max(latest.unwrap_or(0)) == i64::MAX {
             return Ok(Acquired::Exhausted);
         }
@@ -123,27 +149,54 @@ impl PgStore {
                 .fetch_optional(&mut *tx)
                 .await?;
             if claimed.is_none() {
-                return Err(StoreError::Corrupt(format!("the grant of lock {name} could not claim its scope")));
+                return Err(StoreError::Corrupt(format!(
+                    "the grant of lock {name} could not claim its scope"
+                )));
             }
             let expires_at = row.try_get(1)?;
             if owned {
                 crate::store::count_takeover();
             }
-            return Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at }));
+            return Ok(Acquired::Granted(Lease {
+                name: name.clone(),
+                owner: owner.to_owned(),
+                token,
+                expires_at,
+            }));
         }
-        Err(StoreError::Corrupt(format!("lock {name} is neither free nor held under its row lock")))
+        Err(StoreError::Corrupt(format!(
+            "lock {name} is neither free nor held under its row lock"
+        )))
     }
-
 }
 
 /// Who holds the lock `name` at `at` (microseconds of [`LOCK_TOKEN_AND_CLOCK`]; `None`: `now()`), if anyone.
-async fn holder_on(conn: &mut sqlx::PgConnection, name: &Scope, at: Option<i64>) -> Result<Option<Holder>, StoreError> {
-    let row = sqlx::query(HOLDER).bind(name.as_str()).bind(at).fetch_optional(&mut *conn).await?;
+async fn holder_on(
+    conn: &mut sqlx::PgConnection,
+    name: &Scope,
+    at: Option<i64>,
+) -> Result<Option<Holder>, StoreError> {
+    let row = sqlx::query(HOLDER)
+        .bind(name.as_str())
+        .bind(at)
+        .fetch_optional(&mut *conn)
+        .await?;
     row.as_ref().map(holder_from).transpose()
 }
 
 /// A lease from a RENEW/RELEASE row (owner, expires_at).
-fn lease_from(name: &Scope, token: FencingToken, row: Option<sqlx::postgres::PgRow>) -> Result<Option<Lease>, StoreError> {
-    row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
-        .transpose()
+fn lease_from(
+    name: &Scope,
+    token: FencingToken,
+    row: Option<sqlx::postgres::PgRow>,
+) -> Result<Option<Lease>, StoreError> {
+    row.map(|row| {
+        Ok(Lease {
+            name: name.clone(),
+            owner: row.try_get(0)?,
+            token,
+            expires_at: row.try_get(1)?,
+        })
+    })
+    .transpose()
 }

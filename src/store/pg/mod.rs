@@ -42,10 +42,10 @@ use sqlx::{
     ConnectOptions, PgPool,
 };
 
-pub use self::sql::KV_GET;
-pub(super) use self::sql::KEY_JUMP_SQLSTATE;
-use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
 use self::replication::Replication;
+pub(super) use self::sql::KEY_JUMP_SQLSTATE;
+pub use self::sql::KV_GET;
+use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
 use super::{backend::Backend, sql::ByRule, Checks, Settings, StoreError};
 use crate::fence::Rule;
 
@@ -88,7 +88,13 @@ impl PgStore {
     /// Connects, migrates if asked, and writes the guards of `fencegate.fence()`.
     pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
-        sql_fence::sync_guards(&pg.pool, &settings.checks, &settings.issuer_scopes, settings.max_scope_bytes).await?;
+        sql_fence::sync_guards(
+            &pg.pool,
+            &settings.checks,
+            &settings.issuer_scopes,
+            settings.max_scope_bytes,
+        )
+        .await?;
         Ok(pg)
     }
 
@@ -143,10 +149,20 @@ impl PgStore {
             Duration::from_millis(settings.acquire_timeout_ms),
         ));
         let coalescer = (settings.coalesce_workers > 0).then(|| {
-            Coalescer::start(conns.clone(), sql.clone(), settings.coalesce_workers, settings.coalesce_max_rows)
+            Coalescer::start(
+                conns.clone(),
+                sql.clone(),
+                settings.coalesce_workers,
+                settings.coalesce_max_rows,
+            )
         });
-        let reads = (settings.coalesce_workers > 0)
-            .then(|| Reads::start(conns.clone(), settings.coalesce_workers, settings.coalesce_max_rows));
+        let reads = (settings.coalesce_workers > 0).then(|| {
+            Reads::start(
+                conns.clone(),
+                settings.coalesce_workers,
+                settings.coalesce_max_rows,
+            )
+        });
         let store = PgStore {
             pool,
             conns,
@@ -204,7 +220,6 @@ impl PgStore {
     fn statements(&self, rule: Rule) -> &Statements {
         self.sql.get(rule)
     }
-
 }
 
 impl Backend for PgStore {
@@ -213,13 +228,18 @@ impl Backend for PgStore {
     async fn ready(&self) -> Result<(), StoreError> {
         self.check_primary().await?;
         let mut conn = self.conns.take().await?;
-        let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED).fetch_one(&mut *conn).await?;
+        let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED)
+            .fetch_one(&mut *conn)
+            .await?;
         conn.done();
         super::migrated(applied, &MIGRATOR)
     }
 
     fn pool_stats(&self) -> (u32, usize) {
-        (self.pool.size(), self.pool.num_idle() + self.conns.idle_count())
+        (
+            self.pool.size(),
+            self.pool.num_idle() + self.conns.idle_count(),
+        )
     }
 
     /// See `Connections::shrink_idle`: a connection's buffers keep the size of the largest

@@ -32,16 +32,30 @@ const UNFENCED: &str = "
 impl OverviewStore for PgStore {
     async fn overview(&self) -> Result<Overview, StoreError> {
         let mut conn = self.conns.take().await?;
-        let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&mut *conn).await?;
-        let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&mut *conn).await?;
-        let refusals = sqlx::query(super::refusals::SELECT).bind(MAX_REFUSALS).fetch_all(&mut *conn).await?;
+        let locks = sqlx::query(LOCKS)
+            .bind(MAX_LOCKS)
+            .fetch_all(&mut *conn)
+            .await?;
+        let fences = sqlx::query(FENCES)
+            .bind(MAX_FENCES)
+            .fetch_all(&mut *conn)
+            .await?;
+        let refusals = sqlx::query(super::refusals::SELECT)
+            .bind(MAX_REFUSALS)
+            .fetch_all(&mut *conn)
+            .await?;
         let unfenced = sqlx::query(UNFENCED).fetch_all(&mut *conn).await?;
         conn.done();
         let mut overview = overview_from(locks, fences, refusals)?;
         overview.unfenced = unfenced
             .iter()
             .map(|row| {
-                Ok(UnfencedView { resource: row.try_get(0)?, writes: row.try_get(1)?, last_at: row.try_get(2)?, last_role: row.try_get(3)? })
+                Ok(UnfencedView {
+                    resource: row.try_get(0)?,
+                    writes: row.try_get(1)?,
+                    last_at: row.try_get(2)?,
+                    last_role: row.try_get(3)?,
+                })
             })
             .collect::<Result<_, StoreError>>()?;
         Ok(overview)

@@ -88,12 +88,23 @@ async fn fetch(conns: &Connections, jobs: &[ReadJob]) -> Result<Found, StoreErro
 async fn fetch_on(conn: &mut PgConnection, jobs: &[ReadJob]) -> Result<Found, StoreError> {
     if let [job] = jobs {
         // Alone: the one-key statement, exactly what an uncoalesced GET runs.
-        let row = sqlx::query(KV_GET).bind(job.key.as_str()).fetch_optional(&mut *conn).await?;
-        return Ok(row.map(|row| (job.key.as_str().to_owned(), entry_from(&row, 0))).into_iter().collect());
+        let row = sqlx::query(KV_GET)
+            .bind(job.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        return Ok(row
+            .map(|row| (job.key.as_str().to_owned(), entry_from(&row, 0)))
+            .into_iter()
+            .collect());
     }
     let mut keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
-    let rows = sqlx::query(KV_GET_MANY).bind(&keys).fetch_all(&mut *conn).await?;
-    rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, entry_from(row, 1)))).collect()
+    let rows = sqlx::query(KV_GET_MANY)
+        .bind(&keys)
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get::<String, _>(0)?, entry_from(row, 1))))
+        .collect()
 }

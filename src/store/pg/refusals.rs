@@ -58,7 +58,10 @@ impl RefusalStore for PgStore {
 
     async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let rows = sqlx::query(SELECT).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
+        let rows = sqlx::query(SELECT)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
         conn.done();
         rows.iter().map(refusal_json).collect()
     }

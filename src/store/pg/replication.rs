@@ -30,18 +30,21 @@ use super::PgStore;
 use crate::store::{backend::HighAvailability, StoreError};
 
 /// What `/readyz` says while the database is a standby.
-pub(super) const IN_RECOVERY: &str = "the database is in recovery (a standby): fencegate takes no writes from it; it \
+pub(super) const IN_RECOVERY: &str =
+    "the database is in recovery (a standby): fencegate takes no writes from it; it \
      becomes ready when the database is promoted or the database URL routes to the primary";
 
 /// What `/readyz` says while the database refuses writes without being a standby.
-pub(super) const READ_ONLY: &str = "the database refuses writes: default_transaction_read_only is on for fencegate's \
+pub(super) const READ_ONLY: &str =
+    "the database refuses writes: default_transaction_read_only is on for fencegate's \
      database or role (ALTER DATABASE/ROLE ... SET); fencegate becomes ready when it is off";
 
 /// `pg_is_in_recovery()` and whether this session's transactions are read-only: a standby's
 /// always are, and so are a primary's when `default_transaction_read_only` is set for the
 /// database or role (a maintenance switch, or a read-only endpoint of a managed service). Either
 /// way every write fails with 25006.
-const WRITABLE: &str = "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+const WRITABLE: &str =
+    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
 
 /// How often a process that started against a standby checks whether it is primary now.
 const PROMOTION_POLL: Duration = Duration::from_secs(1);
@@ -66,7 +69,11 @@ enum Durability {
     /// At least one streaming standby confirms each commit before it is acknowledged.
     Synchronous { standbys: i64 },
     /// Streaming replicas, none confirming commits: a failover can lose acknowledged fences.
-    Asynchronous { replicas: i64, names: String, commit: String },
+    Asynchronous {
+        replicas: i64,
+        names: String,
+        commit: String,
+    },
     /// No streaming replica: the fences are as durable as this one server.
     Alone { names: String },
     /// The role fencegate connects as cannot read the replication state.
@@ -138,10 +145,15 @@ pub(super) fn keep_on_release(
     _meta: PoolConnectionMetadata,
 ) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
     Box::pin(async move {
-        let (in_recovery, read_only): (bool, bool) = sqlx::query_as(WRITABLE).fetch_one(conn).await?;
+        let (in_recovery, read_only): (bool, bool) =
+            sqlx::query_as(WRITABLE).fetch_one(conn).await?;
         if in_recovery || read_only {
             // Debug: against a standby this is every returned connection, until promotion.
-            tracing::debug!(in_recovery, read_only, "closing a database connection: its session cannot write");
+            tracing::debug!(
+                in_recovery,
+                read_only,
+                "closing a database connection: its session cannot write"
+            );
         }
         Ok(!in_recovery && !read_only)
     })
@@ -205,7 +217,8 @@ impl PgStore {
     /// any); else why not. Part of readiness.
     pub(super) async fn check_primary(&self) -> Result<(), StoreError> {
         let mut conn = self.conns.take().await?;
-        let (in_recovery, read_only): (bool, bool) = sqlx::query_as(WRITABLE).fetch_one(&mut *conn).await?;
+        let (in_recovery, read_only): (bool, bool) =
+            sqlx::query_as(WRITABLE).fetch_one(&mut *conn).await?;
         if in_recovery {
             conn.done();
             return Err(StoreError::NotReady(IN_RECOVERY.into()));
@@ -221,7 +234,9 @@ impl PgStore {
             return Ok(());
         }
         let Ok(_one) = self.replication.migrating.try_lock() else {
-            return Err(StoreError::NotReady("the database was promoted; applying migrations".into()));
+            return Err(StoreError::NotReady(
+                "the database was promoted; applying migrations".into(),
+            ));
         };
         if !self.awaits_primary() {
             return Ok(()); // migrated by whoever held the lock
@@ -243,7 +258,11 @@ impl PgStore {
         if let Some(replicas) = state.replicas() {
             metrics::gauge!("fencegate_replication_replicas").set(replicas);
         }
-        let mut reported = self.replication.reported.lock().expect("replication state lock");
+        let mut reported = self
+            .replication
+            .reported
+            .lock()
+            .expect("replication state lock");
         if reported.as_ref() != Some(&state) {
             state.log();
             *reported = Some(state);
@@ -267,7 +286,14 @@ impl PgStore {
             .fetch_one(&mut *conn)
             .await?;
         conn.done();
-        Ok(Durability::classify(Seen { in_recovery, streaming, synchronous, hidden, names, commit }))
+        Ok(Durability::classify(Seen {
+            in_recovery,
+            streaming,
+            synchronous,
+            hidden,
+            names,
+            commit,
+        }))
     }
 }
 
@@ -286,7 +312,14 @@ struct Seen {
 
 impl Durability {
     fn classify(seen: Seen) -> Durability {
-        let Seen { in_recovery, streaming, synchronous, hidden, names, commit } = seen;
+        let Seen {
+            in_recovery,
+            streaming,
+            synchronous,
+            hidden,
+            names,
+            commit,
+        } = seen;
         // Commits wait for the standby only with these; `local` and `off` acknowledge first.
         let waits = matches!(commit.as_str(), "on" | "remote_write" | "remote_apply");
         if in_recovery {
@@ -294,9 +327,15 @@ impl Durability {
         } else if hidden > 0 {
             Durability::Hidden
         } else if synchronous > 0 && waits {
-            Durability::Synchronous { standbys: synchronous }
+            Durability::Synchronous {
+                standbys: synchronous,
+            }
         } else if streaming > 0 {
-            Durability::Asynchronous { replicas: streaming, names, commit }
+            Durability::Asynchronous {
+                replicas: streaming,
+                names,
+                commit,
+            }
         } else {
             Durability::Alone { names }
         }
@@ -305,26 +344,56 @@ impl Durability {
 
 #[cfg(test)]
 mod tests {
-    use super::{Seen, Durability};
+    use super::{Durability, Seen};
 
     fn seen(streaming: i64, synchronous: i64, commit: &str) -> Seen {
-        Seen { in_recovery: false, streaming, synchronous, hidden: 0, names: "*".into(), commit: commit.into() }
+        Seen {
+            in_recovery: false,
+            streaming,
+            synchronous,
+            hidden: 0,
+            names: "*".into(),
+            commit: commit.into(),
+        }
     }
 
     #[test]
     fn synchronous_only_when_a_streaming_standby_confirms_and_commits_wait_for_it() {
         assert_eq!(Durability::classify(seen(1, 1, "on")).gauge(), Some(1.0));
-        assert_eq!(Durability::classify(seen(2, 1, "remote_apply")).gauge(), Some(1.0));
+        assert_eq!(
+            Durability::classify(seen(2, 1, "remote_apply")).gauge(),
+            Some(1.0)
+        );
         // A synchronous standby, but commits acknowledged before it has them.
         assert_eq!(Durability::classify(seen(1, 1, "local")).gauge(), Some(0.0));
         assert_eq!(Durability::classify(seen(1, 1, "off")).gauge(), Some(0.0));
-        assert!(matches!(Durability::classify(seen(2, 0, "on")), Durability::Asynchronous { replicas: 2, .. }));
-        assert!(matches!(Durability::classify(seen(0, 0, "on")), Durability::Alone { .. }));
+        assert!(matches!(
+            Durability::classify(seen(2, 0, "on")),
+            Durability::Asynchronous { replicas: 2, .. }
+        ));
+        assert!(matches!(
+            Durability::classify(seen(0, 0, "on")),
+            Durability::Alone { .. }
+        ));
     }
 
     #[test]
     fn nothing_is_claimed_when_the_state_cannot_be_seen() {
-        assert_eq!(Durability::classify(Seen { hidden: 1, ..seen(1, 0, "on") }).gauge(), None);
-        assert_eq!(Durability::classify(Seen { in_recovery: true, ..seen(0, 0, "on") }).gauge(), None);
+        assert_eq!(
+            Durability::classify(Seen {
+                hidden: 1,
+                ..seen(1, 0, "on")
+            })
+            .gauge(),
+            None
+        );
+        assert_eq!(
+            Durability::classify(Seen {
+                in_recovery: true,
+                ..seen(0, 0, "on")
+            })
+            .gauge(),
+            None
+        );
     }
 }

@@ -16,7 +16,13 @@ use super::MIGRATOR;
 
 /// fencegate's tables from before the schema setting (the migration history apart): what an
 /// install in `public` can hold.
-const OWN_TABLES: [&str; 5] = ["fencegate_kv", "fencegate_fences", "fencegate_locks", "fencegate_ledger", "fencegate_audit"];
+const OWN_TABLES: [&str; 5] = [
+    "fencegate_kv",
+    "fencegate_fences",
+    "fencegate_locks",
+    "fencegate_ledger",
+    "fencegate_audit",
+];
 
 /// The last migration released before the schema setting: an install in `public` has applied
 /// at most this far. One that went further was made with `database.schema = "public"` on
@@ -27,10 +33,11 @@ const LAST_BEFORE_SCHEMAS: i64 = 20261123000001;
 /// predates it out of `public`.
 pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-        .bind(schema)
-        .fetch_one(&mut *conn)
-        .await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema)
+            .fetch_one(&mut *conn)
+            .await?;
     if !exists {
         create_schema(&mut conn, schema).await.map_err(|e| {
             // Only a refusal by the database is about the role; anything else (the connection)
@@ -45,10 +52,12 @@ pub async fn prepare(pool: &PgPool, schema: &str) -> anyhow::Result<()> {
             )
         })?;
     }
-    let usable: bool = sqlx::query_scalar("SELECT has_schema_privilege($1, 'CREATE') AND has_schema_privilege($1, 'USAGE')")
-        .bind(schema)
-        .fetch_one(&mut *conn)
-        .await?;
+    let usable: bool = sqlx::query_scalar(
+        "SELECT has_schema_privilege($1, 'CREATE') AND has_schema_privilege($1, 'USAGE')",
+    )
+    .bind(schema)
+    .fetch_one(&mut *conn)
+    .await?;
     if !usable {
         anyhow::bail!(
             "fencegate's role cannot create tables in the schema {schema:?}: GRANT USAGE, CREATE ON SCHEMA {schema} TO <role> \
@@ -68,14 +77,21 @@ async fn create_schema(conn: &mut sqlx::PgConnection, schema: &str) -> Result<()
     let mut tx = conn.begin().await?;
     // READ COMMITTED whatever default_transaction_isolation says: the re-check below must see a
     // schema another process committed while this one waited for the lock.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(&mut *tx).await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: create schema'))").execute(&mut *tx).await?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-        .bind(schema)
-        .fetch_one(&mut *tx)
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *tx)
         .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: create schema'))")
+        .execute(&mut *tx)
+        .await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema)
+            .fetch_one(&mut *tx)
+            .await?;
     if !exists {
-        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&mut *tx).await?;
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&mut *tx)
+            .await?;
     }
     tx.commit().await?;
     if !exists {
@@ -90,7 +106,9 @@ async fn create_schema(conn: &mut sqlx::PgConnection, schema: &str) -> Result<()
 /// table itself is dropped only if nothing else was in it).
 async fn move_from_public(conn: &mut sqlx::PgConnection, schema: &str) -> anyhow::Result<()> {
     let mut tx = conn.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: move out of public'))").execute(&mut *tx).await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('fencegate: move out of public'))")
+        .execute(&mut *tx)
+        .await?;
     let mut found = Vec::new();
     for table in OWN_TABLES {
         let row = sqlx::query("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL")
@@ -110,15 +128,22 @@ async fn move_from_public(conn: &mut sqlx::PgConnection, schema: &str) -> anyhow
     }
     for table in &found {
         // Table names from the constant above, schema from the validated configuration.
-        sqlx::query(&format!("ALTER TABLE public.{table} SET SCHEMA {schema}")).execute(&mut *tx).await?;
+        sqlx::query(&format!("ALTER TABLE public.{table} SET SCHEMA {schema}"))
+            .execute(&mut *tx)
+            .await?;
     }
     let versions: Vec<i64> = MIGRATOR.iter().map(|m| m.version).collect();
-    let history: bool = sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL").fetch_one(&mut *tx).await?;
-    if history {
-        let newest: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM public._sqlx_migrations WHERE version = ANY($1)")
-            .bind(&versions)
+    let history: bool =
+        sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
             .fetch_one(&mut *tx)
             .await?;
+    if history {
+        let newest: Option<i64> = sqlx::query_scalar(
+            "SELECT max(version) FROM public._sqlx_migrations WHERE version = ANY($1)",
+        )
+        .bind(&versions)
+        .fetch_one(&mut *tx)
+        .await?;
         if newest.is_some_and(|v| v > LAST_BEFORE_SCHEMAS) {
             anyhow::bail!(
                 "fencegate's tables in public were made with database.schema = \"public\" (migration {} is applied there): \
@@ -140,10 +165,17 @@ async fn move_from_public(conn: &mut sqlx::PgConnection, schema: &str) -> anyhow
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        sqlx::query("DELETE FROM public._sqlx_migrations WHERE version = ANY($1)").bind(&versions).execute(&mut *tx).await?;
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM public._sqlx_migrations").fetch_one(&mut *tx).await?;
+        sqlx::query("DELETE FROM public._sqlx_migrations WHERE version = ANY($1)")
+            .bind(&versions)
+            .execute(&mut *tx)
+            .await?;
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM public._sqlx_migrations")
+            .fetch_one(&mut *tx)
+            .await?;
         if left == 0 {
-            sqlx::query("DROP TABLE public._sqlx_migrations").execute(&mut *tx).await?;
+            sqlx::query("DROP TABLE public._sqlx_migrations")
+                .execute(&mut *tx)
+                .await?;
         }
     }
     tx.commit().await?;

@@ -47,11 +47,14 @@ use crate::{
     },
 };
 
-
 /// A timestamptz column as RFC 3339 UTC text, as the API shows it.
 macro_rules! utc {
     ($col:literal) => {
-        concat!("to_char(", $col, " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
+        concat!(
+            "to_char(",
+            $col,
+            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+        )
     };
 }
 
@@ -92,29 +95,45 @@ fn scope_claim_rows(rule: Rule, jump: JumpCap, rows: &str, returning: &str) -> S
 /// the built-in lock of that name never issued, or one that jumps too far past the fence, may
 /// not raise it.
 fn scope_gate(checks: &Checks, scope: &str, token: &str) -> String {
-    let fence = format!("(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = {scope})");
-    format!("{} AND {}", sql_issued_check(scope, token, &checks.reserved), sql_jump_check(checks.jump, &fence, token))
+    let fence =
+        format!("(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = {scope})");
+    format!(
+        "{} AND {}",
+        sql_issued_check(scope, token, &checks.reserved),
+        sql_jump_check(checks.jump, &fence, token)
+    )
 }
 
 /// The one-scope claim, `$1` scope and `$2` token unless the caller's statement numbers them
 /// otherwise; returns the fence's version. `gated`: false only for a lock grant (which issues
 /// the token itself, one step at a time, so neither guard applies).
 fn scope_claim(rule: Rule, checks: &Checks, scope: &str, token: &str, gated: bool) -> String {
-    let gate = if gated { scope_gate(checks, scope, token) } else { "TRUE".to_owned() };
+    let gate = if gated {
+        scope_gate(checks, scope, token)
+    } else {
+        "TRUE".to_owned()
+    };
     let jump = if gated { checks.jump } else { JumpCap(0) };
-    scope_claim_rows(rule, jump, &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"), "version")
+    scope_claim_rows(
+        rule,
+        jump,
+        &format!("SELECT {scope}::text, {token}::int8 WHERE {gate}"),
+        "version",
+    )
 }
 
 /// Reads a live value: `$1` key.
 pub const KV_GET: &str = concat!(
-    "SELECT value, fence_token, scope, version, ", utc!("updated_at"),
+    "SELECT value, fence_token, scope, version, ",
+    utc!("updated_at"),
     " FROM fencegate_kv WHERE key = $1 AND NOT deleted"
 );
 
 /// The live values of several keys at once (`$1` the keys): `KV_GET`'s columns, key first.
 /// Used by read coalescing (`reads`).
 pub(super) const KV_GET_MANY: &str = concat!(
-    "SELECT key, value, fence_token, scope, version, ", utc!("updated_at"),
+    "SELECT key, value, fence_token, scope, version, ",
+    utc!("updated_at"),
     " FROM fencegate_kv WHERE key = ANY($1) AND NOT deleted"
 );
 
@@ -169,7 +188,11 @@ fn kv_unbound(scopes: ScopeRule, key_expr: &str, scope_expr: &str) -> String {
 /// What a scoped kv write must pass before its autocommit statement may claim the scope: the
 /// key is not bound to another scope, and the poisoning guards admit the token.
 fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> String {
-    format!("{} AND {}", kv_unbound(checks.scopes, key, scope), scope_gate(checks, scope, token))
+    format!(
+        "{} AND {}",
+        kv_unbound(checks.scopes, key, scope),
+        scope_gate(checks, scope, token)
+    )
 }
 
 /// The SQLSTATE of the trigger's refusal: a write would create a key with a token above the
@@ -186,7 +209,8 @@ macro_rules! new_key_trigger {
 
 /// `tgenabled` of the trigger that applies the jump cap to new keys (no row: missing): what
 /// explains an unscoped write that was not written and that nothing else refuses.
-pub(super) const NEW_KEY_TRIGGER_STATE: &str = concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
+pub(super) const NEW_KEY_TRIGGER_STATE: &str =
+    concat!("SELECT tgenabled::text FROM ", new_key_trigger!());
 
 /// The jump cap of the keys an unscoped kv upsert creates, told to the trigger (module docs): a
 /// `WITH` to put before the `INSERT`, whose one-row CTE `cap` the statement's rows must be
@@ -239,7 +263,10 @@ impl Statements {
             claim = scope_claim_rows(
                 rule,
                 checks.jump,
-                &format!("SELECT $5::text, $4::int8 WHERE {}", write_claim_gate(checks, "$1", "$5::text", "$4::int8")),
+                &format!(
+                    "SELECT $5::text, $4::int8 WHERE {}",
+                    write_claim_gate(checks, "$1", "$5::text", "$4::int8")
+                ),
                 "version"
             ),
         );
@@ -339,13 +366,15 @@ fn upsert_scoped_rows(rule: Rule, checks: &Checks) -> String {
         claim = scope_claim_rows(
             rule,
             checks.jump,
-            &format!("SELECT DISTINCT scope, token FROM w WHERE {} ORDER BY scope", write_claim_gate(checks, "w.key", "w.scope", "w.token")),
+            &format!(
+                "SELECT DISTINCT scope, token FROM w WHERE {} ORDER BY scope",
+                write_claim_gate(checks, "w.key", "w.scope", "w.token")
+            ),
             "scope"
         ),
         scope_check = kv_scope_check(checks.scopes),
     )
 }
-
 
 /// Grants a free or expired lock. `$4` is the scope's current fence, so the new token exceeds
 /// both every earlier grant and the fence (the claim that follows must succeed).
@@ -376,15 +405,19 @@ pub(super) const HOLDER: &str = "
     FROM fencegate_locks
     WHERE name = $1 AND owner IS NOT NULL AND expires_at > COALESCE(to_timestamp($2 / 1000000.0), now())";
 
-pub(super) const RENEW: &str = concat!("
+pub(super) const RENEW: &str = concat!(
+    "
     UPDATE fencegate_locks SET expires_at = now() + $3 * interval '1 millisecond'
     WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
         AND ($4::text IS NULL OR actor IS NULL OR actor = $4)
-    RETURNING owner, ", utc!("expires_at"));
+    RETURNING owner, ",
+    utc!("expires_at")
+);
 
 /// Frees the lock (the row stays: its token keeps later grants increasing). The CTE reads the
 /// owner before the UPDATE clears it.
-pub(super) const RELEASE: &str = concat!("
+pub(super) const RELEASE: &str = concat!(
+    "
     WITH held AS (
         SELECT owner FROM fencegate_locks
         WHERE name = $1 AND token = $2 AND owner IS NOT NULL AND expires_at > now()
@@ -393,8 +426,9 @@ pub(super) const RELEASE: &str = concat!("
     )
     UPDATE fencegate_locks AS l SET owner = NULL, expires_at = NULL, actor = NULL
     FROM held WHERE l.name = $1
-    RETURNING held.owner, ", utc!("now()"));
-
+    RETURNING held.owner, ",
+    utc!("now()")
+);
 
 /// An [`Entry`] from a row of `KV_GET` (`first` = 0) or `KV_GET_MANY` (`first` = 1, after
 /// the key): value, fence_token, scope, version, updated_at.
@@ -416,12 +450,15 @@ pub(super) const FENCE: &str = "SELECT fence_token FROM fencegate_fences WHERE s
 /// built-in lock `$1` granted (NULL: never), the database's clock now, in microseconds since
 /// the epoch (the instant the grant is decided at), and whether the lock still names an owner
 /// (a grant then takes over a lease that lapsed without a release: `fencegate_lock_takeovers_total`).
-pub(super) const LOCK_TOKEN_AND_CLOCK: &str = "SELECT (SELECT token FROM fencegate_locks WHERE name = $1),
+pub(super) const LOCK_TOKEN_AND_CLOCK: &str =
+    "SELECT (SELECT token FROM fencegate_locks WHERE name = $1),
     (extract(epoch FROM clock_timestamp()) * 1000000)::int8,
     COALESCE((SELECT owner IS NOT NULL FROM fencegate_locks WHERE name = $1), false)";
 
 /// A scope's fence, locked until the transaction ends (an acquire: claims of the scope wait).
-pub(super) const FENCE_FOR_UPDATE: &str = "SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE";
+pub(super) const FENCE_FOR_UPDATE: &str =
+    "SELECT fence_token FROM fencegate_fences WHERE scope = $1 FOR UPDATE";
 
 /// What explains a refused kv write: the refused keys' own fences and scopes (`$1` the keys).
-pub(super) const KV_REFUSED: &str = "SELECT key, key_fence, scope FROM fencegate_kv WHERE key = ANY($1)";
+pub(super) const KV_REFUSED: &str =
+    "SELECT key, key_fence, scope FROM fencegate_kv WHERE key = ANY($1)";

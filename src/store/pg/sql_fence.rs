@@ -15,8 +15,15 @@ use crate::{store::Checks, tables::Resource};
 
 /// Writes the configuration's guards for `fence()`. A standby cannot take the write: skipped
 /// there (the primary's last start wrote them).
-pub async fn sync_guards(pool: &PgPool, checks: &Checks, issuer_scopes: &[String], max_scope_bytes: usize) -> anyhow::Result<()> {
-    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(pool).await?;
+pub async fn sync_guards(
+    pool: &PgPool,
+    checks: &Checks,
+    issuer_scopes: &[String],
+    max_scope_bytes: usize,
+) -> anyhow::Result<()> {
+    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(pool)
+        .await?;
     if standby {
         return Ok(());
     }
@@ -38,7 +45,9 @@ pub async fn sync_guards(pool: &PgPool, checks: &Checks, issuer_scopes: &[String
             tracing::warn!("the database is not migrated: fencegate.fence() gets its guards at the next start after `fencegate migrate`");
             Ok(())
         }
-        Err(e) => Err(anyhow::anyhow!("cannot record the guards of fencegate.fence(): {e}")),
+        Err(e) => Err(anyhow::anyhow!(
+            "cannot record the guards of fencegate.fence(): {e}"
+        )),
     }
 }
 
@@ -59,14 +68,39 @@ pub async fn install_guards(pool: &PgPool, resources: &[&Resource]) -> anyhow::R
         .bind(&resource.table)
         .fetch_one(pool)
         .await?;
-        let (oid, owner, me, superuser, trigger, installed): (i64, String, String, bool, bool, bool) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?, row.try_get(4)?, row.try_get(5)?);
+        let (oid, owner, me, superuser, trigger, installed): (
+            i64,
+            String,
+            String,
+            bool,
+            bool,
+            bool,
+        ) = (
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+            row.try_get(5)?,
+        );
         let Some(guard) = resource.guard else {
             if installed {
-                sqlx::query(&format!("DROP TRIGGER fencegate_guard ON {}", resource.relation)).execute(pool).await.map_err(|e| {
-                    anyhow::anyhow!("resource {:?}: guard is off, but its trigger cannot be removed ({e})", resource.name)
+                sqlx::query(&format!(
+                    "DROP TRIGGER fencegate_guard ON {}",
+                    resource.relation
+                ))
+                .execute(pool)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "resource {:?}: guard is off, but its trigger cannot be removed ({e})",
+                        resource.name
+                    )
                 })?;
-                tracing::warn!(resource = resource.name, "guard off: removed the guard trigger");
+                tracing::warn!(
+                    resource = resource.name,
+                    "guard off: removed the guard trigger"
+                );
             }
             continue;
         };
@@ -85,7 +119,11 @@ pub async fn install_guards(pool: &PgPool, resources: &[&Resource]) -> anyhow::R
         } else if !trigger {
             problems.push(format!("resource {name:?}: guard needs the TRIGGER privilege: GRANT TRIGGER ON {relation} TO {me}"));
         } else {
-            let scope = resource.scope.as_ref().map(|s| s.as_str()).unwrap_or_default();
+            let scope = resource
+                .scope
+                .as_ref()
+                .map(|s| s.as_str())
+                .unwrap_or_default();
             sqlx::query("SELECT fencegate_install_guard($1::oid::regclass, $2, $3, $4)")
                 .bind(oid)
                 .bind(name)
@@ -93,8 +131,15 @@ pub async fn install_guards(pool: &PgPool, resources: &[&Resource]) -> anyhow::R
                 .bind(guard.as_str())
                 .execute(pool)
                 .await
-                .map_err(|e| anyhow::anyhow!("resource {name:?}: cannot install the guard trigger: {e}"))?;
-            tracing::info!(resource = name, mode = guard.as_str(), scope, "guard trigger installed");
+                .map_err(|e| {
+                    anyhow::anyhow!("resource {name:?}: cannot install the guard trigger: {e}")
+                })?;
+            tracing::info!(
+                resource = name,
+                mode = guard.as_str(),
+                scope,
+                "guard trigger installed"
+            );
         }
     }
     match problems.len() {
@@ -105,5 +150,7 @@ pub async fn install_guards(pool: &PgPool, resources: &[&Resource]) -> anyhow::R
 
 /// Unfenced writes counted by the triggers in audit mode, per resource.
 pub async fn unfenced_writes(pool: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    sqlx::query_as("SELECT resource, writes FROM fencegate_unfenced").fetch_all(pool).await
+    sqlx::query_as("SELECT resource, writes FROM fencegate_unfenced")
+        .fetch_all(pool)
+        .await
 }

@@ -58,32 +58,61 @@ fn mode_name(mode: PgSslMode) -> &'static str {
 }
 
 /// The URL's last value of any of `names`, else the environment variable `env`: (shown name, value).
-fn param(url: &url::Url, names: &[&'static str], env: &'static str) -> Option<(&'static str, String)> {
-    let from_url = url.query_pairs().filter_map(|(k, v)| names.iter().find(|n| **n == k).map(|n| (*n, v.into_owned()))).last();
-    from_url.or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()).map(|v| (env, v)))
+fn param(
+    url: &url::Url,
+    names: &[&'static str],
+    env: &'static str,
+) -> Option<(&'static str, String)> {
+    let from_url = url
+        .query_pairs()
+        .filter_map(|(k, v)| {
+            names
+                .iter()
+                .find(|n| **n == k)
+                .map(|n| (*n, v.into_owned()))
+        })
+        .last();
+    from_url.or_else(|| {
+        std::env::var(env)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (env, v))
+    })
 }
 
 /// Connect options for `url` (see the module documentation) and the TLS settings they carry.
 /// Fails, naming the parameter and the file, when a TLS file cannot be used.
 pub fn options(url: &str) -> anyhow::Result<(PgConnectOptions, PgTls)> {
     let shown_url = crate::redact::redact_url(url);
-    let mut parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("invalid database URL {shown_url}: {e}"))?;
+    let mut parsed = url::Url::parse(url)
+        .map_err(|e| anyhow::anyhow!("invalid database URL {shown_url}: {e}"))?;
 
     let mode_param = param(&parsed, &["sslmode", "ssl-mode"], "PGSSLMODE");
     let given_mode = match &mode_param {
         Some((name, value)) => Some(value.parse::<PgSslMode>().map_err(|_| {
-            let place = if name.starts_with("PG") { "in the environment" } else { "in the database URL" };
+            let place = if name.starts_with("PG") {
+                "in the environment"
+            } else {
+                "in the database URL"
+            };
             anyhow::anyhow!("{name}={value} {place} is not an sslmode: use one of {MODES}")
         })?),
         None => None,
     };
-    let root_param = param(&parsed, &["sslrootcert", "ssl-root-cert", "ssl-ca"], "PGSSLROOTCERT");
+    let root_param = param(
+        &parsed,
+        &["sslrootcert", "ssl-root-cert", "ssl-ca"],
+        "PGSSLROOTCERT",
+    );
 
     // sslrootcert=system: the bundled public roots, which sqlx trusts anyway; sqlx would read
     // "system" as a file name, so it is taken out of the URL.
     let system_roots = root_param.as_ref().is_some_and(|(_, v)| v == "system");
     if system_roots {
-        if root_param.as_ref().is_some_and(|(name, _)| name.starts_with("PG")) {
+        if root_param
+            .as_ref()
+            .is_some_and(|(name, _)| name.starts_with("PG"))
+        {
             anyhow::bail!("PGSSLROOTCERT=system is not supported: put sslrootcert=system in the database URL instead");
         }
         if let Some(mode) = given_mode.filter(|m| !matches!(m, PgSslMode::VerifyFull)) {
@@ -103,18 +132,31 @@ pub fn options(url: &str) -> anyhow::Result<(PgConnectOptions, PgTls)> {
         }
     }
 
-    let mut options: PgConnectOptions =
-        parsed.as_str().parse().map_err(|e| anyhow::anyhow!("invalid database URL {shown_url}: {e}"))?;
+    let mut options: PgConnectOptions = parsed
+        .as_str()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("invalid database URL {shown_url}: {e}"))?;
     let socket = options.get_socket().is_some() || options.get_host().starts_with('/');
-    let file = |p: Option<(&'static str, String)>| p.map(|(name, value)| FileParam { name, path: value.into() });
+    let file = |p: Option<(&'static str, String)>| {
+        p.map(|(name, value)| FileParam {
+            name,
+            path: value.into(),
+        })
+    };
     let root = if system_roots { None } else { file(root_param) };
     let cert = file(param(&parsed, &["sslcert", "ssl-cert"], "PGSSLCERT"));
     let key = file(param(&parsed, &["sslkey", "ssl-key"], "PGSSLKEY"));
 
-    let mut mode = given_mode.unwrap_or(if system_roots { PgSslMode::VerifyFull } else { PgSslMode::Prefer });
+    let mut mode = given_mode.unwrap_or(if system_roots {
+        PgSslMode::VerifyFull
+    } else {
+        PgSslMode::Prefer
+    });
     let mut mode_shown = match &mode_param {
         Some((name, value)) => format!("{name}={value}"),
-        None if system_roots => "sslmode=verify-full, the default with sslrootcert=system".to_owned(),
+        None if system_roots => {
+            "sslmode=verify-full, the default with sslrootcert=system".to_owned()
+        }
         None => "sslmode=prefer, the default".to_owned(),
     };
     if socket {
@@ -124,11 +166,20 @@ pub fn options(url: &str) -> anyhow::Result<(PgConnectOptions, PgTls)> {
     } else if matches!(mode, PgSslMode::Require) && root.is_some() {
         // libpq: "require" with a root CA file checks the certificate chain against it.
         mode = PgSslMode::VerifyCa;
-        mode_shown = format!("{mode_shown} with sslrootcert, which checks the CA as verify-ca does");
+        mode_shown =
+            format!("{mode_shown} with sslrootcert, which checks the CA as verify-ca does");
     }
     options = options.ssl_mode(mode);
 
-    let tls = PgTls { mode, mode_shown, root, cert, key, host: options.get_host().to_owned(), socket };
+    let tls = PgTls {
+        mode,
+        mode_shown,
+        root,
+        cert,
+        key,
+        host: options.get_host().to_owned(),
+        socket,
+    };
     if !matches!(mode, PgSslMode::Disable) {
         tls.check_files()?;
     }
@@ -153,7 +204,10 @@ fn certificates(param: &FileParam) -> anyhow::Result<Vec<CertificateDer<'static>
             "{} holds no PEM certificate (a block starting -----BEGIN CERTIFICATE-----)",
             param.shown()
         ),
-        Err(e) => anyhow::bail!("{} holds no PEM certificate that can be read: {e}", param.shown()),
+        Err(e) => anyhow::bail!(
+            "{} holds no PEM certificate that can be read: {e}",
+            param.shown()
+        ),
     }
 }
 
@@ -222,11 +276,17 @@ impl PgTls {
             None => "the bundled public root CAs (no sslrootcert given)".to_owned(),
         };
         let client = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => format!("the client certificate {} (with {})", cert.shown(), key.shown()),
+            (Some(cert), Some(key)) => format!(
+                "the client certificate {} (with {})",
+                cert.shown(),
+                key.shown()
+            ),
             _ => "no client certificate (sslcert and sslkey)".to_owned(),
         };
         let tls_error = match err {
-            sqlx::Error::Io(e) => e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()),
+            sqlx::Error::Io(e) => e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>()),
             sqlx::Error::Tls(e) => e.downcast_ref::<rustls::Error>(),
             _ => None,
         };
@@ -297,10 +357,20 @@ mod tests {
         let dir = tempfile_dir();
         let ca = dir.join("ca.crt");
         std::fs::write(&ca, TEST_CERT).unwrap();
-        let (opts, tls) = super::options(&format!("postgres://h/db?sslmode=require&sslrootcert={}", ca.display())).unwrap();
+        let (opts, tls) = super::options(&format!(
+            "postgres://h/db?sslmode=require&sslrootcert={}",
+            ca.display()
+        ))
+        .unwrap();
         assert_eq!(mode_name(opts.get_ssl_mode()), "verify-ca");
-        assert!(tls.mode_shown.contains("sslmode=require with sslrootcert"), "{}", tls.mode_shown);
-        let (opts, _) = options_of("postgres:///db?host=/run/postgresql&sslmode=verify-full&sslrootcert=/nonexistent");
+        assert!(
+            tls.mode_shown.contains("sslmode=require with sslrootcert"),
+            "{}",
+            tls.mode_shown
+        );
+        let (opts, _) = options_of(
+            "postgres:///db?host=/run/postgresql&sslmode=verify-full&sslrootcert=/nonexistent",
+        );
         assert_eq!(mode_name(opts.get_ssl_mode()), "disable");
         let (opts, _) = options_of("postgres://%2Frun%2Fpostgresql/db?sslmode=require");
         assert_eq!(mode_name(opts.get_ssl_mode()), "disable");
@@ -311,8 +381,13 @@ mod tests {
         let (opts, tls) = options_of("postgres://db.example/app?sslrootcert=system");
         assert_eq!(mode_name(opts.get_ssl_mode()), "verify-full");
         assert!(tls.root.is_none());
-        let err = super::options("postgres://db.example/app?sslrootcert=system&sslmode=require").unwrap_err().to_string();
-        assert!(err.contains("sslmode=require cannot be used with sslrootcert=system"), "{err}");
+        let err = super::options("postgres://db.example/app?sslrootcert=system&sslmode=require")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sslmode=require cannot be used with sslrootcert=system"),
+            "{err}"
+        );
     }
 
     fn options_of(url: &str) -> (PgConnectOptions, PgTls) {
@@ -320,7 +395,8 @@ mod tests {
     }
 
     fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("fencegate-pg-tls-unit-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("fencegate-pg-tls-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

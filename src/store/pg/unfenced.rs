@@ -13,10 +13,17 @@ impl Writer {
         let options = tls.resolve_allow(options).await;
         let mut conn = PgConnection::connect_with(&options).await.map_err(|e| {
             let shown = crate::redact::redact_url(url);
-            anyhow::anyhow!("cannot connect to PostgreSQL at {shown}: {}", tls.describe(&e, || e.to_string()))
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {shown}: {}",
+                tls.describe(&e, || e.to_string())
+            )
         })?;
         if let Some(schema) = schema {
-            sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path = {schema}")).execute(&mut conn).await?;
+            sqlx::raw_sql(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path = {schema}"
+            ))
+            .execute(&mut conn)
+            .await?;
         }
         sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key text PRIMARY KEY, value jsonb NOT NULL)")
             .execute(&mut conn)
@@ -25,10 +32,11 @@ impl Writer {
     }
 
     pub async fn read(&mut self, key: &str) -> anyhow::Result<Option<serde_json::Value>> {
-        let value: Option<Json<serde_json::Value>> = sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = $1")
-            .bind(key)
-            .fetch_optional(&mut self.0)
-            .await?;
+        let value: Option<Json<serde_json::Value>> =
+            sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = $1")
+                .bind(key)
+                .fetch_optional(&mut self.0)
+                .await?;
         Ok(value.map(|v| v.0))
     }
 

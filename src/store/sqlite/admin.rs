@@ -16,7 +16,10 @@ use super::{SqliteStore, NOW_TEXT};
 use crate::{
     fence::{FencingToken, HighWater, Key, Scope},
     store::{
-        admin::{decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget},
+        admin::{
+            decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone,
+            ResetRefused, ResetTarget,
+        },
         backend::AdminStore,
         decode::audit_entry,
         token_from_db, StoreError,
@@ -55,7 +58,10 @@ impl AdminStore for SqliteStore {
         Ok(Ok(change.done(reset, audit_id)))
     }
 
-    async fn rebind(&self, rebind: &Rebind) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
+    async fn rebind(
+        &self,
+        rebind: &Rebind,
+    ) -> Result<Result<RebindDone, ResetRefused>, StoreError> {
         let RebindTarget::Keys { prefix } = &rebind.target else {
             return Ok(Err(ResetRefused::NotFound(NO_TABLES.into())));
         };
@@ -66,50 +72,83 @@ impl AdminStore for SqliteStore {
     }
 
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-        let rows = sqlx::query(AUDIT_SELECT).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(AUDIT_SELECT)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(audit_entry).collect()
     }
 
     async fn newest_audit_id(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit").fetch_one(&self.pool).await?)
+        Ok(
+            sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit")
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     /// SQLite cannot notify: the audit-log poll is how every process hears of a reset.
-    fn listen_resets(&self, _high_water: std::sync::Arc<HighWater>) -> Option<tokio::task::JoinHandle<()>> {
+    fn listen_resets(
+        &self,
+        _high_water: std::sync::Arc<HighWater>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
         None
     }
 }
 
 /// Retires the lock `name`: its grants no longer speak for the scope's tokens, its lease
 /// (if any) ends. The token stays: `from` and `to` are both the lock's latest grant.
-async fn retire_lock(tx: &mut SqliteConnection, name: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn retire_lock(
+    tx: &mut SqliteConnection,
+    name: &Scope,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let row = sqlx::query("SELECT token, retired FROM fencegate_locks WHERE name = $1")
         .bind(name.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     let Some(row) = row else {
-        return Ok(Err(ResetRefused::NotFound(format!("the built-in lock {:?} was never granted", name.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "the built-in lock {:?} was never granted",
+            name.as_str()
+        ))));
     };
     let token = token_from_db(row.try_get(0)?)?;
     if row.try_get::<bool, _>(1)? {
-        return Ok(Err(ResetRefused::Invalid(format!("the lock {:?} is retired already", name.as_str()))));
+        return Ok(Err(ResetRefused::Invalid(format!(
+            "the lock {:?} is retired already",
+            name.as_str()
+        ))));
     }
     sqlx::query("UPDATE fencegate_locks SET retired = TRUE, owner = NULL, actor = NULL, expires_at_ms = NULL WHERE name = $1")
     .bind(name.as_str())
     .execute(&mut *tx)
     .await?;
     let name = name.as_str().to_owned();
-    Ok(Ok(Change { name, resource: None, from: token, to: token, from_scope: None, to_scope: None }))
+    Ok(Ok(Change {
+        name,
+        resource: None,
+        from: token,
+        to: token,
+        from_scope: None,
+        to_scope: None,
+    }))
 }
 
-async fn reset_scope(tx: &mut SqliteConnection, reset: &Reset, scope: &Scope) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn reset_scope(
+    tx: &mut SqliteConnection,
+    reset: &Reset,
+    scope: &Scope,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let current: Option<i64> =
         sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = $1")
             .bind(scope.as_str())
             .fetch_optional(&mut *tx)
             .await?;
     let Some(current) = current else {
-        return Ok(Err(ResetRefused::NotFound(format!("no fence for scope {:?}", scope.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "no fence for scope {:?}",
+            scope.as_str()
+        ))));
     };
     let from = token_from_db(current)?;
     let (to, _) = match decide(reset, from, None) {
@@ -123,16 +162,30 @@ async fn reset_scope(tx: &mut SqliteConnection, reset: &Reset, scope: &Scope) ->
     .bind(to.get())
     .execute(&mut *tx)
     .await?;
-    Ok(Ok(Change { name: scope.as_str().to_owned(), resource: None, from, to, from_scope: None, to_scope: None }))
+    Ok(Ok(Change {
+        name: scope.as_str().to_owned(),
+        resource: None,
+        from,
+        to,
+        from_scope: None,
+        to_scope: None,
+    }))
 }
 
-async fn reset_key(tx: &mut SqliteConnection, reset: &Reset, key: &Key) -> Result<Result<Change, ResetRefused>, StoreError> {
+async fn reset_key(
+    tx: &mut SqliteConnection,
+    reset: &Reset,
+    key: &Key,
+) -> Result<Result<Change, ResetRefused>, StoreError> {
     let row = sqlx::query("SELECT key_fence, scope FROM fencegate_kv WHERE key = $1")
         .bind(key.as_str())
         .fetch_optional(&mut *tx)
         .await?;
     let Some(row) = row else {
-        return Ok(Err(ResetRefused::NotFound(format!("key {:?} was never written", key.as_str()))));
+        return Ok(Err(ResetRefused::NotFound(format!(
+            "key {:?} was never written",
+            key.as_str()
+        ))));
     };
     let from = token_from_db(row.try_get(0)?)?;
     let from_scope: Option<String> = row.try_get(1)?;
@@ -146,12 +199,31 @@ async fn reset_key(tx: &mut SqliteConnection, reset: &Reset, key: &Key) -> Resul
         .bind(&to_scope)
         .execute(&mut *tx)
         .await?;
-    Ok(Ok(Change { name: key.as_str().to_owned(), resource: None, from, to, from_scope, to_scope }))
+    Ok(Ok(Change {
+        name: key.as_str().to_owned(),
+        resource: None,
+        from,
+        to,
+        from_scope,
+        to_scope,
+    }))
 }
 
 /// The reset's audit row, in the reset's transaction; its id.
-async fn insert_audit(tx: &mut SqliteConnection, reset: &Reset, change: &Change) -> Result<i64, StoreError> {
-    audit_row(tx, &reset.actor, reset.target.action(), reset.target.kind(), change, &reset.reason).await
+async fn insert_audit(
+    tx: &mut SqliteConnection,
+    reset: &Reset,
+    change: &Change,
+) -> Result<i64, StoreError> {
+    audit_row(
+        tx,
+        &reset.actor,
+        reset.target.action(),
+        reset.target.kind(),
+        change,
+        &reset.reason,
+    )
+    .await
 }
 
 async fn audit_row(
@@ -181,7 +253,11 @@ async fn audit_row(
 }
 
 /// Rebinds the keys under `prefix` and audits, in `tx` (not committed here).
-async fn rebind_keys(tx: &mut SqliteConnection, rebind: &Rebind, prefix: &str) -> Result<RebindDone, StoreError> {
+async fn rebind_keys(
+    tx: &mut SqliteConnection,
+    rebind: &Rebind,
+    prefix: &str,
+) -> Result<RebindDone, StoreError> {
     let scope = rebind.scope.as_ref().map(|s| s.as_str());
     let done = sqlx::query("UPDATE fencegate_kv SET scope = $2 WHERE substr(key, 1, length($1)) = $1 AND scope IS DISTINCT FROM $2")
         .bind(prefix)

@@ -10,8 +10,8 @@ use super::{sql::Statements, SqliteStore};
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
-        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db, Claimed, Entry, KeyState, Refusal, Seen,
-        StoreError, Write, Written, SCOPE_STATE,
+        backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db,
+        Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
     },
 };
 
@@ -36,7 +36,11 @@ impl KvStore for SqliteStore {
         }
     }
 
-    async fn batch(&self, writes: &[Write], guard: &Guard) -> Result<Outcome<Vec<Written>>, StoreError> {
+    async fn batch(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Outcome<Vec<Written>>, StoreError> {
         let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
         for write in writes {
             last.insert(write.key(), write);
@@ -56,7 +60,11 @@ impl KvStore for SqliteStore {
         let mut refused = Vec::new();
         for (key, write) in &last {
             match Self::put_one(&mut tx, sql, write, guard).await? {
-                Some(version) => written.push(Written { key: (*key).clone(), was_live: version != 1, version }),
+                Some(version) => written.push(Written {
+                    key: (*key).clone(),
+                    was_live: version != 1,
+                    version,
+                }),
                 None => refused.push((*key).clone()),
             }
         }
@@ -77,7 +85,8 @@ impl KvStore for SqliteStore {
         .await?;
         let Some(row) = row else { return Ok(None) };
         let text: String = row.try_get(0)?;
-        let value = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(format!("stored value is not JSON: {e}")))?;
+        let value = serde_json::from_str(&text)
+            .map_err(|e| StoreError::Corrupt(format!("stored value is not JSON: {e}")))?;
         Ok(Some(Entry {
             value,
             fence_token: token_from_db(row.try_get(1)?)?,
@@ -88,61 +97,91 @@ impl KvStore for SqliteStore {
     }
 
     /// Raises the scope's fence to `token` (inclusive rule), or says why not.
-    async fn claim(&self, scope: &Scope, token: FencingToken) -> Result<Outcome<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<Outcome<Claimed>, StoreError> {
         let version: Option<i64> = sqlx::query_scalar(&self.sql.inclusive.claim)
             .bind(scope.as_str())
             .bind(token.get())
             .fetch_optional(&self.pool)
             .await?;
         if let Some(version) = version {
-            return Ok(Outcome::Accepted(Claimed { created: version == 1 }));
+            return Ok(Outcome::Accepted(Claimed {
+                created: version == 1,
+            }));
         }
-        let guard = Guard { token, target: Target::Scope(scope.clone()), rule: Rule::Inclusive };
+        let guard = Guard {
+            token,
+            target: Target::Scope(scope.clone()),
+            rule: Rule::Inclusive,
+        };
         Ok(self.refusal(&[], &guard).await?.outcome())
     }
 
     async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError> {
-        let current: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
-            .bind(scope.as_str())
-            .fetch_optional(&self.pool)
-            .await?;
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
+                .bind(scope.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
         current.map(token_from_db).transpose()
     }
 
     async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError> {
-        scope_state_from(sqlx::query_as(SCOPE_STATE).bind(scope.as_str()).fetch_one(&self.pool).await?)
+        scope_state_from(
+            sqlx::query_as(SCOPE_STATE)
+                .bind(scope.as_str())
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 }
 
 impl SqliteStore {
     /// fence is decided by the claim that precedes a scoped write).
-    async fn put_one(conn: &mut SqliteConnection, sql: &Statements, write: &Write, guard: &Guard) -> Result<Option<i64>, StoreError> {
+    async fn put_one(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        write: &Write,
+        guard: &Guard,
+    ) -> Result<Option<i64>, StoreError> {
         let (key, value, deleted) = match write {
             Write::Put { key, value } => (key, Some(value.to_string()), false),
             Write::Delete { key } => (key, None, true),
         };
         let version = match &guard.target {
-            Target::Key => sqlx::query_scalar(&sql.put_key)
-                .bind(key.as_str())
-                .bind(value)
-                .bind(deleted)
-                .bind(guard.token.get())
-                .fetch_optional(&mut *conn)
-                .await?,
-            Target::Scope(scope) => sqlx::query_scalar(&sql.put_scoped)
-                .bind(key.as_str())
-                .bind(value)
-                .bind(deleted)
-                .bind(guard.token.get())
-                .bind(scope.as_str())
-                .fetch_optional(&mut *conn)
-                .await?,
+            Target::Key => {
+                sqlx::query_scalar(&sql.put_key)
+                    .bind(key.as_str())
+                    .bind(value)
+                    .bind(deleted)
+                    .bind(guard.token.get())
+                    .fetch_optional(&mut *conn)
+                    .await?
+            }
+            Target::Scope(scope) => {
+                sqlx::query_scalar(&sql.put_scoped)
+                    .bind(key.as_str())
+                    .bind(value)
+                    .bind(deleted)
+                    .bind(guard.token.get())
+                    .bind(scope.as_str())
+                    .fetch_optional(&mut *conn)
+                    .await?
+            }
         };
         Ok(version)
     }
 
     /// Claims the guard's scope inside `conn`; `false` if the scope's fence refused the token.
-    pub(super) async fn claim_in(conn: &mut SqliteConnection, claim: &str, scope: &Scope, token: FencingToken) -> Result<bool, StoreError> {
+    pub(super) async fn claim_in(
+        conn: &mut SqliteConnection,
+        claim: &str,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<bool, StoreError> {
         let version: Option<i64> = sqlx::query_scalar(claim)
             .bind(scope.as_str())
             .bind(token.get())
@@ -163,15 +202,24 @@ impl SqliteStore {
                 .await?;
             rows.extend(row);
         }
-        let mut seen = Seen { keys: Default::default(), scope_fence: None, latest_issued: None };
+        let mut seen = Seen {
+            keys: Default::default(),
+            scope_fence: None,
+            latest_issued: None,
+        };
         for row in &rows {
             let key: &str = row.try_get(0)?;
-            seen.keys.insert(key, KeyState { key_fence: token_from_db(row.try_get(1)?)?, scope: row.try_get(2)? });
+            seen.keys.insert(
+                key,
+                KeyState {
+                    key_fence: token_from_db(row.try_get(1)?)?,
+                    scope: row.try_get(2)?,
+                },
+            );
         }
         if let Some(scope) = guard.scope() {
             (seen.scope_fence, seen.latest_issued) = self.scope_state(scope).await?;
         }
         explain_refusal(keys, &seen, guard, &self.checks)
     }
-
 }

@@ -21,7 +21,13 @@ impl LockStore for SqliteStore {
     /// transaction that reads the clock once: the grant and, if it refuses, the holder are
     /// judged at the same instant, so "not granted" always finds the holder. (The single
     /// connection serializes transactions: nothing else runs in between.)
-    async fn acquire(&self, name: &Scope, owner: &str, ttl: Ttl, actor: Option<&str>) -> Result<Acquired, StoreError> {
+    async fn acquire(
+        &self,
+        name: &Scope,
+        owner: &str,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Acquired, StoreError> {
         let mut tx = self.pool.begin().await?;
         let acquired = self.acquire_in(&mut tx, name, owner, ttl, actor).await?;
         match acquired {
@@ -33,7 +39,13 @@ impl LockStore for SqliteStore {
 
     /// `None` if `token` does not hold the lease (expired, released, taken over), or `actor`
     /// is given and another actor took it.
-    async fn renew(&self, name: &Scope, token: FencingToken, ttl: Ttl, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+    async fn renew(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        ttl: Ttl,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError> {
         let sql = format!(
             "UPDATE fencegate_locks SET expires_at_ms = {NOW_MS} + ?3
              WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
@@ -48,19 +60,35 @@ impl LockStore for SqliteStore {
             .bind(actor)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|row| Ok(Lease { name: name.clone(), owner: row.try_get(0)?, token, expires_at: row.try_get(1)? }))
-            .transpose()
+        row.map(|row| {
+            Ok(Lease {
+                name: name.clone(),
+                owner: row.try_get(0)?,
+                token,
+                expires_at: row.try_get(1)?,
+            })
+        })
+        .transpose()
     }
 
     /// `None` if `token` does not hold the lease, or `actor` is given and another actor took it.
-    async fn release(&self, name: &Scope, token: FencingToken, actor: Option<&str>) -> Result<Option<Lease>, StoreError> {
+    async fn release(
+        &self,
+        name: &Scope,
+        token: FencingToken,
+        actor: Option<&str>,
+    ) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let sql = format!(
             "SELECT owner FROM fencegate_locks WHERE name = ?1 AND token = ?2 AND owner IS NOT NULL AND expires_at_ms > {NOW_MS}
                  AND (?3 IS NULL OR actor IS NULL OR actor = ?3)"
         );
-        let owner: Option<String> =
-            sqlx::query_scalar(&sql).bind(name.as_str()).bind(token.get()).bind(actor).fetch_optional(&mut *tx).await?;
+        let owner: Option<String> = sqlx::query_scalar(&sql)
+            .bind(name.as_str())
+            .bind(token.get())
+            .bind(actor)
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some(owner) = owner else {
             tx.rollback().await?;
             return Ok(None);
@@ -69,14 +97,23 @@ impl LockStore for SqliteStore {
             .bind(name.as_str())
             .execute(&mut *tx)
             .await?;
-        let now: String = sqlx::query_scalar(&format!("SELECT {NOW_TEXT}")).fetch_one(&mut *tx).await?;
+        let now: String = sqlx::query_scalar(&format!("SELECT {NOW_TEXT}"))
+            .fetch_one(&mut *tx)
+            .await?;
         tx.commit().await?;
-        Ok(Some(Lease { name: name.clone(), owner, token, expires_at: now }))
+        Ok(Some(Lease {
+            name: name.clone(),
+            owner,
+            token,
+            expires_at: now,
+        }))
     }
 
     async fn holder(&self, name: &Scope) -> Result<Option<Holder>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(&mut *conn).await?;
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&mut *conn)
+            .await?;
         holder_at(&mut conn, name, now).await
     }
 }
@@ -90,10 +127,11 @@ impl SqliteStore {
         ttl: Ttl,
         actor: Option<&str>,
     ) -> Result<Acquired, StoreError> {
-        let fence: Option<i64> = sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
-            .bind(name.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+        let fence: Option<i64> =
+            sqlx::query_scalar("SELECT fence_token FROM fencegate_fences WHERE scope = ?1")
+                .bind(name.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         let (latest, owned): (Option<i64>, bool) =
             sqlx::query_as("SELECT token, owner IS NOT NULL FROM fencegate_locks WHERE name = ?1")
                 .bind(name.as_str())
@@ -106,7 +144,9 @@ impl SqliteStore {
         if fence.unwrap_or(0).max(latest.unwrap_or(0)) == i64::MAX {
             return Ok(Acquired::Exhausted);
         }
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}")).fetch_one(&mut *tx).await?;
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&mut *tx)
+            .await?;
         let acquire = format!(
             "INSERT INTO fencegate_locks AS l (name, owner, token, expires_at_ms, granted_at, actor)
              VALUES (?1, ?2, ?4 + 1, ?6 + ?3, {NOW_TEXT}, ?5)
@@ -130,23 +170,35 @@ impl SqliteStore {
             // Refused at `now`: held at `now`, by the row as it is (nothing else ran since).
             return match holder_at(&mut *tx, name, now).await? {
                 Some(holder) => Ok(Acquired::Held(holder)),
-                None => Err(StoreError::Corrupt(format!("lock {name} is neither free nor held"))),
+                None => Err(StoreError::Corrupt(format!(
+                    "lock {name} is neither free nor held"
+                ))),
             };
         };
         let token = token_from_db(row.try_get(0)?)?;
         if !Self::claim_in(&mut *tx, &self.sql.inclusive.grant_claim, name, token).await? {
-            return Err(StoreError::Corrupt(format!("the grant of lock {name} could not claim its scope")));
+            return Err(StoreError::Corrupt(format!(
+                "the grant of lock {name} could not claim its scope"
+            )));
         }
         if owned {
             crate::store::count_takeover();
         }
-        Ok(Acquired::Granted(Lease { name: name.clone(), owner: owner.to_owned(), token, expires_at: row.try_get(1)? }))
+        Ok(Acquired::Granted(Lease {
+            name: name.clone(),
+            owner: owner.to_owned(),
+            token,
+            expires_at: row.try_get(1)?,
+        }))
     }
-
 }
 
 /// Who holds the lock `name` at `now_ms`, if anyone.
-async fn holder_at(conn: &mut SqliteConnection, name: &Scope, now_ms: i64) -> Result<Option<Holder>, StoreError> {
+async fn holder_at(
+    conn: &mut SqliteConnection,
+    name: &Scope,
+    now_ms: i64,
+) -> Result<Option<Holder>, StoreError> {
     let row = sqlx::query(
         "SELECT owner, max(0, expires_at_ms - ?2), token, actor FROM fencegate_locks
          WHERE name = ?1 AND owner IS NOT NULL AND expires_at_ms > ?2",

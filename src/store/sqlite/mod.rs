@@ -84,7 +84,11 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
             .connect_with(options)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot open the SQLite database {url}: {e} (check database.sqlite_path)"))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the SQLite database {url}: {e} (check database.sqlite_path)"
+                )
+            })?;
         let store = SqliteStore {
             pool,
             sql: ByRule::build(|rule| Statements::new(rule, &checks)).into(),
@@ -97,7 +101,10 @@ impl SqliteStore {
     }
 
     async fn migrate(&self) -> anyhow::Result<()> {
-        MIGRATOR.run(&self.pool).await.map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations failed: {e}"))
     }
 
     fn statements(&self, rule: Rule) -> &Statements {
@@ -108,7 +115,9 @@ impl SqliteStore {
 impl Backend for SqliteStore {
     /// Ready = every migration this binary knows is applied. A file is always "primary".
     async fn ready(&self) -> Result<(), StoreError> {
-        let applied: i64 = sqlx::query_scalar(MIGRATIONS_APPLIED).fetch_one(&self.pool).await?;
+        let applied: i64 = sqlx::query_scalar(MIGRATIONS_APPLIED)
+            .fetch_one(&self.pool)
+            .await?;
         super::migrated(applied, &MIGRATOR)
     }
 
@@ -140,15 +149,27 @@ impl TableStore for SqliteStore {
         )
     }
 
-    async fn table_write(&self, _op: &TableOp, _guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
+    async fn table_write(
+        &self,
+        _op: &TableOp,
+        _guard: &Guard,
+    ) -> Result<Outcome<RowWritten>, TableError> {
         Err(not_postgres())
     }
 
-    async fn batch_tables(&self, _ops: &[BatchOp], _guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+    async fn batch_tables(
+        &self,
+        _ops: &[BatchOp],
+        _guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError> {
         Err(not_postgres())
     }
 
-    async fn table_get(&self, _resource: &Resource, _key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+    async fn table_get(
+        &self,
+        _resource: &Resource,
+        _key: &RowKey,
+    ) -> Result<Option<RowEntry>, TableError> {
         Err(not_postgres())
     }
 
@@ -159,5 +180,7 @@ impl TableStore for SqliteStore {
 }
 
 fn not_postgres() -> TableError {
-    TableError::Store(StoreError::Corrupt("legacy tables need the PostgreSQL store".into()))
+    TableError::Store(StoreError::Corrupt(
+        "legacy tables need the PostgreSQL store".into(),
+    ))
 }

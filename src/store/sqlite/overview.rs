@@ -25,9 +25,18 @@ const FENCES: &str = "
 impl OverviewStore for SqliteStore {
     /// No unfenced writes to show: SQLite has no legacy tables, so no guard triggers.
     async fn overview(&self) -> Result<Overview, StoreError> {
-        let locks = sqlx::query(LOCKS).bind(MAX_LOCKS).fetch_all(&self.pool).await?;
-        let fences = sqlx::query(FENCES).bind(MAX_FENCES).fetch_all(&self.pool).await?;
-        let refusals = sqlx::query(super::refusals::SELECT).bind(MAX_REFUSALS).fetch_all(&self.pool).await?;
+        let locks = sqlx::query(LOCKS)
+            .bind(MAX_LOCKS)
+            .fetch_all(&self.pool)
+            .await?;
+        let fences = sqlx::query(FENCES)
+            .bind(MAX_FENCES)
+            .fetch_all(&self.pool)
+            .await?;
+        let refusals = sqlx::query(super::refusals::SELECT)
+            .bind(MAX_REFUSALS)
+            .fetch_all(&self.pool)
+            .await?;
         overview_from(locks, fences, refusals)
     }
 }

@@ -53,7 +53,10 @@ impl RefusalStore for SqliteStore {
     }
 
     async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
-        let rows = sqlx::query(SELECT).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(SELECT)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(refusal_json).collect()
     }
 }

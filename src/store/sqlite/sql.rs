@@ -52,11 +52,19 @@ impl Statements {
     pub(super) fn new(rule: Rule, checks: &Checks) -> Self {
         let on_conflict = kv_on_conflict();
         let scope_check = sql_scope_check(checks.scopes, "kv.scope", "excluded.scope");
-        let key_jump = sql_jump_check(checks.jump, "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = ?1)", "?4");
+        let key_jump = sql_jump_check(
+            checks.jump,
+            "(SELECT key_fence FROM fencegate_kv AS jf WHERE jf.key = ?1)",
+            "?4",
+        );
         let scope_gate = format!(
             "{} AND {}",
             sql_issued_check("?1", "?2", &checks.reserved),
-            sql_jump_check(checks.jump, "(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = ?1)", "?2")
+            sql_jump_check(
+                checks.jump,
+                "(SELECT fence_token FROM fencegate_fences AS jf WHERE jf.scope = ?1)",
+                "?2"
+            )
         );
         // INSERT .. SELECT needs a WHERE before ON CONFLICT (SQLite's parser), gate or not.
         // The jump cap is in the gate only: see the module docs.

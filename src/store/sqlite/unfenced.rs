@@ -11,7 +11,10 @@ pub struct Writer(SqliteConnection);
 impl Writer {
     pub async fn connect(url: &str) -> anyhow::Result<Self> {
         // The fencegate process has the same file open: wait for its write lock.
-        let mut conn = SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(5)).connect().await?;
+        let mut conn = SqliteConnectOptions::from_str(url)?
+            .busy_timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS fencegate_demo_unfenced (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             .execute(&mut conn)
             .await?;
@@ -19,10 +22,11 @@ impl Writer {
     }
 
     pub async fn read(&mut self, key: &str) -> anyhow::Result<Option<serde_json::Value>> {
-        let value: Option<String> = sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = ?1")
-            .bind(key)
-            .fetch_optional(&mut self.0)
-            .await?;
+        let value: Option<String> =
+            sqlx::query_scalar("SELECT value FROM fencegate_demo_unfenced WHERE key = ?1")
+                .bind(key)
+                .fetch_optional(&mut self.0)
+                .await?;
         Ok(value.map(|v| serde_json::from_str(&v)).transpose()?)
     }
 

@@ -4,11 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Connection;
 
-use super::{explain::check_token_fits, rows::{fence_row, write_row}};
+use super::{
+    explain::check_token_fits,
+    rows::{fence_row, write_row},
+};
 use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
-        pg::{kv::BatchKv, PgStore}, BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
+        pg::{kv::BatchKv, PgStore},
+        BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
     },
     tables::{RowWrite, TableOp},
 };
@@ -19,7 +23,11 @@ impl PgStore {
     /// Lock order, the same in every batch so batches cannot deadlock each other: the scope,
     /// then kv keys (sorted), then ledger rows sorted by (table, key); row writes then follow in
     /// request order (so a parent row can be inserted before its children).
-    pub(super) async fn apply_batch(&self, batch: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+    pub(super) async fn apply_batch(
+        &self,
+        batch: &[BatchOp],
+        guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError> {
         let (token, scope, kv_rule) = (guard.token, guard.scope(), guard.rule);
         let mut kv = Vec::new();
         // Table ops with their index in the request, for error messages.
@@ -37,7 +45,9 @@ impl PgStore {
             }
         };
         let scope_rule = Rule::strictest(
-            ops.iter().map(|(_, op)| op.resource.rule).chain((!kv.is_empty()).then_some(kv_rule)),
+            ops.iter()
+                .map(|(_, op)| op.resource.rule)
+                .chain((!kv.is_empty()).then_some(kv_rule)),
         );
         let guard_for = |rule: Rule| Guard {
             token,
@@ -47,7 +57,11 @@ impl PgStore {
         let mut keys = Vec::with_capacity(ops.len());
         for &(i, op) in &ops {
             check_token_fits(&op.resource, token, scope.is_some()).map_err(in_op(i))?;
-            keys.push(self.canonical(&op.resource, &op.key, &op.write).await.map_err(in_op(i))?);
+            keys.push(
+                self.canonical(&op.resource, &op.key, &op.write)
+                    .await
+                    .map_err(in_op(i))?,
+            );
         }
 
         let mut conn = self.conns.take().await?;
@@ -79,7 +93,8 @@ impl PgStore {
         // Each row's fence once, in (table, key) order.
         let mut rows: BTreeMap<(&str, &str), usize> = BTreeMap::new();
         for (n, ((_, op), key)) in ops.iter().zip(&keys).enumerate() {
-            rows.entry((op.resource.relation.as_str(), key.text.as_str())).or_insert(n);
+            rows.entry((op.resource.relation.as_str(), key.text.as_str()))
+                .or_insert(n);
         }
         let mut live: HashMap<(&str, &str), bool> = HashMap::new();
         let mut stale = Vec::new();
@@ -88,9 +103,19 @@ impl PgStore {
         for (&row, &first) in &rows {
             let resource = &ops[first].1.resource;
             let deletes = ops.iter().zip(&keys).any(|((_, op), key)| {
-                (op.resource.relation.as_str(), key.text.as_str()) == row && matches!(op.write, RowWrite::Delete)
+                (op.resource.relation.as_str(), key.text.as_str()) == row
+                    && matches!(op.write, RowWrite::Delete)
             });
-            match fence_row(&mut tx, resource, &keys[first], &guard_for(resource.rule), deletes, self.checks()).await? {
+            match fence_row(
+                &mut tx,
+                resource,
+                &keys[first],
+                &guard_for(resource.rule),
+                deletes,
+                self.checks(),
+            )
+            .await?
+            {
                 Ok(existed) => {
                     live.insert(row, existed);
                 }
@@ -126,18 +151,23 @@ impl PgStore {
             let row = (op.resource.relation.as_str(), key.text.as_str());
             let existed = live[&row];
             let guard = guard_for(op.resource.rule);
-            if let Err(failure) = write_row(&mut tx, &op.resource, key, &op.write, &guard, existed).await {
+            if let Err(failure) =
+                write_row(&mut tx, &op.resource, key, &op.write, &guard, existed).await
+            {
                 drop(tx);
                 drop(conn); // before explaining, as in `table_write`
-                return Err(in_op(i)(self.explain(failure, &op.resource, &op.write).await));
+                return Err(in_op(i)(
+                    self.explain(failure, &op.resource, &op.write).await,
+                ));
             }
             live.insert(row, !matches!(op.write, RowWrite::Delete));
-            row_written.push(RowWritten { key: key.text.clone(), existed });
+            row_written.push(RowWritten {
+                key: key.text.clone(),
+                existed,
+            });
         }
         tx.commit().await.map_err(StoreError::from)?;
         conn.done();
         Ok(Outcome::Accepted((kv_written, row_written)))
     }
-
 }
-

@@ -1,7 +1,6 @@
 //! Step 1: a row key parsed and printed canonically by PostgreSQL, so that one row has one
 //! fence whatever spelling of its key a client sends.
 
-
 use sqlx::Row;
 
 use super::{
@@ -10,9 +9,7 @@ use super::{
     TableError, MAX_CANONICAL_KEY,
 };
 use crate::{
-    store::{
-        pg::PgStore, StoreError,
-    },
+    store::{pg::PgStore, StoreError},
     tables::{canonical_key, Resource, RowError, RowKey, RowWrite},
 };
 
@@ -34,16 +31,22 @@ impl PgStore {
     ) -> Result<Result<String, crate::store::admin::ResetRefused>, StoreError> {
         match self.canonical(resource, key, &RowWrite::Delete).await {
             Ok(key) => Ok(Ok(key.text)),
-            Err(TableError::Row(err)) => Ok(Err(crate::store::admin::ResetRefused::Invalid(err.to_string()))),
+            Err(TableError::Row(err)) => Ok(Err(crate::store::admin::ResetRefused::Invalid(
+                err.to_string(),
+            ))),
             Err(TableError::Store(err)) => Err(err),
         }
     }
 
-
     /// Has PostgreSQL parse the key (and any key columns the body repeats) with the key
     /// columns' types, and prints it canonically. A value that does not parse is a 400 naming
     /// its column; a body naming another row than the URL is refused.
-    pub(super) async fn canonical(&self, resource: &Resource, key: &RowKey, write: &RowWrite) -> Result<CanonicalKey, TableError> {
+    pub(super) async fn canonical(
+        &self,
+        resource: &Resource,
+        key: &RowKey,
+        write: &RowWrite,
+    ) -> Result<CanonicalKey, TableError> {
         let sql = Sql(resource);
         let url: serde_json::Map<String, serde_json::Value> = resource
             .key_columns()
@@ -60,8 +63,11 @@ impl PgStore {
             }
             _ => None,
         };
-        let objects: Vec<serde_json::Value> =
-            std::iter::once(&url).chain(echo.as_ref()).cloned().map(serde_json::Value::Object).collect();
+        let objects: Vec<serde_json::Value> = std::iter::once(&url)
+            .chain(echo.as_ref())
+            .cloned()
+            .map(serde_json::Value::Object)
+            .collect();
         let texts: Vec<String> = resource.key.iter().map(|&i| sql.key_text(i)).collect();
         let statement = format!(
             "SELECT {texts} FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS e(j, n)
@@ -82,12 +88,16 @@ impl PgStore {
             Err(err) => {
                 drop(conn); // before explaining, which needs a connection of its own
                 return Err(match classify(err) {
-                    Failure::Data(message) | Failure::Row(RowError::Value { detail: message, .. }) => {
-                        self.key_culprit(resource, &url, echo.as_ref(), message).await?
+                    Failure::Data(message)
+                    | Failure::Row(RowError::Value {
+                        detail: message, ..
+                    }) => {
+                        self.key_culprit(resource, &url, echo.as_ref(), message)
+                            .await?
                     }
                     Failure::Row(err) => TableError::Row(err),
                     Failure::Store(err) => TableError::Store(err),
-                })
+                });
             }
         };
         let mut printed = Vec::with_capacity(rows.len());
@@ -103,7 +113,12 @@ impl PgStore {
             return Err(StoreError::Corrupt("key canonicalization returned no row".into()).into());
         };
         if let Some(echoed) = rest.first() {
-            if let Some((i, _)) = parts.iter().zip(echoed).enumerate().find(|(_, (a, b))| a != b) {
+            if let Some((i, _)) = parts
+                .iter()
+                .zip(echoed)
+                .enumerate()
+                .find(|(_, (a, b))| a != b)
+            {
                 let column = &resource.columns[resource.key[i]].name;
                 return Err(RowError::row(
                     column,
@@ -119,7 +134,10 @@ impl PgStore {
         if text.len() > MAX_CANONICAL_KEY {
             return Err(RowError::Key {
                 column: None,
-                detail: format!("the canonical key is {} bytes long; the limit is {MAX_CANONICAL_KEY}", text.len()),
+                detail: format!(
+                    "the canonical key is {} bytes long; the limit is {MAX_CANONICAL_KEY}",
+                    text.len()
+                ),
             }
             .into());
         }
@@ -144,7 +162,10 @@ impl PgStore {
                 let column = &resource.columns[index];
                 let value = json_text(object[&column.name].as_str().unwrap_or_default());
                 if let Some(detail) = self.refuses(resource, index, &value).await? {
-                    let detail = format!("key column {:?} ({}): {detail}", column.name, column.sql_type);
+                    let detail = format!(
+                        "key column {:?} ({}): {detail}",
+                        column.name, column.sql_type
+                    );
                     let column = Some(column.name.clone());
                     return Ok(TableError::Row(if from_url {
                         RowError::Key { column, detail }
@@ -154,7 +175,9 @@ impl PgStore {
                 }
             }
         }
-        Ok(TableError::Row(RowError::Key { column: None, detail: message }))
+        Ok(TableError::Row(RowError::Key {
+            column: None,
+            detail: message,
+        }))
     }
-
 }

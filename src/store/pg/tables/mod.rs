@@ -33,7 +33,8 @@ use super::{catalog, sql_fence, PgStore};
 use crate::{
     fence::{FencingToken, Guard, Outcome},
     store::{
-        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, StoreError, TableError,
+        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten,
+        StoreError, TableError,
     },
     tables::{Resource, ResourceSettings, Resources, RowKey, RowWrite, TableOp},
 };
@@ -50,50 +51,71 @@ impl TableStore for PgStore {
     }
 
     /// One fenced write to a row (PUT, PATCH or DELETE).
-    async fn table_write(&self, op: &TableOp, guard: &Guard) -> Result<Outcome<RowWritten>, TableError> {
+    async fn table_write(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+    ) -> Result<Outcome<RowWritten>, TableError> {
         let resource = &*op.resource;
         check_token_fits(resource, guard.token, guard.scope().is_some())?;
         let key = self.canonical(resource, &op.key, &op.write).await?;
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await.map_err(StoreError::from)?;
         if let Some(scope) = guard.scope() {
-            if let Err(refusal) = self.claim_scope(&mut tx, scope, guard.token, guard.rule).await? {
+            if let Err(refusal) = self
+                .claim_scope(&mut tx, scope, guard.token, guard.rule)
+                .await?
+            {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
                 return Ok(refusal.outcome());
             }
         }
         let deletes = matches!(op.write, RowWrite::Delete);
-        let existed = match fence_row(&mut tx, resource, &key, guard, deletes, self.checks()).await? {
-            Ok(existed) => existed,
-            Err(refusal) => {
-                tx.rollback().await.map_err(StoreError::from)?;
-                conn.done();
-                return Ok(refusal.outcome());
-            }
-        };
+        let existed =
+            match fence_row(&mut tx, resource, &key, guard, deletes, self.checks()).await? {
+                Ok(existed) => existed,
+                Err(refusal) => {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    conn.done();
+                    return Ok(refusal.outcome());
+                }
+            };
         if let Err(failure) = write_row(&mut tx, resource, &key, &op.write, guard, existed).await {
             drop(tx); // rolls back
-            // Give the connection back before explaining, which takes one of its own: holding
-            // both could exhaust max_connections under concurrent failing writes.
+                      // Give the connection back before explaining, which takes one of its own: holding
+                      // both could exhaust max_connections under concurrent failing writes.
             drop(conn);
             return Err(self.explain(failure, resource, &op.write).await);
         }
         tx.commit().await.map_err(StoreError::from)?;
         conn.done();
-        Ok(Outcome::Accepted(RowWritten { key: key.text, existed }))
+        Ok(Outcome::Accepted(RowWritten {
+            key: key.text,
+            existed,
+        }))
     }
 
     /// See `batch.rs`.
-    async fn batch_tables(&self, ops: &[BatchOp], guard: &Guard) -> Result<Outcome<BatchWritten>, TableError> {
+    async fn batch_tables(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError> {
         self.apply_batch(ops, guard).await
     }
 
     /// Reads a row with the token of the last write fencegate accepted for it.
-    async fn table_get(&self, resource: &Resource, key: &RowKey) -> Result<Option<RowEntry>, TableError> {
+    async fn table_get(
+        &self,
+        resource: &Resource,
+        key: &RowKey,
+    ) -> Result<Option<RowEntry>, TableError> {
         let key = self.canonical(resource, key, &RowWrite::Delete).await?;
         let sql = Sql(resource);
-        let fence = sql.fence_column().map_or("NULL::int8".to_owned(), |c| format!("t.{c}::int8"));
+        let fence = sql
+            .fence_column()
+            .map_or("NULL::int8".to_owned(), |c| format!("t.{c}::int8"));
         let statement = format!(
             "SELECT to_jsonb(t)::text, l.token, l.scope, {fence}
              FROM {table} AS t CROSS JOIN {record}
@@ -124,8 +146,14 @@ impl TableStore for PgStore {
             (None, Some(ledger)) => (Some(token_from_db(ledger)?), scope),
             (None, None) => (None, None),
         };
-        let row = RawValue::from_string(text).map_err(|e| StoreError::Corrupt(format!("to_jsonb gave invalid JSON: {e}")))?;
-        Ok(Some(RowEntry { key: key.text, row, fence_token, scope }))
+        let row = RawValue::from_string(text)
+            .map_err(|e| StoreError::Corrupt(format!("to_jsonb gave invalid JSON: {e}")))?;
+        Ok(Some(RowEntry {
+            key: key.text,
+            row,
+            fence_token,
+            scope,
+        }))
     }
 
     async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError> {
@@ -140,6 +168,9 @@ mod tests {
     #[test]
     fn identifiers_are_quoted() {
         assert_eq!(quote_ident("id"), "\"id\"");
-        assert_eq!(quote_ident("id\"; DROP TABLE x; --"), "\"id\"\"; DROP TABLE x; --\"");
+        assert_eq!(
+            quote_ident("id\"; DROP TABLE x; --"),
+            "\"id\"\"; DROP TABLE x; --\""
+        );
     }
 }

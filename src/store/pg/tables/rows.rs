@@ -16,8 +16,9 @@ use crate::{
     fence::{verdict, Fenced, FencingToken, Guard, Held, ScopeHeld, Seen, Target},
     store::{
         pg::PgStore,
+        raced,
         sql::{fence_admits, sql_jump_check},
-        raced, token_from_db, Checks, Refusal, StoreError,
+        token_from_db, Checks, Refusal, StoreError,
     },
     tables::{Fence, Resource, RowError, RowWrite},
 };
@@ -31,22 +32,31 @@ impl PgStore {
         reset: &crate::store::admin::Reset,
         resource: &Resource,
         key: &str,
-    ) -> Result<Result<crate::store::admin::Change, crate::store::admin::ResetRefused>, StoreError> {
+    ) -> Result<Result<crate::store::admin::Change, crate::store::admin::ResetRefused>, StoreError>
+    {
         use crate::store::admin::{decide, Change, ResetRefused};
-        let ledger = sqlx::query("SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2 FOR UPDATE")
-            .bind(&resource.relation)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let ledger = sqlx::query(
+            "SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2 FOR UPDATE",
+        )
+        .bind(&resource.relation)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
         let (mut from, from_scope) = match &ledger {
-            Some(row) => (Some(token_from_db(row.try_get(0)?)?), row.try_get::<Option<String>, _>(1)?),
+            Some(row) => (
+                Some(token_from_db(row.try_get(0)?)?),
+                row.try_get::<Option<String>, _>(1)?,
+            ),
             None => (None, None),
         };
         let sql = Sql(resource);
         let key_json = {
             let values: serde_json::Map<String, serde_json::Value> = resource
                 .key_columns()
-                .zip(key.split(',').map(|p| crate::percent::decode_strict(p.as_bytes()).unwrap_or_default()))
+                .zip(
+                    key.split(',')
+                        .map(|p| crate::percent::decode_strict(p.as_bytes()).unwrap_or_default()),
+                )
                 .map(|(c, v)| (c.name.clone(), serde_json::Value::from(v)))
                 .collect();
             serde_json::Value::Object(values).to_string()
@@ -58,7 +68,10 @@ impl PgStore {
                 record = sql.record("$1", resource.key.iter().copied()),
                 matches = sql.key_match(),
             );
-            let value: Option<Option<i64>> = sqlx::query_scalar(&statement).bind(&key_json).fetch_optional(&mut *tx).await?;
+            let value: Option<Option<i64>> = sqlx::query_scalar(&statement)
+                .bind(&key_json)
+                .fetch_optional(&mut *tx)
+                .await?;
             if let Some(value) = value.flatten() {
                 let value = token_from_db(value)?;
                 from = Some(from.map_or(value, |f| f.max(value)));
@@ -91,11 +104,21 @@ impl PgStore {
                 record = sql.record("$1", resource.key.iter().copied()),
                 matches = sql.key_match(),
             );
-            sqlx::query(&statement).bind(&key_json).bind(to.get()).execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(&key_json)
+                .bind(to.get())
+                .execute(&mut *tx)
+                .await?;
         }
-        Ok(Ok(Change { name: key.to_owned(), resource: Some(resource.name.clone()), from, to, from_scope, to_scope }))
+        Ok(Ok(Change {
+            name: key.to_owned(),
+            resource: Some(resource.name.clone()),
+            from,
+            to,
+            from_scope,
+            to_scope,
+        }))
     }
-
 }
 
 /// Step 3: the row's fence. Returns whether the row exists, or the refusal. Afterwards this
@@ -110,7 +133,10 @@ pub(super) async fn fence_row(
     deletes: bool,
     checks: &Checks,
 ) -> Result<Result<bool, Refusal>, TableError> {
-    let fenced = || Fenced::Row { resource: resource.name.clone(), key: key.text.clone() };
+    let fenced = || Fenced::Row {
+        resource: resource.name.clone(),
+        key: key.text.clone(),
+    };
     let admitted: Option<i32> = match &guard.target {
         Target::Key => sqlx::query_scalar(&ledger_sql(guard.rule, checks))
             .bind(&resource.relation)
@@ -131,12 +157,14 @@ pub(super) async fn fence_row(
     if admitted.is_none() {
         // Read under the ledger row's lock, which the refused upsert took (if the row exists:
         // a token the jump cap refuses never reached it): exactly what refused.
-        let row = sqlx::query("SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2")
-            .bind(&resource.relation)
-            .bind(&key.text)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(StoreError::from)?;
+        let row = sqlx::query(
+            "SELECT fence, scope FROM fencegate_ledger WHERE relation = $1 AND key = $2",
+        )
+        .bind(&resource.relation)
+        .bind(&key.text)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(StoreError::from)?;
         // No ledger row: a token the jump cap refuses never reached one.
         let (fence, remembered): (Option<FencingToken>, Option<Option<String>>) = match &row {
             None => (None, None),
@@ -145,7 +173,11 @@ pub(super) async fn fence_row(
                 Some(row.try_get(1).map_err(StoreError::from)?),
             ),
         };
-        let held = Held { fenced: fenced(), fence, remembered: remembered.as_ref().map(Option::as_deref) };
+        let held = Held {
+            fenced: fenced(),
+            fence,
+            remembered: remembered.as_ref().map(Option::as_deref),
+        };
         return explain(held, guard, checks);
     }
     // Lock the table row (if any): from here to commit nobody else changes it. In column mode
@@ -183,7 +215,15 @@ pub(super) async fn fence_row(
         // NULL: the row has no token yet, and only the jump cap (counted from 0) refused.
         let fence: Option<i64> = row.try_get(0).map_err(StoreError::from)?;
         let fence = fence.map(token_from_db).transpose()?;
-        return explain(Held { fenced: fenced(), fence, remembered: None }, guard, checks);
+        return explain(
+            Held {
+                fenced: fenced(),
+                fence,
+                remembered: None,
+            },
+            guard,
+            checks,
+        );
     }
     Ok(Ok(true))
 }
@@ -191,8 +231,16 @@ pub(super) async fn fence_row(
 /// A refused row write, explained by [`crate::fence::verdict`] from what the row holds (read
 /// under the lock the refused statement took). A scoped write's scope was admitted by its claim
 /// in this transaction, so only the row itself is in question.
-fn explain(held: Held<'_>, guard: &Guard, checks: &Checks) -> Result<Result<bool, Refusal>, TableError> {
-    let seen = Seen { held: vec![held], scope: ScopeHeld::Admitted, binding: None };
+fn explain(
+    held: Held<'_>,
+    guard: &Guard,
+    checks: &Checks,
+) -> Result<Result<bool, Refusal>, TableError> {
+    let seen = Seen {
+        held: vec![held],
+        scope: ScopeHeld::Admitted,
+        binding: None,
+    };
     match verdict(&seen, guard, checks) {
         Err(refusal) => Ok(Err(refusal)),
         Ok(()) => Err(TableError::Store(raced(guard.token, guard.scope(), 1))),
@@ -216,8 +264,11 @@ pub(super) async fn write_row(
         (Fence::Column { column, .. }, Target::Key) => Some(*column),
         _ => None,
     };
-    let mut object: BTreeMap<&str, Box<RawValue>> =
-        key.json.iter().map(|(c, v)| (c.as_str(), json_text(v.as_str().unwrap_or_default()))).collect();
+    let mut object: BTreeMap<&str, Box<RawValue>> = key
+        .json
+        .iter()
+        .map(|(c, v)| (c.as_str(), json_text(v.as_str().unwrap_or_default())))
+        .collect();
     // Whether the statement uses $2 (the token, for the fence column).
     let binds_token = fence_column.is_some() && !matches!(write, RowWrite::Delete);
     let statement = match write {
@@ -228,9 +279,15 @@ pub(super) async fn write_row(
                 object.insert(&resource.columns[*index].name, value.clone());
             }
             let mut targets: Vec<String> = columns.iter().map(|&i| sql.col(i)).collect();
-            let mut sources: Vec<String> = columns.iter().map(|&i| format!("r.{}", sql.col(i))).collect();
-            let mut assign: Vec<String> =
-                values.set.iter().map(|(i, _)| format!("{c} = EXCLUDED.{c}", c = sql.col(*i))).collect();
+            let mut sources: Vec<String> = columns
+                .iter()
+                .map(|&i| format!("r.{}", sql.col(i)))
+                .collect();
+            let mut assign: Vec<String> = values
+                .set
+                .iter()
+                .map(|(i, _)| format!("{c} = EXCLUDED.{c}", c = sql.col(*i)))
+                .collect();
             if let Some(f) = fence_column {
                 targets.push(sql.col(f));
                 sources.push("$2".into());
@@ -258,7 +315,12 @@ pub(super) async fn write_row(
                 targets = targets.join(", "),
                 sources = sources.join(", "),
                 record = sql.record("$1", columns.iter().copied()),
-                keys = resource.key.iter().map(|&i| sql.col(i)).collect::<Vec<_>>().join(", "),
+                keys = resource
+                    .key
+                    .iter()
+                    .map(|&i| sql.col(i))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 assign = assign.join(", "),
             )
         }
@@ -274,8 +336,11 @@ pub(super) async fn write_row(
             for (index, value) in &values.set {
                 object.insert(&resource.columns[*index].name, value.clone());
             }
-            let mut assign: Vec<String> =
-                values.set.iter().map(|(i, _)| format!("{c} = r.{c}", c = sql.col(*i))).collect();
+            let mut assign: Vec<String> = values
+                .set
+                .iter()
+                .map(|(i, _)| format!("{c} = r.{c}", c = sql.col(*i)))
+                .collect();
             if let Some(f) = fence_column {
                 assign.push(format!("{} = $2", sql.col(f)));
             }
@@ -294,7 +359,8 @@ pub(super) async fn write_row(
             matches = sql.key_match(),
         ),
     };
-    let json = serde_json::to_string(&object).map_err(|e| Failure::Store(StoreError::Corrupt(e.to_string())))?;
+    let json = serde_json::to_string(&object)
+        .map_err(|e| Failure::Store(StoreError::Corrupt(e.to_string())))?;
     let mut query = sqlx::query(&statement).bind(json);
     if binds_token {
         query = query.bind(guard.token.get());

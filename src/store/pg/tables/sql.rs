@@ -1,12 +1,11 @@
 //! The SQL of legacy-table writes, built only from catalog-validated descriptions of the
 //! tables (identifiers quoted here and nowhere else) and the shared spelling of the fence rules.
 
-
-
 use crate::{
     fence::Rule,
     store::{
-        sql::{fence_admits, sql_jump_check, sql_scope_check}, Checks,
+        sql::{fence_admits, sql_jump_check, sql_scope_check},
+        Checks,
     },
     tables::{Fence, KeyText, Resource},
 };
@@ -21,7 +20,11 @@ pub(super) struct Sql<'a>(pub(super) &'a Resource);
 
 impl Sql<'_> {
     pub(in crate::store) fn table(&self) -> String {
-        format!("{}.{}", quote_ident(&self.0.schema), quote_ident(&self.0.table))
+        format!(
+            "{}.{}",
+            quote_ident(&self.0.schema),
+            quote_ident(&self.0.table)
+        )
     }
 
     pub(in crate::store) fn col(&self, index: usize) -> String {
@@ -32,7 +35,11 @@ impl Sql<'_> {
     /// value to the column's type exactly as `jsonb_populate_record` would (strings through the
     /// type's input function, arrays to arrays, objects to jsonb...). Only the listed columns are
     /// converted, so columns the request leaves out keep their defaults.
-    pub(in crate::store) fn record(&self, param: &str, columns: impl IntoIterator<Item = usize>) -> String {
+    pub(in crate::store) fn record(
+        &self,
+        param: &str,
+        columns: impl IntoIterator<Item = usize>,
+    ) -> String {
         let defs: Vec<String> = columns
             .into_iter()
             .map(|i| format!("{} {}", self.col(i), self.0.columns[i].sql_type))
@@ -42,7 +49,12 @@ impl Sql<'_> {
 
     /// `t."id" = r."id" AND ...`: the key columns of the table row and of the parsed key.
     pub(in crate::store) fn key_match(&self) -> String {
-        let parts: Vec<String> = self.0.key.iter().map(|&i| format!("t.{c} = r.{c}", c = self.col(i))).collect();
+        let parts: Vec<String> = self
+            .0
+            .key
+            .iter()
+            .map(|&i| format!("t.{c} = r.{c}", c = self.col(i)))
+            .collect();
         parts.join(" AND ")
     }
 
