@@ -59,12 +59,7 @@ impl Store {
         if settings.is_empty() {
             return Ok(Resources::default());
         }
-        let resources = on_backend!(&self.backend, b => b.resources(settings).await)?;
-        if resources.iter().any(|r| r.guard.is_some()) {
-            self.guarded
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        Ok(resources)
+        on_backend!(&self.backend, b => b.resources(settings).await)
     }
 
     pub async fn table_write(

@@ -85,14 +85,18 @@ pub(super) struct PgStore {
 }
 
 impl PgStore {
-    /// Connects, migrates if asked, and writes the guards of `fencegate.fence()`.
+    /// Connects, migrates if asked, and writes `fencegate.fence()` and its rules (`sql_fence`).
     pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
-        sql_fence::sync_guards(
+        sql_fence::sync(
             &pg.pool,
-            &settings.checks,
-            &settings.issuer_scopes,
-            settings.max_scope_bytes,
+            sql_fence::Sync {
+                schema: &settings.schema,
+                checks: &settings.checks,
+                issuer_scopes: &settings.issuer_scopes,
+                max_scope_bytes: settings.max_scope_bytes,
+                writers: &settings.sql_writers,
+            },
         )
         .await?;
         Ok(pg)

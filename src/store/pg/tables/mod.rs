@@ -33,7 +33,7 @@ use super::{catalog, sql_fence, PgStore};
 use crate::{
     fence::{FencingToken, Guard, Outcome},
     store::{
-        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten,
+        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, SqlSeen,
         StoreError, TableError,
     },
     tables::{Resource, ResourceSettings, Resources, RowKey, RowWrite, TableOp},
@@ -46,7 +46,7 @@ impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
-        sql_fence::install_guards(&self.pool, &all).await?;
+        sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
         Ok(resources)
     }
 
@@ -156,8 +156,18 @@ impl TableStore for PgStore {
         }))
     }
 
-    async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(sql_fence::unfenced_writes(&self.pool).await?)
+    async fn sql_writers(&self) -> Result<SqlSeen, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let seen = sql_fence::seen(&mut conn).await?;
+        // Marks of ended transactions: a primary's work, skipped (harmlessly) elsewhere.
+        if let Err(e) = sql_fence::forget_finished(&mut conn).await {
+            tracing::debug!(error = %e, "cannot delete the marks of ended transactions");
+        }
+        conn.done();
+        Ok(SqlSeen {
+            refusals: seen.refusals,
+            unfenced: seen.unfenced,
+        })
     }
 }
 
