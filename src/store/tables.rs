@@ -62,6 +62,23 @@ impl Store {
         on_backend!(&self.backend, b => b.resources(settings).await)
     }
 
+    /// The DDL that makes the guard triggers of `settings` (only `resource`'s, if given) ready,
+    /// for the tables' owners to run once: what start-up prints when a trigger is not ready.
+    pub async fn guard_ddl(
+        &self,
+        settings: &[ResourceSettings],
+        resource: Option<&str>,
+    ) -> anyhow::Result<String> {
+        match &self.backend {
+            super::backend::AnyBackend::Postgres(pg) => pg.guard_ddl(settings, resource).await,
+            super::backend::AnyBackend::Sqlite(_) => {
+                anyhow::bail!(
+                    "guarded tables need the PostgreSQL store: set DATABASE_URL or --database-url"
+                )
+            }
+        }
+    }
+
     pub async fn table_write(
         &self,
         op: &TableOp,

@@ -44,6 +44,7 @@ mod reload;
 mod restart;
 mod scopes;
 mod sources;
+mod sql_writers;
 mod sticky;
 mod tables;
 mod tls;

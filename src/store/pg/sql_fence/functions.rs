@@ -68,6 +68,7 @@ DECLARE
     v_strict  boolean;
     v_current bigint;
     v_marked  bigint;
+    v_created boolean := false;
 BEGIN
     SELECT * INTO STRICT g FROM fencegate_sql_guards;
     IF p_scope IS NULL OR p_scope = '' OR octet_length(p_scope) > g.max_scope_bytes OR p_scope ~ '[[:cntrl:]]' THEN
@@ -97,9 +98,13 @@ BEGIN
         RETURN p_token;
     END IF;
     v_strict := g.kv_strict OR p_scope = ANY (g.strict_scopes);
-    INSERT INTO fencegate_fences (scope, fence_token) VALUES (p_scope, 0) ON CONFLICT (scope) DO NOTHING;
+    -- A scope never fenced has no fence to pass (as an HTTP write's claim inserts its row); the
+    -- row made here counts as 0 for the jump cap, as a missing fence does over HTTP.
+    INSERT INTO fencegate_fences (scope, fence_token) VALUES (p_scope, 0) ON CONFLICT (scope) DO NOTHING
+        RETURNING true INTO v_created;
+    v_created := COALESCE(v_created, false);
     SELECT fence_token INTO STRICT v_current FROM fencegate_fences WHERE scope = p_scope FOR UPDATE;
-    IF NOT (CASE WHEN v_strict THEN {strict} ELSE {inclusive} END) THEN
+    IF NOT v_created AND NOT (CASE WHEN v_strict THEN {strict} ELSE {inclusive} END) THEN
         {stale}
         IF v_strict AND p_token = v_current THEN
             RAISE EXCEPTION 'token % is not above the fence % of scope % (strict: one write per token)', p_token, v_current, p_scope
@@ -119,7 +124,7 @@ BEGIN
         RAISE EXCEPTION 'token % would raise the fence of scope % from % by more than kv.max_token_jump', p_token, p_scope, v_current
             USING ERRCODE = 'FG422', DETAIL = format('presented_token=%s current_token=%s scope=%s', p_token, v_current, p_scope);
     END IF;
-    IF p_token > v_current THEN
+    IF v_created OR p_token > v_current THEN
         UPDATE fencegate_fences SET fence_token = p_token, version = version + 1, updated_at = now() WHERE scope = p_scope;
     END IF;
     INSERT INTO fencegate_sql_marks (xact, scope, token) VALUES (pg_catalog.pg_current_xact_id(), p_scope, p_token)

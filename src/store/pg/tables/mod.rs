@@ -31,7 +31,7 @@ use self::{
 };
 use super::{catalog, sql_fence, PgStore};
 use crate::{
-    fence::{FencingToken, Guard, Outcome},
+    fence::{FencingToken, Guard, Outcome, RowRef},
     store::{
         backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, SqlSeen,
         StoreError, TableError,
@@ -41,6 +41,64 @@ use crate::{
 
 /// A canonical key longer than this is refused: it is a btree index key in the ledger.
 pub(super) const MAX_CANONICAL_KEY: usize = 2048;
+
+impl PgStore {
+    /// See `Store::guard_ddl`.
+    pub(crate) async fn guard_ddl(
+        &self,
+        settings: &[ResourceSettings],
+        only: Option<&str>,
+    ) -> anyhow::Result<String> {
+        if let Some(name) = only {
+            if !settings.iter().any(|r| r.name == name) {
+                anyhow::bail!("no resource {name:?} in [[resources]] of the config file");
+            }
+        }
+        let resources = catalog::load(&self.pool, self.schema(), settings).await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut out = String::new();
+        for resource in resources.iter() {
+            if only.is_some_and(|name| name != resource.name) {
+                continue;
+            }
+            let Some(guard) = resource.guard else {
+                if only.is_some() {
+                    anyhow::bail!(
+                        "resource {:?} has no guard (set guard = \"audit\" or \"enforce\")",
+                        resource.name
+                    );
+                }
+                continue;
+            };
+            let covered = sql_fence::guards::inspect(&mut conn, self.schema(), resource).await?;
+            let owner = covered
+                .iter()
+                .find(|c| c.root)
+                .map(|c| c.owner.as_str())
+                .unwrap_or("?");
+            let ddl = sql_fence::guards::ddl(self.schema(), resource, &covered);
+            out.push_str(&format!(
+                "-- resource {:?} (guard = {:?}) on {}: ",
+                resource.name,
+                guard.as_str(),
+                resource.relation
+            ));
+            if ddl.is_empty() {
+                out.push_str("the trigger is ready; nothing to run\n");
+            } else {
+                out.push_str(&format!("run once as the table's owner ({owner}):\n"));
+                for statement in ddl {
+                    out.push_str(&statement);
+                    out.push('\n');
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push_str("-- no [[resources]] entry has a guard\n");
+        }
+        Ok(out)
+    }
+}
 
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
@@ -68,7 +126,11 @@ impl TableStore for PgStore {
             {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
-                return Ok(refusal.outcome());
+                let row = RowRef {
+                    resource: resource.name.clone(),
+                    key: key.text.clone(),
+                };
+                return Ok(refusal.outcome().for_row(&row));
             }
         }
         let deletes = matches!(op.write, RowWrite::Delete);
