@@ -615,3 +615,99 @@ async fn fence_and_http_writes_give_the_same_verdict_on_every_case() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_transaction_that_called_fence_cannot_be_prepared() {
+    let db = pg::fresh_database().await;
+    let app = spawn_app_on(db.clone(), |_| {}).await;
+    app.get("/readyz").await.expect(200); // migrated: fencegate.fence() exists
+    let mut conn = PgConnection::connect(&db).await.unwrap();
+    for round in 0..2 {
+        let (code, message) = try_sql(
+            &mut conn,
+            &format!(
+                "BEGIN; SELECT fencegate.fence('prepared', 3); PREPARE TRANSACTION 'fg-{round}'"
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert!(message.contains("temporary objects"), "{code}: {message}");
+    }
+    // Nothing of it stayed: the scope was never fenced.
+    app.fence("prepared").await.expect(404);
+    // A caller's own temporary object of that name is refused, never read.
+    let mut other = PgConnection::connect(&db).await.unwrap();
+    sqlx::raw_sql("CREATE TEMP VIEW fencegate_no_prepare AS SELECT 1")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let (code, _) = fenced_tx(&mut other, "prepared", 3, "").await.unwrap_err();
+    assert_eq!(code, "42P07");
+}
+
+#[tokio::test]
+async fn a_partitioned_tables_guard_covers_every_partition() {
+    let (mut admin, fg_url, app_url, roles) = guarded_setup(
+        "CREATE TABLE events (region text, id int, what text, PRIMARY KEY (region, id)) PARTITION BY LIST (region);
+         CREATE TABLE events_eu PARTITION OF events FOR VALUES IN ('eu');
+         CREATE TABLE events_us PARTITION OF events FOR VALUES IN ('us');
+         INSERT INTO events VALUES ('eu', 1, 'seed'), ('us', 1, 'seed')",
+        "events",
+    )
+    .await;
+    sql(
+        &mut admin,
+        &format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON events_eu, events_us TO {}",
+            roles[1]
+        ),
+    )
+    .await;
+    let app_role = roles[1].clone();
+    let configure = move |s: &mut fencegate::config::Settings| {
+        let mut resource = guarded(
+            "events",
+            "public.events",
+            FenceMode::Ledger,
+            GuardMode::Enforce,
+        );
+        resource.key = vec!["region".into(), "id".into()];
+        s.resources = vec![resource];
+        s.auth.roles = vec![sql_role(&app_role, &["job"])];
+    };
+    let ddl = guard_ddl_from_start(settings_on(&fg_url, &configure)).await;
+    for partition in ["public.events", "public.events_eu", "public.events_us"] {
+        assert!(
+            ddl.contains(&format!(
+                "ALTER TABLE {partition} ENABLE ALWAYS TRIGGER fencegate_guard;"
+            )),
+            "{ddl:?}"
+        );
+    }
+    for statement in &ddl {
+        sql(&mut admin, statement).await;
+    }
+    let app = spawn_app_on(fg_url.clone(), &configure).await;
+    app.get("/readyz").await.expect(200);
+    let mut writer = PgConnection::connect(&app_url).await.unwrap();
+    // Through the parent and straight into a partition: both refused without fence().
+    for statement in [
+        "UPDATE events SET what = 'x' WHERE id = 1",
+        "UPDATE events_us SET what = 'x' WHERE id = 1",
+        "INSERT INTO events_eu VALUES ('eu', 2, 'x')",
+    ] {
+        let (code, message) = try_sql(&mut writer, statement).await.unwrap_err();
+        assert_eq!(code, "FG428", "{statement}: {message}");
+    }
+    let token = grant(&app, "job", 60_000).await;
+    fenced_tx(
+        &mut writer,
+        "job",
+        token,
+        "UPDATE events_us SET what = 'fenced' WHERE id = 1",
+    )
+    .await
+    .unwrap();
+    drop((app, writer));
+    drop_roles(&mut admin, &roles).await;
+}

@@ -47,7 +47,8 @@ fn count(schema: &str, kind: &str) -> String {
 /// 5. the token does not jump past `kv.max_token_jump`: else FG422;
 ///
 /// then the fence is raised, the transaction is marked as fenced for the scope with the token
-/// (what the guard trusts), and its idle time is bounded. Calling it again in the same
+/// (what the guard trusts), made impossible to prepare (`PREPARE TRANSACTION` refuses a
+/// transaction that touched a temporary table), and its idle time is bounded. Calling it again in the same
 /// transaction with the same token returns at once (the fence is this transaction's already).
 pub fn fence_function(schema: &str, checks: &Checks) -> String {
     let inclusive = fence_admits(Rule::Inclusive, "v_current", "p_token");
@@ -69,6 +70,8 @@ DECLARE
     v_current bigint;
     v_marked  bigint;
     v_created boolean := false;
+    v_kind    text;
+    v_ours    boolean;
 BEGIN
     SELECT * INTO STRICT g FROM fencegate_sql_guards;
     IF p_scope IS NULL OR p_scope = '' OR octet_length(p_scope) > g.max_scope_bytes OR p_scope ~ '[[:cntrl:]]' THEN
@@ -129,6 +132,19 @@ BEGIN
     END IF;
     INSERT INTO fencegate_sql_marks (xact, scope, token) VALUES (pg_catalog.pg_current_xact_id(), p_scope, p_token)
         ON CONFLICT (xact, scope) DO UPDATE SET token = EXCLUDED.token;
+    -- A prepared transaction would hold the fence row after its session is gone, past any idle
+    -- timeout: a transaction that touched a temporary table cannot be prepared, so this one
+    -- touches one of fencegate's (created once per session; anything else of that name in the
+    -- way is refused, never read: it could run a caller's code as fencegate's role).
+    SELECT c.relkind::text, c.relowner = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)
+        INTO v_kind, v_ours FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('pg_temp.fencegate_no_prepare');
+    IF NOT FOUND THEN
+        CREATE TEMP TABLE pg_temp.fencegate_no_prepare ();
+    ELSIF v_kind <> 'r' OR NOT v_ours THEN
+        RAISE EXCEPTION 'fencegate.fence: pg_temp.fencegate_no_prepare is not fencegate''s: drop it'
+            USING ERRCODE = '42P07';
+    END IF;
+    PERFORM 1 FROM pg_temp.fencegate_no_prepare;
     IF g.idle_timeout_ms > 0 THEN
         PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', g.idle_timeout_ms || 'ms', true);
     END IF;
@@ -139,8 +155,8 @@ END $fence$"#
 
 /// `CREATE OR REPLACE FUNCTION {schema}.fencegate_guard()`: the trigger of a guarded table,
 /// whose one argument is the resource. Its mode and scope are read from `fencegate_guards`; a
-/// table the row does not name (the function attached elsewhere, a resource no longer
-/// configured) is let by and counted nowhere. A write by fencegate's own role passes (it is
+/// table the row does not name, itself or as a partition's ancestor (the function attached
+/// elsewhere, a resource no longer configured), is let by and counted nowhere. A write by fencegate's own role passes (it is
 /// fenced in its own statement); any other must come in a transaction that `fence()` marked
 /// for the resource's scope with a token the fence still admits.
 pub fn guard_function(schema: &str) -> String {
@@ -158,6 +174,11 @@ BEGIN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     END IF;
     SELECT * INTO g FROM fencegate_guards WHERE resource = TG_ARGV[0] AND relid = TG_RELID;
+    IF NOT FOUND THEN
+        -- A partition of the resource's table (its trigger is a clone of the table's).
+        SELECT * INTO g FROM fencegate_guards WHERE resource = TG_ARGV[0]
+            AND relid IN (SELECT pg_catalog.pg_partition_ancestors(TG_RELID));
+    END IF;
     IF NOT FOUND OR g.mode = 'off' THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     END IF;
