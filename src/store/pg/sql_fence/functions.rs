@@ -211,7 +211,7 @@ mod tests {
     fn the_bodies_carry_the_rules_of_the_http_statements() {
         let checks = Checks {
             jump: JumpCap(100),
-            reserved: Reserved::new(vec!["jobs/".into()]).unwrap(),
+            reserved: Reserved::new(&["jobs/".to_owned()]).unwrap(),
             ..Checks::default()
         };
         let body = fence_function("fencegate", &checks);

@@ -301,7 +301,7 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
 
 /// EXECUTE on the guard's function for exactly `owners` (who must run CREATE TRIGGER), revoked
 /// from everyone else, PUBLIC included.
-async fn grant_guard_execute(
+pub async fn grant_guard_execute(
     conn: &mut sqlx::PgConnection,
     schema: &str,
     owners: &[String],

@@ -57,6 +57,7 @@ impl PgStore {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
         let mut conn = self.pool.acquire().await?;
         let mut out = String::new();
+        let mut owners = Vec::new();
         for resource in resources.iter() {
             if only.is_some_and(|name| name != resource.name) {
                 continue;
@@ -77,6 +78,12 @@ impl PgStore {
                 .map(|c| c.owner.as_str())
                 .unwrap_or("?");
             let ddl = sql_fence::guards::ddl(self.schema(), resource, &covered);
+            owners.extend(
+                covered
+                    .iter()
+                    .filter(|c| c.installed != sql_fence::guards::Installed::Ready)
+                    .map(|c| c.owner.clone()),
+            );
             out.push_str(&format!(
                 "-- resource {:?} (guard = {:?}) on {}: ",
                 resource.name,
@@ -95,6 +102,17 @@ impl PgStore {
         }
         if out.is_empty() {
             out.push_str("-- no [[resources]] entry has a guard\n");
+        }
+        // The owners must be able to name the guard's function in CREATE TRIGGER (as start-up
+        // does while a trigger is missing: `sql_fence::guards::check`).
+        if !owners.is_empty() {
+            sql_fence::guards::grant_guard_execute(&mut conn, self.schema(), &owners)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot grant the tables' owners EXECUTE on the guard's function: {e}"
+                    )
+                })?;
         }
         Ok(out)
     }
