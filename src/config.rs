@@ -77,6 +77,11 @@ pub struct DatabaseSettings {
     /// `fencegate.fence()` (its `idle_in_transaction_session_timeout`), so a frozen client
     /// cannot hold a scope's fence for ever (0: fence() sets no bound).
     pub sql_fence_idle_timeout_ms: u64,
+    /// PostgreSQL over TCP: how long data sent to the server may stay unacknowledged before the
+    /// connection is given up (`TCP_USER_TIMEOUT`; keepalives are always on), so a partition
+    /// that silently drops packets fails statements within seconds instead of TCP's backoff,
+    /// and the pool is fresh when the network heals (0: the system's default).
+    pub tcp_user_timeout_ms: u64,
 }
 
 impl DatabaseSettings {
@@ -166,6 +171,7 @@ impl Default for DatabaseSettings {
             schema: "fencegate".into(),
             lock_timeout_ms: 5_000,
             sql_fence_idle_timeout_ms: 30_000,
+            tcp_user_timeout_ms: 10_000,
         }
     }
 }
@@ -186,6 +192,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("schema", &self.schema)
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("sql_fence_idle_timeout_ms", &self.sql_fence_idle_timeout_ms)
+            .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
             .finish()
     }
 }

@@ -35,6 +35,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The partition test (tests/api/partition.rs) drops a throwaway cluster's packets with iptables.
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # The console's browser tests (tests/browser): a headless chromium driven through chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)

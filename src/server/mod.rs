@@ -39,6 +39,7 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
         coalesce_max_rows: db.coalesce_max_rows,
         schema: db.schema.clone(),
         lock_timeout_ms: db.lock_timeout_ms,
+        tcp_user_timeout_ms: db.tcp_user_timeout_ms,
         checks: crate::store::Checks {
             reserved: settings.locks.reserved()?,
             ..settings.kv.checks()

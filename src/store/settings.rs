@@ -27,6 +27,8 @@ pub struct Settings {
     pub schema: String,
     /// PostgreSQL: the longest a statement waits for a row lock, then 503.
     pub lock_timeout_ms: u64,
+    /// PostgreSQL over TCP: `TCP_USER_TIMEOUT` of every connection (0: the system's default).
+    pub tcp_user_timeout_ms: u64,
     /// The checks every fenced statement makes besides the accept rule.
     pub checks: Checks,
     /// PostgreSQL: the scopes `[[issuers]]` sign tokens for, which `fencegate.fence()` (SQL

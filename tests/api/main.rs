@@ -39,6 +39,7 @@ mod openapi;
 mod operating;
 mod ops;
 mod outage;
+mod partition;
 mod poison;
 mod reload;
 mod restart;

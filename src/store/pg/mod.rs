@@ -105,6 +105,9 @@ impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
     async fn connect(settings: &Settings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let shown = crate::redact::redact_url(url);
+        // Every TCP connection from here on: keepalives, and sent data unacknowledged this long
+        // ends the connection (vendor/sqlx-core: a partition fails statements in seconds).
+        sqlx_core::net::set_tcp_user_timeout(Duration::from_millis(settings.tcp_user_timeout_ms));
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
         let (options, mut tls) = tls::options(url)?;
         let options: PgConnectOptions = tls
