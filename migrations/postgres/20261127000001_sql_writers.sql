@@ -60,6 +60,24 @@ BEGIN
         USING ERRCODE = 'FG403';
 END $$;
 
+-- The guard of triggers made by an older fencegate (arguments: resource, scope, mode), until
+-- fencegate's start writes the real body: it trusts nothing a writer can set, so `enforce`
+-- refuses every write but fencegate's own and `audit` counts every one.
+CREATE OR REPLACE FUNCTION fencegate_guard() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF session_user = (SELECT own_role FROM fencegate_sql_guards) THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_NARGS < 3 OR TG_ARGV[2] <> 'audit' THEN
+        RAISE EXCEPTION 'unfenced write to %: fencegate has not started on this database since its upgrade', TG_TABLE_NAME
+            USING ERRCODE = 'FG428';
+    END IF;
+    INSERT INTO fencegate_unfenced (resource, writes, last_role) VALUES (TG_ARGV[0], 1, session_user)
+    ON CONFLICT (resource) DO UPDATE SET writes = fencegate_unfenced.writes + 1, last_at = now(), last_role = EXCLUDED.last_role;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END $$;
+
 -- No one but fencegate's role (the owner) may call either function; fencegate grants EXECUTE
 -- on fence() to the [[auth.roles]] at start. A trigger runs its function whatever the writer's
 -- rights: only CREATE TRIGGER needs EXECUTE.

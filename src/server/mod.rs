@@ -20,9 +20,14 @@ use crate::{
     telemetry,
 };
 
-/// Opens the configured store (running migrations if configured).
+/// Opens the configured store (running migrations if configured), for a one-off command
+/// (`migrate`, `admin`, `guard sql`): it leaves what only `serve` writes alone (the rules of
+/// `fencegate.fence()`, its grants, the guards' modes), so a command run with a partial
+/// configuration or as another role cannot rewrite them.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    Store::open(&store_settings(settings)?).await
+    let mut store_settings = store_settings(settings)?;
+    store_settings.sql_writers = None;
+    Store::open(&store_settings).await
 }
 
 /// What the store needs from the configuration (the store does not read it itself).
@@ -50,7 +55,7 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
             .flat_map(|i| i.scopes.iter().cloned())
             .collect(),
         max_scope_bytes: settings.kv.max_key_bytes,
-        sql_writers: crate::store::SqlWriters {
+        sql_writers: Some(crate::store::SqlWriters {
             roles: settings
                 .auth
                 .roles
@@ -65,7 +70,7 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
                 .filter_map(|r| r.scope.clone())
                 .collect(),
             idle_timeout_ms: db.sql_fence_idle_timeout_ms,
-        },
+        }),
         fence_cache_capacity: settings.kv.fence_cache_capacity,
     })
 }
@@ -118,7 +123,7 @@ pub async fn serve_reloadable(
         .map(crate::tls::Tls::new)
         .transpose()?
         .map(Arc::new);
-    let store = open_store(&settings).await?;
+    let store = Store::open(&store_settings(&settings)?).await?;
     // Resources are checked against the catalog before the first request: a bad one fails start.
     let tables = store.resources(&settings.resources).await?;
     let state = AppState::new(crate::http::Shared {

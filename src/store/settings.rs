@@ -36,8 +36,9 @@ pub struct Settings {
     pub issuer_scopes: Vec<String>,
     /// PostgreSQL: the longest scope name `fencegate.fence()` accepts (`kv.max_key_bytes`).
     pub max_scope_bytes: usize,
-    /// PostgreSQL: who may call `fencegate.fence()`, and under which rule.
-    pub sql_writers: SqlWriters,
+    /// PostgreSQL: who may call `fencegate.fence()`, and under which rule; written to the
+    /// database (with the guards' modes) only by a serving process: `None` for a one-off command.
+    pub sql_writers: Option<SqlWriters>,
     /// Fences kept in the reject-only cache (0 disables it).
     pub fence_cache_capacity: usize,
 }

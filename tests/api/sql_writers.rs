@@ -227,6 +227,20 @@ async fn fence_is_executable_only_by_declared_roles_and_only_within_their_prefix
         .unwrap_err();
     assert_eq!(code, "FG403", "{message}");
     app.fence("payroll").await.expect(404);
+    // A one-off command with another configuration (here none) leaves the rules and grants
+    // that serving wrote alone.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .arg("migrate")
+        .env("DATABASE_URL", &fg_url)
+        .env_remove("FENCEGATE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fenced_tx(&mut app_conn, "billing/a", 5, "").await.unwrap();
     drop(app);
     // The role removed from the configuration: its EXECUTE is revoked at the next start.
     let app = spawn_app_on(fg_url.clone(), |_| {}).await;
@@ -490,6 +504,20 @@ async fn a_transaction_idle_after_fence_holds_the_fence_at_most_the_idle_timeout
     })
     .await;
     app.get("/readyz").await.expect(200); // migrated: fencegate.fence() exists
+                                          // A stricter bound the session already has is kept.
+    let mut strict = PgConnection::connect(&db).await.unwrap();
+    sqlx::raw_sql(
+        "SET idle_in_transaction_session_timeout = '700ms'; BEGIN; SELECT fencegate.fence('other', 1)",
+    )
+    .execute(&mut strict)
+    .await
+    .unwrap();
+    let shown: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+        .fetch_one(&mut strict)
+        .await
+        .unwrap();
+    assert_eq!(shown, "700ms");
+    drop(strict);
     let mut zombie = PgConnection::connect(&db).await.unwrap();
     sqlx::raw_sql("BEGIN; SELECT fencegate.fence('held', 1)")
         .execute(&mut zombie)
@@ -655,14 +683,18 @@ async fn a_partitioned_tables_guard_covers_every_partition() {
         "events",
     )
     .await;
+    // The application's role owns the tables, as it usually does.
     sql(
         &mut admin,
         &format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON events_eu, events_us TO {}",
-            roles[1]
+            "ALTER TABLE events OWNER TO {app}; ALTER TABLE events_eu OWNER TO {app}; ALTER TABLE events_us OWNER TO {app};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON events_eu, events_us TO {fg}; GRANT CREATE ON SCHEMA public TO {app}",
+            app = roles[1],
+            fg = roles[0]
         ),
     )
     .await;
+    let mut owner = PgConnection::connect(&app_url).await.unwrap();
     let app_role = roles[1].clone();
     let configure = move |s: &mut fencegate::config::Settings| {
         let mut resource = guarded(
@@ -685,16 +717,23 @@ async fn a_partitioned_tables_guard_covers_every_partition() {
         );
     }
     for statement in &ddl {
-        sql(&mut admin, statement).await;
+        sql(&mut owner, statement).await;
     }
     let app = spawn_app_on(fg_url.clone(), &configure).await;
     app.get("/readyz").await.expect(200);
-    let mut writer = PgConnection::connect(&app_url).await.unwrap();
+    // The owner can still add a partition (its trigger is cloned from the table's).
+    sql(
+        &mut owner,
+        "CREATE TABLE events_asia PARTITION OF events FOR VALUES IN ('asia')",
+    )
+    .await;
+    let mut writer = owner;
     // Through the parent and straight into a partition: both refused without fence().
     for statement in [
         "UPDATE events SET what = 'x' WHERE id = 1",
         "UPDATE events_us SET what = 'x' WHERE id = 1",
         "INSERT INTO events_eu VALUES ('eu', 2, 'x')",
+        "INSERT INTO events_asia VALUES ('asia', 1, 'x')",
     ] {
         let (code, message) = try_sql(&mut writer, statement).await.unwrap_err();
         assert_eq!(code, "FG428", "{statement}: {message}");

@@ -82,23 +82,28 @@ pub(super) struct PgStore {
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
     schema: Arc<str>,
+    /// A serving process: it writes the guards' modes and checks their triggers at start
+    /// (`sql_fence`); a one-off command does neither.
+    serving: bool,
 }
 
 impl PgStore {
     /// Connects, migrates if asked, and writes `fencegate.fence()` and its rules (`sql_fence`).
     pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
-        sql_fence::sync(
-            &pg.pool,
-            sql_fence::Sync {
-                schema: &settings.schema,
-                checks: &settings.checks,
-                issuer_scopes: &settings.issuer_scopes,
-                max_scope_bytes: settings.max_scope_bytes,
-                writers: &settings.sql_writers,
-            },
-        )
-        .await?;
+        if let Some(writers) = &settings.sql_writers {
+            sql_fence::sync(
+                &pg.pool,
+                sql_fence::Sync {
+                    schema: &settings.schema,
+                    checks: &settings.checks,
+                    issuer_scopes: &settings.issuer_scopes,
+                    max_scope_bytes: settings.max_scope_bytes,
+                    writers,
+                },
+            )
+            .await?;
+        }
         Ok(pg)
     }
 
@@ -180,6 +185,7 @@ impl PgStore {
             options: Arc::new(listener_options),
             replication: Arc::default(),
             schema: settings.schema.as_str().into(),
+            serving: settings.sql_writers.is_some(),
         };
         if settings.migrate_on_start {
             store.migrate_unless_standby().await?;

@@ -72,6 +72,7 @@ DECLARE
     v_created boolean := false;
     v_kind    text;
     v_ours    boolean;
+    v_idle    bigint;
 BEGIN
     SELECT * INTO STRICT g FROM fencegate_sql_guards;
     IF p_scope IS NULL OR p_scope = '' OR octet_length(p_scope) > g.max_scope_bytes OR p_scope ~ '[[:cntrl:]]' THEN
@@ -145,8 +146,12 @@ BEGIN
             USING ERRCODE = '42P07';
     END IF;
     PERFORM 1 FROM pg_temp.fencegate_no_prepare;
+    -- The bound never loosens a stricter one the session already has (pg_settings: in ms).
     IF g.idle_timeout_ms > 0 THEN
-        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', g.idle_timeout_ms || 'ms', true);
+        SELECT setting::bigint INTO v_idle FROM pg_catalog.pg_settings WHERE name = 'idle_in_transaction_session_timeout';
+        IF v_idle = 0 OR v_idle > g.idle_timeout_ms THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', g.idle_timeout_ms || 'ms', true);
+        END IF;
     END IF;
     RETURN p_token;
 END $fence$"#

@@ -157,15 +157,45 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
     let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
         .fetch_one(&mut *conn)
         .await?;
+    if standby {
+        return check_locked(&mut conn, schema, resources, true).await;
+    }
+    // Processes starting together check (and install) one after the other: one that finds a
+    // trigger missing must not fail while another is installing it.
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(super::SYNC_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let checked = check_locked(&mut conn, schema, resources, false).await;
+    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(super::SYNC_LOCK)
+        .execute(&mut *conn)
+        .await;
+    if unlocked.is_err() {
+        // Never hand a connection holding the lock back to the pool.
+        let _ = conn.detach().close().await;
+    }
+    checked
+}
+
+async fn check_locked(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+    resources: &[&Resource],
+    standby: bool,
+) -> anyhow::Result<()> {
     let (me, superuser): (String, bool) = sqlx::query_as(
         "SELECT current_user::text, rolsuper FROM pg_roles WHERE rolname = current_user",
     )
     .fetch_one(&mut *conn)
     .await?;
     let mut problems = Vec::new();
+    // The owners of guarded tables keep EXECUTE on the guard's function: CREATE TRIGGER needs it,
+    // and so does creating or attaching a partition (the trigger is cloned onto it). Anywhere
+    // else the function does nothing (it checks its resource's table).
     let mut owners_needing_execute = Vec::new();
     if !standby {
-        let mut tx = conn.begin().await?;
+        let mut tx = (*conn).begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(super::SYNC_LOCK)
             .execute(&mut *tx)
@@ -191,7 +221,7 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
         tx.commit().await?;
     }
     for resource in resources {
-        let covered = inspect(&mut conn, schema, resource).await?;
+        let covered = inspect(&mut *conn, schema, resource).await?;
         let name = &resource.name;
         let relation = &resource.relation;
         let Some(guard) = resource.guard else {
@@ -221,6 +251,7 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
             ));
             continue;
         }
+        owners_needing_execute.extend(covered.iter().map(|c| c.owner.clone()));
         let statements = ddl(schema, resource, &covered);
         if statements.is_empty() {
             tracing::info!(
@@ -238,7 +269,7 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
             continue;
         }
         // fencegate may be able to run it (its role a member of the owner's).
-        let mut tx = conn.begin().await?;
+        let mut tx = (*conn).begin().await?;
         let mut tried = Ok(());
         for statement in &statements {
             tried = sqlx::query(statement)
@@ -262,12 +293,6 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
             Err(e) => {
                 tx.rollback().await?;
                 tracing::debug!(resource = name.as_str(), error = %e, "cannot install the guard trigger");
-                let owners: Vec<&str> = covered
-                    .iter()
-                    .filter(|c| c.installed != Installed::Ready)
-                    .map(|c| c.owner.as_str())
-                    .collect();
-                owners_needing_execute.extend(owners.iter().map(|o| o.to_string()));
                 let reason = covered
                     .iter()
                     .find_map(|c| match &c.installed {
@@ -291,7 +316,9 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
         }
     }
     if !standby {
-        grant_guard_execute(&mut conn, schema, &owners_needing_execute).await?;
+        owners_needing_execute.sort();
+        owners_needing_execute.dedup();
+        grant_guard_execute(&mut *conn, schema, &owners_needing_execute, true).await?;
     }
     match problems.len() {
         0 => Ok(()),
@@ -299,12 +326,13 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
     }
 }
 
-/// EXECUTE on the guard's function for exactly `owners` (who must run CREATE TRIGGER), revoked
-/// from everyone else, PUBLIC included.
+/// EXECUTE on the guard's function for `owners` (the guarded tables' owners: CREATE TRIGGER and
+/// new partitions need it); with `exactly`, revoked from everyone else, PUBLIC included.
 pub async fn grant_guard_execute(
     conn: &mut sqlx::PgConnection,
     schema: &str,
     owners: &[String],
+    exactly: bool,
 ) -> anyhow::Result<()> {
     let function = format!("\"{schema}\".fencegate_guard()");
     let granted: Vec<(bool, String)> = sqlx::query_as(
@@ -323,7 +351,7 @@ pub async fn grant_guard_execute(
                 &format!("REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC"),
             )
             .await?;
-        } else if !owners.contains(&name) {
+        } else if exactly && !owners.contains(&name) {
             super::run(
                 &mut *conn,
                 &format!(

@@ -78,12 +78,8 @@ impl PgStore {
                 .map(|c| c.owner.as_str())
                 .unwrap_or("?");
             let ddl = sql_fence::guards::ddl(self.schema(), resource, &covered);
-            owners.extend(
-                covered
-                    .iter()
-                    .filter(|c| c.installed != sql_fence::guards::Installed::Ready)
-                    .map(|c| c.owner.clone()),
-            );
+            // Every guarded table's owner keeps EXECUTE (partitions made later need it too).
+            owners.extend(covered.iter().map(|c| c.owner.clone()));
             out.push_str(&format!(
                 "-- resource {:?} (guard = {:?}) on {}: ",
                 resource.name,
@@ -106,13 +102,21 @@ impl PgStore {
         // The owners must be able to name the guard's function in CREATE TRIGGER (as start-up
         // does while a trigger is missing: `sql_fence::guards::check`).
         if !owners.is_empty() {
-            sql_fence::guards::grant_guard_execute(&mut conn, self.schema(), &owners)
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot grant the tables' owners EXECUTE on the guard's function: {e}"
-                    )
-                })?;
+            owners.sort();
+            owners.dedup();
+            // With one resource, the other tables' owners are not known here: keep theirs.
+            sql_fence::guards::grant_guard_execute(
+                &mut conn,
+                self.schema(),
+                &owners,
+                only.is_none(),
+            )
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot grant the tables' owners EXECUTE on the guard's function: {e}"
+                )
+            })?;
         }
         Ok(out)
     }
@@ -122,7 +126,9 @@ impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
-        sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
+        if self.serving {
+            sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
+        }
         Ok(resources)
     }
 
