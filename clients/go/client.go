@@ -262,6 +262,11 @@ func (c *Client) send(ctx context.Context, method, path string, body any, h http
 	}
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
+		if len(data) > 64<<10 {
+			// The server refuses a body over its limit (413) before reading it: asking first
+			// gets that answer instead of a connection closed mid-body.
+			req.Header.Set("Expect", "100-continue")
+		}
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "fencegate-go/"+Version)
@@ -637,13 +642,8 @@ func (c *Client) lockCall(ctx context.Context, method, path string, body any, to
 	return decodeMap(r.Body)
 }
 
-func ttlMs(ttl time.Duration) int64 {
-	ms := ttl.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	return ms
-}
+// ttlMs: whole milliseconds (a TTL under 1ms is sent as 0, which the server refuses).
+func ttlMs(ttl time.Duration) int64 { return ttl.Milliseconds() }
 
 // Acquire takes the built-in lock once (*LockHeldError if it is held). Prefer Lease, which
 // renews it and tells you when it is lost.
