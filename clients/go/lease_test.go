@@ -84,7 +84,7 @@ func TestLeaseWaitsWhileHeld(t *testing.T) {
 
 func TestLeaseIsLostWhenARenewIsRefused(t *testing.T) {
 	c, ctx, n := client(t), ctx(t), name(t)
-	l := must[*fencegate.Lease](t)(c.Lease(ctx, n, fencegate.LeaseOptions{TTL: 900 * time.Millisecond}))
+	l := must[*fencegate.Lease](t)(c.Lease(ctx, n, fencegate.LeaseOptions{TTL: 3 * time.Second}))
 	defer l.Release(context.Background())
 	must[*fencegate.AdminResult](t)(c.RetireLock(ctx, n, "the Go client's test ends this lease"))
 	select {
@@ -218,7 +218,7 @@ func zombieWorker(args []string) {
 func TestARealZombieFrozenPastItsLeaseIsFenced(t *testing.T) {
 	c, ctx, n := client(t), ctx(t), name(t)
 	lock, key := n, n+"/invoice"
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", serverURL(t), lock, key, "1000")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", serverURL(t), lock, key, "2000")
 	cmd.Env = append(os.Environ(), "FENCEGATE_GO_ZOMBIE=1")
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()

@@ -56,7 +56,7 @@ class LeaseTest {
     @Test
     void lostWhenARenewIsRefused() throws Exception {
         String n = Support.name("refused");
-        try (Lease l = c.lease(n, Duration.ofMillis(900), null)) {
+        try (Lease l = c.lease(n, Duration.ofSeconds(3), null)) {
             c.retireLock(n, "the Java client's test ends this lease");
             l.lost().get(30, TimeUnit.SECONDS);
             assertInstanceOf(LockLostException.class, l.lostReason().getCause());

@@ -54,7 +54,7 @@ class ZombieTest {
         String cp = System.getProperty("fencegate.test.classpath", "build/classes:build/test-classes");
         Path dir = Support.tempDir("fg-java-zombie-");
         Path stderr = dir.resolve("stderr.log");
-        Process child = new ProcessBuilder(java, "-cp", cp, "dev.fencegate.ZombieWorker", Support.url(), lock, key, "1000")
+        Process child = new ProcessBuilder(java, "-cp", cp, "dev.fencegate.ZombieWorker", Support.url(), lock, key, "2000")
                 .redirectError(stderr.toFile()).start();
         try {
             BufferedReader out = new BufferedReader(new InputStreamReader(child.getInputStream(), StandardCharsets.UTF_8));
