@@ -73,6 +73,15 @@ pub struct DatabaseSettings {
     /// PostgreSQL: the longest a statement of fencegate's waits for a row lock (a SQL writer's
     /// transaction holding a fence after `fencegate.fence()`), then 503.
     pub lock_timeout_ms: u64,
+    /// PostgreSQL: how long a SQL writer's transaction may sit idle after
+    /// `fencegate.fence()` (its `idle_in_transaction_session_timeout`), so a frozen client
+    /// cannot hold a scope's fence for ever (0: fence() sets no bound).
+    pub sql_fence_idle_timeout_ms: u64,
+    /// PostgreSQL over TCP: how long data sent to the server may stay unacknowledged before the
+    /// connection is given up (`TCP_USER_TIMEOUT`; keepalives are always on), so a partition
+    /// that silently drops packets fails statements within seconds instead of TCP's backoff,
+    /// and the pool is fresh when the network heals (0: the system's default).
+    pub tcp_user_timeout_ms: u64,
 }
 
 impl DatabaseSettings {
@@ -111,6 +120,12 @@ impl DatabaseSettings {
         validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
         if self.lock_timeout_ms == 0 {
             bail!("database.lock_timeout_ms must be at least 1");
+        }
+        if self.sql_fence_idle_timeout_ms > i32::MAX as u64 {
+            bail!(
+                "database.sql_fence_idle_timeout_ms must be at most {} (about 24 days)",
+                i32::MAX
+            );
         }
         if self.coalesce_max_rows == 0 {
             bail!("database.coalesce_max_rows must be at least 1");
@@ -155,6 +170,8 @@ impl Default for DatabaseSettings {
             coalesce_max_rows: 128,
             schema: "fencegate".into(),
             lock_timeout_ms: 5_000,
+            sql_fence_idle_timeout_ms: 30_000,
+            tcp_user_timeout_ms: 10_000,
         }
     }
 }
@@ -174,6 +191,8 @@ impl fmt::Debug for DatabaseSettings {
             .field("coalesce_max_rows", &self.coalesce_max_rows)
             .field("schema", &self.schema)
             .field("lock_timeout_ms", &self.lock_timeout_ms)
+            .field("sql_fence_idle_timeout_ms", &self.sql_fence_idle_timeout_ms)
+            .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
             .finish()
     }
 }

@@ -50,6 +50,11 @@ enum Command {
     },
     /// Apply pending database migrations and exit (needs a configured database).
     Migrate(ServerArgs),
+    /// Guarded legacy tables: `fencegate guard sql` prints the triggers' DDL for their owners.
+    Guard {
+        #[command(subcommand)]
+        command: GuardCommand,
+    },
     /// Credentials: `fencegate auth new-key --name billing-worker`.
     Auth {
         #[command(subcommand)]
@@ -227,6 +232,19 @@ enum AdminCommand {
 }
 
 #[derive(Subcommand)]
+enum GuardCommand {
+    /// Print the DDL that installs the guard triggers of [[resources]] with `guard` (each
+    /// table's owner runs it once; start-up stops with the same DDL while a trigger is missing).
+    Sql {
+        /// Only this resource.
+        #[arg(long)]
+        resource: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+#[derive(Subcommand)]
 enum AuthCommand {
     /// Print a fresh random API key and the [[auth.keys]] block (with its sha256) for the config.
     NewKey {
@@ -295,6 +313,9 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         | Command::Demo { server, .. }
         | Command::Admin {
             command: AdminCommand::Reset { server, .. } | AdminCommand::Rebind { server, .. },
+        }
+        | Command::Guard {
+            command: GuardCommand::Sql { server, .. },
         } => (None, server.clone()),
         _ => (None, ServerArgs::default()),
     };
@@ -316,7 +337,10 @@ fn start(cli: Cli) -> anyhow::Result<()> {
             overrides.clone(),
         )
     });
-    if matches!(cli.command, Command::Migrate(_) | Command::Admin { .. }) {
+    if matches!(
+        cli.command,
+        Command::Migrate(_) | Command::Admin { .. } | Command::Guard { .. }
+    ) {
         require_database(&settings)?;
     }
     // One thread: tokio's current-thread scheduler, which does with one thread what the
@@ -608,6 +632,18 @@ async fn run(
         | Command::Fence { .. }
         | Command::LockInfo(_) => {
             unreachable!("handled before the runtime starts")
+        }
+        Command::Guard {
+            command: GuardCommand::Sql { resource, .. },
+        } => {
+            let store = fencegate::server::open_store(&settings).await?;
+            print!(
+                "{}",
+                store
+                    .guard_ddl(&settings.resources, resource.as_deref())
+                    .await?
+            );
+            Ok(())
         }
         Command::Migrate(_) => {
             let mut settings = settings;

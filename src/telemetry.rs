@@ -156,6 +156,11 @@ fn describe() {
         "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."
     );
     describe_counter!(
+        "fencegate_sql_refusals_total",
+        Unit::Count,
+        "SQL writers refused by fencegate.fence() or a guard trigger (every session of the database, counted although the refusing transaction rolled back), by kind: stale-token, token-not-issued, token-jump, scope-has-issuer, forbidden, unfenced."
+    );
+    describe_counter!(
         "fencegate_refusals_unrecorded_total",
         Unit::Count,
         "Refused writes not recorded in the database because its queue was full."

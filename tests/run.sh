@@ -35,6 +35,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The partition test (tests/api/partition.rs) drops a throwaway cluster's packets with iptables.
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # The console's browser tests (tests/browser): a headless chromium driven through chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
@@ -78,12 +80,27 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 log "toolchain: $(cargo --version)"
+mkdir -p target
+# The house rules (DESIGN.md, *Shape of the code*): formatted, and clippy-clean with warnings as
+# errors. Each counts as one check in the total; a failure fails the run after the tests ran.
+house_passed=0
+house_failed=0
+for tool in rustfmt clippy-driver; do
+  command -v "$tool" >/dev/null 2>&1 || command -v "cargo-${tool%-driver}" >/dev/null 2>&1 ||
+    { echo "$tool not found: install it with the Rust toolchain (rustup component add rustfmt clippy)" >&2; exit 1; }
+done
+log "house rules: cargo fmt --check"
+if cargo fmt --check; then house_passed=$((house_passed + 1)); else house_failed=$((house_failed + 1)); echo "cargo fmt --check: run cargo fmt" >&2; fi
+log "house rules: cargo clippy --all-targets --locked -- -D warnings"
+if cargo clippy --all-targets --locked -- -D warnings; then house_passed=$((house_passed + 1)); else house_failed=$((house_failed + 1)); fi
+
 log "running the test suite: cargo test --locked --no-fail-fast $*"
 set -o pipefail
-mkdir -p target
 status=0
 cargo test --locked --no-fail-fast "$@" 2>&1 | tee target/test.log || status=$?
 # One plain total over every test binary, as the last line (also when a test failed).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "%d passed, %d failed\n", p, f }' target/test.log
+awk -v hp="$house_passed" -v hf="$house_failed" \
+  '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+   END { printf "%d passed, %d failed\n", p + hp, f + hf }' target/test.log
+[ "$house_failed" -eq 0 ] || status=1
 exit "$status"

@@ -115,6 +115,7 @@
     renderLocks();
     renderFences(body.fences);
     renderUnfenced(body.unfenced || []);
+    renderSqlRefusals(body.sql_refusals || {});
     // Refusals: every process's (the database's), merged with what the stream already
     // brought; one refusal has one uid in both.
     const known = new Set(state.refusals.map((r) => r.uid));
@@ -334,6 +335,19 @@
           el("td", { class: "num", text: String(u.writes) }),
           el("td", { class: "name", text: shown(u.last_role) }),
           el("td", { class: "when", text: new Date(u.last_at).toLocaleTimeString() }),
+        ]),
+      ),
+    );
+  }
+
+  function renderSqlRefusals(counts) {
+    const rows = Object.entries(counts).filter(([, n]) => n > 0);
+    $("sql-refusals-panel").hidden = rows.length === 0;
+    $("sql-refusals").tBodies[0].replaceChildren(
+      ...rows.map(([kind, n]) =>
+        el("tr", { "data-kind": kind }, [
+          el("td", { class: "name", text: shown(kind) }),
+          el("td", { class: "num", text: String(n) }),
         ]),
       ),
     );

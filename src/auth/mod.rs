@@ -32,7 +32,7 @@ mod settings;
 pub use certs::ClientCert;
 pub use grant::{Actor, Grant, Right};
 pub use keys::{digest_hex, key_block, new_key, parse_digest};
-pub use settings::{ApiKeySettings, AuthSettings, CertSettings, JwtSettings};
+pub use settings::{ApiKeySettings, AuthSettings, CertSettings, JwtSettings, RoleSettings};
 
 use std::sync::Arc;
 

@@ -25,6 +25,21 @@ pub struct AuthSettings {
     /// `[[auth.certs]]`: client certificates (verified against `server.tls.client_ca_file`) as
     /// identities, by subject CN or URI SAN.
     pub certs: Vec<CertSettings>,
+    /// `[[auth.roles]]`: PostgreSQL login roles that may call `fencegate.fence()` (SQL
+    /// writers), each on the scopes its prefixes cover. Not HTTP credentials.
+    pub roles: Vec<RoleSettings>,
+}
+
+/// One `[[auth.roles]]` entry: the PostgreSQL login role `name` (its `session_user`) is the
+/// actor `role:NAME`, with the `fence` right on the scopes its prefixes cover. EXECUTE on
+/// `fencegate.fence()` is granted to exactly these roles at start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleSettings {
+    pub name: String,
+    /// The scopes it may fence (`""` = all; none: no scope).
+    #[serde(default)]
+    pub prefixes: Vec<String>,
 }
 
 /// One `[[auth.certs]]` entry: a verified client certificate naming `subject_cn` or `uri_san`
@@ -138,6 +153,23 @@ impl AuthSettings {
             }
             Grant::new(cert.name.clone(), &cert.rights, vec![], vec![])
                 .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        }
+        let mut names = HashSet::new();
+        for (i, role) in self.roles.iter().enumerate() {
+            let what = format!("auth.roles[{i}] ({:?})", role.name);
+            // PostgreSQL truncates identifiers to 63 bytes: a longer name would name another role.
+            if role.name.is_empty()
+                || role.name.len() > 63
+                || role.name.chars().any(char::is_control)
+            {
+                bail!("{what}: name must be a PostgreSQL role name, 1 to 63 bytes without control characters");
+            }
+            if !names.insert(role.name.as_str()) {
+                bail!("{what}: two [[auth.roles]] entries name this role");
+            }
+            if role.prefixes.is_empty() {
+                bail!("{what}: prefixes must name the scopes it may fence (\"\" for every scope)");
+            }
         }
         if let Some(jwt) = &self.jwt {
             if jwt.hs256_secret_env.is_some() == jwt.public_key_pem_file.is_some() {

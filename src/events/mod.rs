@@ -434,6 +434,7 @@ mod tests {
 
     fn stale(key: &str) -> Refused {
         Refused::Stale(vec![Stale {
+            row: None,
             presented: t(3),
             current: t(4),
             fenced: Fenced::Key(Key::parse(key, 64).unwrap()),

@@ -102,6 +102,10 @@ impl Refused {
                     r.presented_token = Some(first.presented);
                     r.current_token = Some(first.current);
                     name(&mut r, first.fenced);
+                    if let Some(row) = first.row {
+                        r.resource = Some(row.resource);
+                        r.key = Some(row.key);
+                    }
                 }
             }
             Refused::NotIssued(n) => {

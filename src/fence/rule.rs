@@ -77,6 +77,33 @@ pub struct Stale {
     pub presented: FencingToken,
     pub current: FencingToken,
     pub fenced: Fenced,
+    /// The legacy-table row a write under a scope was for, when the scope's fence refused it
+    /// (the client is told the resource and key as well as the scope).
+    pub row: Option<RowRef>,
+}
+
+/// A row of a legacy table: its resource and canonical key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowRef {
+    pub resource: String,
+    pub key: String,
+}
+
+impl<T> Outcome<T> {
+    /// This outcome, a write to `row`: a refusal by its scope's fence names the row too.
+    pub fn for_row(self, row: &RowRef) -> Self {
+        match self {
+            Outcome::Stale(mut stale) => {
+                for s in &mut stale {
+                    if matches!(s.fenced, Fenced::Scope(_)) {
+                        s.row = Some(row.clone());
+                    }
+                }
+                Outcome::Stale(stale)
+            }
+            other => other,
+        }
+    }
 }
 
 /// What a stale write ran into: a fence, named.
@@ -126,6 +153,7 @@ impl Stale {
             );
         }
         Stale {
+            row: None,
             presented,
             current,
             fenced,

@@ -119,6 +119,7 @@ pub fn stale(
     fenced: &Fenced,
 ) -> Option<Stale> {
     (!rule.accepts(token, current)).then(|| Stale {
+        row: None,
         presented: token,
         current,
         fenced: fenced.clone(),
@@ -394,6 +395,7 @@ mod tests {
         assert_eq!(
             refusal,
             Refusal::Stale(vec![Stale {
+                row: None,
                 presented: t(3),
                 current: t(7),
                 fenced: Fenced::Scope(scope("s"))

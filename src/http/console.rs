@@ -55,6 +55,15 @@ pub async fn overview(State(state): State<AppState>, actor: Actor) -> Result<Res
         "fences": db.fences,
         "refusals": refusals,
         "unfenced": db.unfenced,
+        // Refusals of SQL writers (fencegate.fence() and guard triggers), every process's,
+        // by kind: counted in the database, as of the last tick.
+        "sql_refusals": state
+            .store
+            .sql_seen()
+            .refusals
+            .into_iter()
+            .map(|(kind, count)| (kind.to_owned(), json!(count)))
+            .collect::<serde_json::Map<_, _>>(),
         "counters": state.events.counters(),
         "rate": state.events.rate(RATE_HISTORY_SECONDS),
         "limits": {

@@ -39,6 +39,7 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
         coalesce_max_rows: db.coalesce_max_rows,
         schema: db.schema.clone(),
         lock_timeout_ms: db.lock_timeout_ms,
+        tcp_user_timeout_ms: db.tcp_user_timeout_ms,
         checks: crate::store::Checks {
             reserved: settings.locks.reserved()?,
             ..settings.kv.checks()
@@ -49,6 +50,22 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
             .flat_map(|i| i.scopes.iter().cloned())
             .collect(),
         max_scope_bytes: settings.kv.max_key_bytes,
+        sql_writers: crate::store::SqlWriters {
+            roles: settings
+                .auth
+                .roles
+                .iter()
+                .map(|r| (r.name.clone(), r.prefixes.clone()))
+                .collect(),
+            kv_strict: settings.kv.strict,
+            strict_scopes: settings
+                .resources
+                .iter()
+                .filter(|r| r.strict)
+                .filter_map(|r| r.scope.clone())
+                .collect(),
+            idle_timeout_ms: db.sql_fence_idle_timeout_ms,
+        },
         fence_cache_capacity: settings.kv.fence_cache_capacity,
     })
 }
@@ -405,7 +422,7 @@ async fn tick(store: Store) {
         every_second.tick().await;
         telemetry::record_pool(&store);
         store.shrink_idle_connections();
-        store.record_unfenced().await;
+        store.record_sql_writers().await;
     }
 }
 

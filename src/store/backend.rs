@@ -21,8 +21,8 @@ use super::{
     admin::{AuditEntry, Rebind, RebindDone, Reset, ResetDone, ResetRefused},
     decode::ScopeState,
     overview::Overview,
-    BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, StoreError, TableError, Write,
-    Written,
+    BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, SqlSeen, StoreError, TableError,
+    Write, Written,
 };
 use crate::{
     events::Event,
@@ -215,8 +215,9 @@ pub(super) trait TableStore {
         key: &RowKey,
     ) -> Result<Option<RowEntry>, TableError>;
 
-    /// Writes to guarded tables without a fence, counted by their triggers, per resource.
-    async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError>;
+    /// What SQL writers ran into: refusals by `fencegate.fence()` and the guards, and writes
+    /// guards in audit mode let through without a fence.
+    async fn sql_writers(&self) -> Result<SqlSeen, StoreError>;
 }
 
 /// The database's role and how its commits are replicated (`pg/replication.rs`).

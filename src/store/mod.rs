@@ -27,6 +27,7 @@ mod pressure;
 mod refusals;
 mod settings;
 mod sql;
+mod sql_writers;
 mod sqlite;
 mod tables;
 pub mod unfenced;
@@ -39,16 +40,15 @@ use crate::{
 };
 
 pub(crate) use crate::fence::Refusal;
-use backend::{
-    AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _, TableStore as _,
-};
+use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _};
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, StoreError};
 pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
-pub use settings::Settings;
+pub use settings::{Settings, SqlWriters};
 pub use sql::Checks;
 pub(crate) use sql::SCOPE_STATE;
+pub use sql_writers::SqlSeen;
 pub use tables::{BatchOp, BatchWritten, RowEntry, RowWritten, TableError};
 
 /// The store every handler uses: a backend, plus the reject-only fence cache in front of it.
@@ -60,8 +60,8 @@ pub struct Store {
     pressure: Arc<pressure::Pressure>,
     /// The console's overview, bounded in cost (`overview`).
     overview: Arc<overview::Latest>,
-    /// Some `[[resources]]` table is guarded: its unfenced writes are exported as a metric.
-    guarded: Arc<std::sync::atomic::AtomicBool>,
+    /// What SQL writers ran into, as last seen (`sql_writers`).
+    sql_seen: Arc<std::sync::Mutex<SqlSeen>>,
     /// What the verdict checks besides the rule (the backends build their SQL from the same).
     checks: Arc<Checks>,
 }
@@ -185,7 +185,7 @@ impl Store {
             high_water: Arc::new(HighWater::new(settings.fence_cache_capacity)),
             pressure: Arc::default(),
             overview: Arc::default(),
-            guarded: Arc::default(),
+            sql_seen: Arc::default(),
         })
     }
 
@@ -410,24 +410,6 @@ impl Store {
     pub async fn holder(&self, name: &Scope) -> Result<Option<crate::locks::Holder>, StoreError> {
         let name = name.clone();
         detached!(self, b => b.holder(&name).await)
-    }
-
-    /// `fencegate_unfenced_writes_total{resource}`: what guarded tables' triggers counted in
-    /// audit mode (across every process: the counts are in the database). Nothing to do, and
-    /// no query, without a guarded table.
-    pub async fn record_unfenced(&self) {
-        if !self.guarded.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        match on_backend!(&self.backend, b => b.unfenced_writes().await) {
-            Ok(counts) => {
-                for (resource, writes) in counts {
-                    metrics::counter!("fencegate_unfenced_writes_total", "resource" => resource)
-                        .absolute(writes as u64);
-                }
-            }
-            Err(err) => tracing::debug!(error = %err, "cannot read the unfenced writes"),
-        }
     }
 
     /// Gives idle database connections' buffers back (once a second, by the tick).

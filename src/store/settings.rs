@@ -27,6 +27,8 @@ pub struct Settings {
     pub schema: String,
     /// PostgreSQL: the longest a statement waits for a row lock, then 503.
     pub lock_timeout_ms: u64,
+    /// PostgreSQL over TCP: `TCP_USER_TIMEOUT` of every connection (0: the system's default).
+    pub tcp_user_timeout_ms: u64,
     /// The checks every fenced statement makes besides the accept rule.
     pub checks: Checks,
     /// PostgreSQL: the scopes `[[issuers]]` sign tokens for, which `fencegate.fence()` (SQL
@@ -34,8 +36,24 @@ pub struct Settings {
     pub issuer_scopes: Vec<String>,
     /// PostgreSQL: the longest scope name `fencegate.fence()` accepts (`kv.max_key_bytes`).
     pub max_scope_bytes: usize,
+    /// PostgreSQL: who may call `fencegate.fence()`, and under which rule.
+    pub sql_writers: SqlWriters,
     /// Fences kept in the reject-only cache (0 disables it).
     pub fence_cache_capacity: usize,
+}
+
+/// What `fencegate.fence()` and the guard triggers need from the configuration (PostgreSQL).
+#[derive(Debug, Clone, Default)]
+pub struct SqlWriters {
+    /// `[[auth.roles]]`: (login role, scope prefixes it may fence; `""` = every scope).
+    pub roles: Vec<(String, Vec<String>)>,
+    /// `kv.strict`: every scope refuses an equal token.
+    pub kv_strict: bool,
+    /// The scopes of `strict = true` resources: these refuse an equal token.
+    pub strict_scopes: Vec<String>,
+    /// `database.sql_fence_idle_timeout_ms`: how long a transaction that called `fence()` may
+    /// sit idle (0: no bound set by fence()).
+    pub idle_timeout_ms: u64,
 }
 
 impl Settings {

@@ -59,12 +59,24 @@ impl Store {
         if settings.is_empty() {
             return Ok(Resources::default());
         }
-        let resources = on_backend!(&self.backend, b => b.resources(settings).await)?;
-        if resources.iter().any(|r| r.guard.is_some()) {
-            self.guarded
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+        on_backend!(&self.backend, b => b.resources(settings).await)
+    }
+
+    /// The DDL that makes the guard triggers of `settings` (only `resource`'s, if given) ready,
+    /// for the tables' owners to run once: what start-up prints when a trigger is not ready.
+    pub async fn guard_ddl(
+        &self,
+        settings: &[ResourceSettings],
+        resource: Option<&str>,
+    ) -> anyhow::Result<String> {
+        match &self.backend {
+            super::backend::AnyBackend::Postgres(pg) => pg.guard_ddl(settings, resource).await,
+            super::backend::AnyBackend::Sqlite(_) => {
+                anyhow::bail!(
+                    "guarded tables need the PostgreSQL store: set DATABASE_URL or --database-url"
+                )
+            }
         }
-        Ok(resources)
     }
 
     pub async fn table_write(

@@ -22,7 +22,7 @@ const APP_HISTORY: &str = "
     INSERT INTO public._sqlx_migrations VALUES (20240101000000, 'app init', now(), true, '\\x00', 1);
     CREATE TABLE public.orders (id int PRIMARY KEY, total int)";
 
-async fn sql(conn: &mut PgConnection, text: &str) {
+pub async fn sql(conn: &mut PgConnection, text: &str) {
     sqlx::raw_sql(text)
         .execute(&mut *conn)
         .await
@@ -225,7 +225,7 @@ async fn an_install_in_public_is_moved_into_its_schema_with_nothing_lost() {
 // --- SQL writers: fencegate.fence(scope, token) -------------------------------------------------
 
 /// The SQLSTATE and the message of a refused statement.
-fn sqlstate(err: sqlx::Error) -> (String, String) {
+pub fn sqlstate(err: sqlx::Error) -> (String, String) {
     match err {
         sqlx::Error::Database(db) => (
             db.code().unwrap_or_default().into_owned(),
@@ -237,7 +237,7 @@ fn sqlstate(err: sqlx::Error) -> (String, String) {
 
 /// Runs `BEGIN; SELECT fencegate.fence(scope, token); <then>; COMMIT` on `conn`: `Ok` if it
 /// committed, else the SQLSTATE and message (the transaction then rolled back).
-async fn fenced_tx(
+pub async fn fenced_tx(
     conn: &mut PgConnection,
     scope: &str,
     token: i64,
@@ -259,7 +259,7 @@ async fn fenced_tx(
     tx.commit().await.map_err(sqlstate)
 }
 
-async fn grant(app: &TestApp, name: &str, ttl_ms: u64) -> i64 {
+pub async fn grant(app: &TestApp, name: &str, ttl_ms: u64) -> i64 {
     let r = app
         .send(
             app.req(Method::POST, &format!("/v1/locks/{name}"))
@@ -468,7 +468,7 @@ async fn a_frozen_psql_client_is_refused_when_it_wakes() {
         !out.status.success(),
         "the zombie's transaction went through: {stderr}"
     );
-    assert!(stderr.contains("stale fencing token"), "{stderr}");
+    assert!(stderr.contains("is older than the fence"), "{stderr}");
     let owner: String = sqlx::query_scalar("SELECT owner FROM jobs WHERE id = 1")
         .fetch_one(&mut conn)
         .await
@@ -502,7 +502,7 @@ fn psql_binary() -> String {
 /// A database with a legacy table written by an application role, and a role of fencegate's
 /// own (owning its schema, with the table's rights and TRIGGER): (admin connection, fencegate's
 /// URL, the application's URL, the roles to drop).
-async fn guarded_setup(
+pub async fn guarded_setup(
     table_sql: &str,
     table: &str,
 ) -> (PgConnection, String, String, [String; 2]) {
@@ -522,7 +522,7 @@ async fn guarded_setup(
     (admin, as_user(&db, &fg), as_user(&db, &app), [fg, app])
 }
 
-fn guarded(name: &str, table: &str, fence: FenceMode, guard: GuardMode) -> ResourceSettings {
+pub fn guarded(name: &str, table: &str, fence: FenceMode, guard: GuardMode) -> ResourceSettings {
     ResourceSettings {
         name: name.into(),
         table: table.into(),
@@ -535,7 +535,57 @@ fn guarded(name: &str, table: &str, fence: FenceMode, guard: GuardMode) -> Resou
     }
 }
 
-async fn drop_roles(admin: &mut PgConnection, roles: &[String; 2]) {
+/// Starts fencegate with `settings` and expects start-up to stop because a guard trigger is not
+/// ready, with the DDL for the table's owner: returns the DDL statements it printed.
+pub async fn guard_ddl_from_start(settings: fencegate::config::Settings) -> Vec<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = match fencegate::serve(settings, listener, async {}).await {
+        Ok(()) => panic!("fencegate started with a guard trigger missing"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("Run once, as the table's owner"), "{err}");
+    let ddl: Vec<String> = err
+        .lines()
+        .filter(|l| l.starts_with("    "))
+        .map(|l| l.trim().to_owned())
+        .collect();
+    assert!(!ddl.is_empty(), "no DDL in: {err}");
+    ddl
+}
+
+/// Settings for fencegate's role on `url` (a role of its own), configured by `configure`.
+pub fn settings_on(
+    url: &str,
+    configure: impl FnOnce(&mut fencegate::config::Settings),
+) -> fencegate::config::Settings {
+    let mut settings = fencegate::config::Settings::default();
+    settings.database.url = Some(url.to_owned());
+    configure(&mut settings);
+    settings
+}
+
+/// The first start of a guarded table: start-up stops with the owner's DDL, the owner (the
+/// admin connection) runs it, and fencegate then starts with the same configuration.
+pub async fn spawn_guarded(
+    admin: &mut PgConnection,
+    url: &str,
+    configure: impl Fn(&mut fencegate::config::Settings),
+) -> TestApp {
+    for statement in guard_ddl_from_start(settings_on(url, &configure)).await {
+        sql(admin, &statement).await;
+    }
+    spawn_app_on(url.to_owned(), configure).await
+}
+
+/// `[[auth.roles]]`: `name` may fence the scopes under `prefixes`.
+pub fn sql_role(name: &str, prefixes: &[&str]) -> fencegate::auth::RoleSettings {
+    fencegate::auth::RoleSettings {
+        name: name.to_owned(),
+        prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+pub async fn drop_roles(admin: &mut PgConnection, roles: &[String; 2]) {
     for role in roles {
         let _ = sqlx::raw_sql(&format!("DROP OWNED BY {role} CASCADE; DROP ROLE {role}"))
             .execute(&mut *admin)
@@ -550,13 +600,14 @@ async fn an_enforced_table_refuses_every_unfenced_write_from_other_roles() {
         "jobs",
     )
     .await;
-    let app = spawn_app_on(fg_url, |s| {
+    let app = spawn_guarded(&mut admin, &fg_url, |s| {
         s.resources = vec![guarded(
             "jobs",
             "public.jobs",
             FenceMode::Ledger,
             GuardMode::Enforce,
-        )]
+        )];
+        s.auth.roles = vec![sql_role(&roles[1], &["job"])];
     })
     .await;
     let token = grant(&app, "job", 60_000).await;
@@ -632,13 +683,14 @@ async fn an_audited_table_lets_unfenced_writes_through_and_counts_them() {
         "accounts",
     )
     .await;
-    let app = spawn_app_on(fg_url, |s| {
+    let app = spawn_guarded(&mut admin, &fg_url, |s| {
         s.resources = vec![guarded(
             "accounts",
             "public.accounts",
             FenceMode::Column,
             GuardMode::Audit,
-        )]
+        )];
+        s.auth.roles = vec![sql_role(&roles[1], &["job"])];
     })
     .await;
     let token = grant(&app, "job", 60_000).await;

@@ -10,6 +10,7 @@ use tokio::process::{Child, Command};
 
 /// Makes a child die with this process: SIGKILL when the thread that spawned it exits. Children
 /// are spawned from the test's runtime threads, which live as long as the test.
+#[allow(unsafe_code)] // pre_exec is unsafe by signature; the closure only calls prctl
 pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {

@@ -189,6 +189,10 @@ impl<'a> Problem<'a> {
         self.presented_token = Some(first.presented);
         self.current_token = Some(first.current);
         self.fenced(&first.fenced);
+        if let Some(row) = &first.row {
+            self.resource = Some(&row.resource);
+            self.key = Some(&row.key);
+        }
         let keys: Vec<StaleKey> = stale
             .iter()
             .filter_map(|s| match &s.fenced {

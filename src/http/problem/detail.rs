@@ -58,11 +58,21 @@ impl ApiError {
 fn describe_stale(stale: &[Stale]) -> String {
     match stale {
         [one] => {
-            let what = match &one.fenced {
+            let mut what = match &one.fenced {
                 Fenced::Key(key) => format!("key {:?}", key.as_str()),
                 Fenced::Scope(scope) => format!("scope {:?}", scope.as_str()),
                 Fenced::Row { resource, key } => format!("row {key:?} of {resource:?}"),
             };
+            if let Some(row) = &one.row {
+                what.push_str(&format!(" (writing row {:?} of {:?})", row.key, row.resource));
+            }
+            // Only the strict rule (one write per token) refuses a token equal to the fence.
+            if one.presented == one.current {
+                return format!(
+                    "token {} is not above the fence {} of {what} (strict: one write per token); nothing was written",
+                    one.presented, one.current
+                );
+            }
             format!(
                 "token {} is older than the fence {} of {what}: a newer lock holder exists; nothing was written",
                 one.presented, one.current

@@ -120,6 +120,30 @@ async fn inspect(
             "{qualified} is one of fencegate's own tables (in its schema {own_schema:?})"
         )));
     }
+    // Inheritance children: a write through the parent's key finds only the parent's rows
+    // (`ON CONFLICT` sees no child's), so an HTTP write could create a second row for a key a
+    // child holds, and a guard on the parent does not fire for writes to a child. Partitions
+    // are covered: their primary key is the partitioned table's, and the guard's trigger is
+    // cloned onto each (checked with it).
+    if kind == "r" {
+        let children: Vec<String> = sqlx::query_scalar(
+            "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+             FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE i.inhparent = $1::oid ORDER BY 1 LIMIT 6",
+        )
+        .bind(oid)
+        .fetch_all(&mut *conn)
+        .await?;
+        if !children.is_empty() {
+            return Ok(Err(format!(
+                "{qualified} has inheritance children ({}): fencegate's writes to it would not see their rows (a key \
+                 could get a second row) and a guard on it does not cover writes to them. Fence each child as a \
+                 resource of its own, or make it a partitioned table",
+                children.join(", ")
+            )));
+        }
+    }
     let missing: Vec<&str> = ["SELECT", "INSERT", "UPDATE", "DELETE"]
         .iter()
         .enumerate()

@@ -85,14 +85,18 @@ pub(super) struct PgStore {
 }
 
 impl PgStore {
-    /// Connects, migrates if asked, and writes the guards of `fencegate.fence()`.
+    /// Connects, migrates if asked, and writes `fencegate.fence()` and its rules (`sql_fence`).
     pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
-        sql_fence::sync_guards(
+        sql_fence::sync(
             &pg.pool,
-            &settings.checks,
-            &settings.issuer_scopes,
-            settings.max_scope_bytes,
+            sql_fence::Sync {
+                schema: &settings.schema,
+                checks: &settings.checks,
+                issuer_scopes: &settings.issuer_scopes,
+                max_scope_bytes: settings.max_scope_bytes,
+                writers: &settings.sql_writers,
+            },
         )
         .await?;
         Ok(pg)
@@ -101,6 +105,9 @@ impl PgStore {
     /// Connects (failing fast with a message that says what to check) and, if asked, migrates.
     async fn connect(settings: &Settings, url: &str, checks: Checks) -> anyhow::Result<Self> {
         let shown = crate::redact::redact_url(url);
+        // Every TCP connection from here on: keepalives, and sent data unacknowledged this long
+        // ends the connection (vendor/sqlx-core: a partition fails statements in seconds).
+        sqlx_core::net::set_tcp_user_timeout(Duration::from_millis(settings.tcp_user_timeout_ms));
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
         let (options, mut tls) = tls::options(url)?;
         let options: PgConnectOptions = tls

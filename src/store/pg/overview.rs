@@ -24,10 +24,11 @@ const FENCES: &str = "
     SELECT scope, fence_token, to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
     FROM fencegate_fences ORDER BY updated_at DESC, scope LIMIT $1";
 
-/// One row per guarded resource that saw an unfenced write (a handful at most).
+/// One row per configured resource that saw an unfenced write (as many as `[[resources]]` at
+/// most: rows for anything else are never shown).
 const UNFENCED: &str = "
-    SELECT resource, writes, to_char(last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), last_role
-    FROM fencegate_unfenced ORDER BY resource";
+    SELECT u.resource, u.writes, to_char(u.last_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'), u.last_role
+    FROM fencegate_unfenced u JOIN fencegate_guards g USING (resource) ORDER BY u.resource";
 
 impl OverviewStore for PgStore {
     async fn overview(&self) -> Result<Overview, StoreError> {

@@ -43,7 +43,7 @@ use self::sql::Statements;
 use super::{
     backend::{Backend, HighAvailability, TableStore},
     sql::{ByRule, MIGRATIONS_APPLIED},
-    BatchOp, BatchWritten, Checks, RowEntry, RowWritten, Settings, StoreError, TableError,
+    BatchOp, BatchWritten, Checks, RowEntry, RowWritten, Settings, SqlSeen, StoreError, TableError,
 };
 use crate::{
     fence::{Guard, Outcome, Rule},
@@ -173,9 +173,9 @@ impl TableStore for SqliteStore {
         Err(not_postgres())
     }
 
-    /// No legacy tables, so no guard triggers to count anything.
-    async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(Vec::new())
+    /// No legacy tables and no `fencegate.fence()`: SQL writers have nothing to count.
+    async fn sql_writers(&self) -> Result<SqlSeen, StoreError> {
+        Ok(SqlSeen::default())
     }
 }
 

@@ -31,9 +31,9 @@ use self::{
 };
 use super::{catalog, sql_fence, PgStore};
 use crate::{
-    fence::{FencingToken, Guard, Outcome},
+    fence::{FencingToken, Guard, Outcome, RowRef},
     store::{
-        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten,
+        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, SqlSeen,
         StoreError, TableError,
     },
     tables::{Resource, ResourceSettings, Resources, RowKey, RowWrite, TableOp},
@@ -42,11 +42,87 @@ use crate::{
 /// A canonical key longer than this is refused: it is a btree index key in the ledger.
 pub(super) const MAX_CANONICAL_KEY: usize = 2048;
 
+impl PgStore {
+    /// See `Store::guard_ddl`.
+    pub(crate) async fn guard_ddl(
+        &self,
+        settings: &[ResourceSettings],
+        only: Option<&str>,
+    ) -> anyhow::Result<String> {
+        if let Some(name) = only {
+            if !settings.iter().any(|r| r.name == name) {
+                anyhow::bail!("no resource {name:?} in [[resources]] of the config file");
+            }
+        }
+        let resources = catalog::load(&self.pool, self.schema(), settings).await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut out = String::new();
+        let mut owners = Vec::new();
+        for resource in resources.iter() {
+            if only.is_some_and(|name| name != resource.name) {
+                continue;
+            }
+            let Some(guard) = resource.guard else {
+                if only.is_some() {
+                    anyhow::bail!(
+                        "resource {:?} has no guard (set guard = \"audit\" or \"enforce\")",
+                        resource.name
+                    );
+                }
+                continue;
+            };
+            let covered = sql_fence::guards::inspect(&mut conn, self.schema(), resource).await?;
+            let owner = covered
+                .iter()
+                .find(|c| c.root)
+                .map(|c| c.owner.as_str())
+                .unwrap_or("?");
+            let ddl = sql_fence::guards::ddl(self.schema(), resource, &covered);
+            owners.extend(
+                covered
+                    .iter()
+                    .filter(|c| c.installed != sql_fence::guards::Installed::Ready)
+                    .map(|c| c.owner.clone()),
+            );
+            out.push_str(&format!(
+                "-- resource {:?} (guard = {:?}) on {}: ",
+                resource.name,
+                guard.as_str(),
+                resource.relation
+            ));
+            if ddl.is_empty() {
+                out.push_str("the trigger is ready; nothing to run\n");
+            } else {
+                out.push_str(&format!("run once as the table's owner ({owner}):\n"));
+                for statement in ddl {
+                    out.push_str(&statement);
+                    out.push('\n');
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push_str("-- no [[resources]] entry has a guard\n");
+        }
+        // The owners must be able to name the guard's function in CREATE TRIGGER (as start-up
+        // does while a trigger is missing: `sql_fence::guards::check`).
+        if !owners.is_empty() {
+            sql_fence::guards::grant_guard_execute(&mut conn, self.schema(), &owners)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot grant the tables' owners EXECUTE on the guard's function: {e}"
+                    )
+                })?;
+        }
+        Ok(out)
+    }
+}
+
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
-        sql_fence::install_guards(&self.pool, &all).await?;
+        sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
         Ok(resources)
     }
 
@@ -68,7 +144,11 @@ impl TableStore for PgStore {
             {
                 tx.rollback().await.map_err(StoreError::from)?;
                 conn.done();
-                return Ok(refusal.outcome());
+                let row = RowRef {
+                    resource: resource.name.clone(),
+                    key: key.text.clone(),
+                };
+                return Ok(refusal.outcome().for_row(&row));
             }
         }
         let deletes = matches!(op.write, RowWrite::Delete);
@@ -156,8 +236,18 @@ impl TableStore for PgStore {
         }))
     }
 
-    async fn unfenced_writes(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        Ok(sql_fence::unfenced_writes(&self.pool).await?)
+    async fn sql_writers(&self) -> Result<SqlSeen, StoreError> {
+        let mut conn = self.conns.take().await?;
+        let seen = sql_fence::seen(&mut conn).await?;
+        // Marks of ended transactions: a primary's work, skipped (harmlessly) elsewhere.
+        if let Err(e) = sql_fence::forget_finished(&mut conn).await {
+            tracing::debug!(error = %e, "cannot delete the marks of ended transactions");
+        }
+        conn.done();
+        Ok(SqlSeen {
+            refusals: seen.refusals,
+            unfenced: seen.unfenced,
+        })
     }
 }
 

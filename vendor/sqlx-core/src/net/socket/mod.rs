@@ -184,6 +184,40 @@ impl<S: Socket + ?Sized> Socket for Box<S> {
     }
 }
 
+/// fencegate's patch (FENCEGATE.md): how long sent data may stay unacknowledged before the
+/// kernel gives the connection up (`TCP_USER_TIMEOUT`, Linux), in milliseconds; 0 leaves the
+/// system's default (TCP's retransmission backoff, up to about 15 minutes). Set once at start.
+static TCP_USER_TIMEOUT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// fencegate's patch: sets the `TCP_USER_TIMEOUT` of connections opened from now on; keepalives
+/// (first probe after 10 s idle, then every 5 s, 3 probes) are on for every TCP connection.
+pub fn set_tcp_user_timeout(timeout: std::time::Duration) {
+    TCP_USER_TIMEOUT_MS.store(
+        timeout.as_millis().min(u64::MAX as u128) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// Keepalives and the user timeout: a peer behind a partition (packets silently dropped, no
+/// reset ever arrives) is given up within seconds instead of after TCP's backoff.
+fn tune(stream: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(10))
+        .with_interval(std::time::Duration::from_secs(5));
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let keepalive = keepalive.with_retries(3);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let ms = TCP_USER_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed);
+        if ms > 0 {
+            socket.set_tcp_user_timeout(Some(std::time::Duration::from_millis(ms)))?;
+        }
+    }
+    Ok(())
+}
+
 pub async fn connect_tcp<Ws: WithSocket>(
     host: &str,
     port: u16,
@@ -198,6 +232,7 @@ pub async fn connect_tcp<Ws: WithSocket>(
 
         let stream = TcpStream::connect((host, port)).await?;
         stream.set_nodelay(true)?;
+        tune(&stream)?;
 
         return Ok(with_socket.with_socket(stream).await);
     }
