@@ -45,9 +45,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt_install "${missing[@]}"
 fi
 
-# The client libraries' own test runners (tests/clients): Node.js 20.3+ with npm, and Python 3
-# with venv (each library's test.sh installs its packages from npm and PyPI).
+# The client libraries' own test runners (tests/clients): Node.js 20.3+ with npm, Python 3
+# with venv (each library's test.sh installs its packages from npm and PyPI), Go (the Go client
+# builds offline, standard library only), a JDK with javac and JUnit 5's console launcher (the
+# Java client has no dependencies), and openssl (the Java client's TLS test makes a CA with it).
 missing=()
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
+[ -f /usr/share/java/junit-platform-console-standalone.jar ] || missing+=(junit5)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The deployment files (tests/deploy): promtool checks the alert rules, systemd-analyze the unit.
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)

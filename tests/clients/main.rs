@@ -1,10 +1,12 @@
-//! The client libraries (clients/python, clients/typescript), each run with its own test runner
-//! (pytest, `node --test`) against this build's fencegate binary on its own PostgreSQL
+//! The client libraries (clients/python, clients/typescript, clients/go, clients/java), each run
+//! with its own test runner (pytest, `node --test`, `go test`, JUnit 5's console launcher)
+//! against this build's fencegate binary on its own PostgreSQL
 //! database. A separate binary from tests/api, so that their timing-sensitive lease tests share
 //! the CPU with nothing else of ours; one library at a time.
 //!
-//! Nothing here skips: a missing runtime (python3 with venv, node 20.3+ and npm, redis-server)
-//! fails the test with what to install (each library's test.sh says it).
+//! Nothing here skips: a missing runtime (python3 with venv, node 20.3+ and npm, go 1.19+, a JDK
+//! 17+ and junit5, redis-server) fails the test with what to install (each library's test.sh
+//! says it).
 #![allow(dead_code)]
 
 #[path = "../support/db_url.rs"]
@@ -65,4 +67,14 @@ async fn the_typescript_client_passes_its_tests_against_this_build() {
 #[tokio::test]
 async fn the_python_client_passes_its_tests_against_this_build() {
     run_library_tests("python").await;
+}
+
+#[tokio::test]
+async fn the_go_client_passes_its_tests_against_this_build() {
+    run_library_tests("go").await;
+}
+
+#[tokio::test]
+async fn the_java_client_passes_its_tests_against_this_build() {
+    run_library_tests("java").await;
 }
