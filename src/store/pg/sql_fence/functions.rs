@@ -146,9 +146,10 @@ BEGIN
             USING ERRCODE = '42P07';
     END IF;
     PERFORM 1 FROM pg_temp.fencegate_no_prepare;
-    -- The bound never loosens a stricter one the session already has (pg_settings: in ms).
+    -- The bound never loosens a stricter one the session already has. (Its text, as an
+    -- interval: pg_settings would format every setting of the server, about a millisecond.)
     IF g.idle_timeout_ms > 0 THEN
-        SELECT setting::bigint INTO v_idle FROM pg_catalog.pg_settings WHERE name = 'idle_in_transaction_session_timeout';
+        v_idle := (pg_catalog.date_part('epoch', pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint;
         IF v_idle = 0 OR v_idle > g.idle_timeout_ms THEN
             PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', g.idle_timeout_ms || 'ms', true);
         END IF;
