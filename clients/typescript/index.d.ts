@@ -382,6 +382,40 @@ export declare class ForbiddenError extends FencegateError {
   readonly resource: string | null;
 }
 /** 404 not-found. */
+/** 405: the route exists, not with this method. */
+export declare class MethodNotAllowedError extends FencegateError {}
+/** 408: the request body arrived too slowly. */
+export declare class BodyTimeoutError extends FencegateError {}
+/** 413: the body (or a value in it) is over the limit. */
+export declare class PayloadTooLargeError extends FencegateError {}
+/** 415: a body needs Content-Type: application/json. */
+export declare class UnsupportedMediaTypeError extends FencegateError {}
+/** 421: the Host is not one this server answers for. */
+export declare class MisdirectedRequestError extends FencegateError {}
+/** 500: the server failed; its log has the request id. */
+export declare class InternalError extends FencegateError {}
+/** 501: a transfer coding the server does not take. */
+export declare class UnsupportedTransferCodingError extends FencegateError {}
+/** 400: X-Fencing-Token is not a canonical decimal in 0..=2^63-1. */
+export declare class MalformedTokenError extends FencegateError {}
+/** 400: the key (or a table row key) is not acceptable. */
+export declare class InvalidKeyError extends FencegateError {}
+/** 400: the scope or lock name is not acceptable. */
+export declare class InvalidScopeError extends FencegateError {}
+/** 400: the body is not JSON the server takes. */
+export declare class InvalidJsonError extends FencegateError {}
+/** 400: the batch is malformed (ops, sizes). */
+export declare class InvalidBatchError extends FencegateError {}
+/** 400: a table row body names unknown or key columns. */
+export declare class InvalidRowError extends FencegateError {}
+/** 400: a field is out of range or malformed. */
+export declare class InvalidRequestError extends FencegateError {}
+/** 409: an admin reset must lower the fence. */
+export declare class ResetNotBelowError extends FencegateError {}
+/** 409: a rebind contradicts a configured binding. */
+export declare class BindingConflictError extends FencegateError {}
+/** 422: the table refused a value (a constraint, a trigger). */
+export declare class InvalidValueError extends FencegateError {}
 export declare class NotFoundError extends FencegateError {}
 /** 503 unavailable. */
 export declare class UnavailableError extends FencegateError {
@@ -413,3 +447,5 @@ export declare function proofMessage(scope: string, token: TokenInput): Buffer;
 /** Canonical decimal string of a token; TypeError/RangeError for anything else (numbers must be safe integers). */
 export declare function toToken(value: TokenInput, what?: string): Token;
 export declare const MAX_TOKEN: 9223372036854775807n;
+/** Every problem type slug the library maps to a class of its own. */
+export declare const PROBLEM_SLUGS: readonly string[];

@@ -358,3 +358,35 @@ def test_unavailable(fencegate_bin):
             assert ei.value.status == 503 and ei.value.retry_after == 1.0
     finally:
         srv.stop()
+
+
+def test_every_problem_type_of_the_server_has_a_class_of_its_own(url):
+    """The running server's /openapi.json lists every problem type it defines; each maps to a
+    class named by its slug (a new type the library does not map fails here)."""
+    import json
+    import urllib.request
+
+    from fencegate._errors import BY_SLUG, PROBLEM_BASE, error_class
+
+    with urllib.request.urlopen(url + "/openapi.json") as r:
+        doc = json.load(r)
+    types = set()
+
+    def walk(v):
+        if isinstance(v, str):
+            if v.startswith(PROBLEM_BASE):
+                types.add(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(doc)
+    assert len(types) >= 30, types
+    for t in sorted(types):
+        slug = t[len(PROBLEM_BASE):]
+        assert slug in BY_SLUG, f"{t}: no class of its own"
+        assert error_class(409, slug).slug == slug
+    assert len(BY_SLUG) == len(types), sorted(set(BY_SLUG) ^ {t[len(PROBLEM_BASE):] for t in types})

@@ -176,6 +176,57 @@ export class LeaseLostError extends Error {
   }
 }
 
+/** 405: the route exists, not with this method. */
+export class MethodNotAllowedError extends FencegateError {}
+
+/** 408: the request body arrived too slowly. */
+export class BodyTimeoutError extends FencegateError {}
+
+/** 413: the body (or a value in it) is over the limit. */
+export class PayloadTooLargeError extends FencegateError {}
+
+/** 415: a body needs Content-Type: application/json. */
+export class UnsupportedMediaTypeError extends FencegateError {}
+
+/** 421: the Host is not one this server answers for. */
+export class MisdirectedRequestError extends FencegateError {}
+
+/** 500: the server failed; its log has the request id. */
+export class InternalError extends FencegateError {}
+
+/** 501: a transfer coding the server does not take. */
+export class UnsupportedTransferCodingError extends FencegateError {}
+
+/** 400: X-Fencing-Token is not a canonical decimal in 0..=2^63-1. */
+export class MalformedTokenError extends FencegateError {}
+
+/** 400: the key (or a table row key) is not acceptable. */
+export class InvalidKeyError extends FencegateError {}
+
+/** 400: the scope or lock name is not acceptable. */
+export class InvalidScopeError extends FencegateError {}
+
+/** 400: the body is not JSON the server takes. */
+export class InvalidJsonError extends FencegateError {}
+
+/** 400: the batch is malformed (ops, sizes). */
+export class InvalidBatchError extends FencegateError {}
+
+/** 400: a table row body names unknown or key columns. */
+export class InvalidRowError extends FencegateError {}
+
+/** 400: a field is out of range or malformed. */
+export class InvalidRequestError extends FencegateError {}
+
+/** 409: an admin reset must lower the fence. */
+export class ResetNotBelowError extends FencegateError {}
+
+/** 409: a rebind contradicts a configured binding. */
+export class BindingConflictError extends FencegateError {}
+
+/** 422: the table refused a value (a constraint, a trigger). */
+export class InvalidValueError extends FencegateError {}
+
 const BY_SLUG = {
   'stale-token': StaleTokenError,
   'scope-mismatch': ScopeMismatchError,
@@ -192,7 +243,27 @@ const BY_SLUG = {
   forbidden: ForbiddenError,
   'not-found': NotFoundError,
   unavailable: UnavailableError,
+  'method-not-allowed': MethodNotAllowedError,
+  'body-timeout': BodyTimeoutError,
+  'payload-too-large': PayloadTooLargeError,
+  'unsupported-media-type': UnsupportedMediaTypeError,
+  'misdirected-request': MisdirectedRequestError,
+  'internal': InternalError,
+  'unsupported-transfer-coding': UnsupportedTransferCodingError,
+  'malformed-token': MalformedTokenError,
+  'invalid-key': InvalidKeyError,
+  'invalid-scope': InvalidScopeError,
+  'invalid-json': InvalidJsonError,
+  'invalid-batch': InvalidBatchError,
+  'invalid-row': InvalidRowError,
+  'invalid-request': InvalidRequestError,
+  'reset-not-below': ResetNotBelowError,
+  'binding-conflict': BindingConflictError,
+  'invalid-value': InvalidValueError,
 };
+
+/** Every problem type slug this library maps to a class of its own. */
+export const PROBLEM_SLUGS = Object.freeze(Object.keys(BY_SLUG));
 
 const BY_STATUS = {
   401: UnauthorizedError,

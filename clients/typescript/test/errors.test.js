@@ -27,6 +27,10 @@ import {
   signHmac,
   signEd25519,
   problemError,
+  PROBLEM_SLUGS,
+  PROBLEM_BASE,
+  MalformedTokenError,
+  ResetNotBelowError,
 } from 'fencegate';
 import { fencegateUrl, uniq, startServer, apiKey, databaseUrl, freezableProxy, fencegateBin } from './helpers.js';
 
@@ -118,10 +122,10 @@ test('NotFoundError 404 (admin retire of a lock never granted; unknown route); r
   assert.equal(await client.tableGet('no-such-resource', 'k'), null);
 });
 
-test('MissingTokenError 428 and unmapped types (malformed-token) through the raw request', async () => {
+test('MissingTokenError 428 and MalformedTokenError 400 through the raw request', async () => {
   await refused(client.request('PUT', `/v1/kv/${uniq('raw')}`, { body: 1 }), MissingTokenError, 428);
   const e = await client.request('PUT', `/v1/kv/${uniq('raw')}`, { body: 1, headers: { 'X-Fencing-Token': '007' } }).catch((x) => x);
-  assert.equal(e.constructor, FencegateError, 'an unmapped type is the base class');
+  assert.equal(e.constructor, MalformedTokenError);
   assert.equal(e.status, 400);
   assert.equal(e.slug, 'malformed-token');
 });
@@ -154,7 +158,7 @@ test('admin: reset, retire and the audit log', async () => {
   const audit = await client.admin.audit({ limit: 50 });
   const mine = audit.entries.filter((x) => x.name === scope || x.name === name || x.name === key);
   assert.deepEqual(mine.map((x) => x.action).sort(), ['reset', 'reset', 'retire']);
-  await refused(client.admin.resetFence(scope, { to: '20', reason: 'not below' }), FencegateError, 409);
+  await refused(client.admin.resetFence(scope, { to: '20', reason: 'not below' }), ResetNotBelowError, 409);
 });
 
 // ---- a server of our own with auth, issuers and a jump cap ----
@@ -298,4 +302,24 @@ test('UnavailableError 503 with retryAfter when the database hangs', async () =>
     await server.stop();
     await proxy.close();
   }
+});
+
+test("every problem type in the server's /openapi.json maps to a class of its own", async () => {
+  const doc = await (await fetch(`${fencegateUrl()}/openapi.json`)).json();
+  const types = new Set();
+  const walk = (v) => {
+    if (typeof v === 'string') {
+      if (v.startsWith(PROBLEM_BASE)) types.add(v);
+    } else if (v && typeof v === 'object') {
+      for (const x of Object.values(v)) walk(x);
+    }
+  };
+  walk(doc);
+  assert.ok(types.size >= 30, `only ${types.size} problem types in /openapi.json`);
+  for (const type of types) {
+    const e = problemError(409, { type, status: 409, detail: 'd' });
+    assert.notEqual(e.constructor, FencegateError, `${type}: no class of its own`);
+    assert.equal(e.slug, type.slice(PROBLEM_BASE.length));
+  }
+  assert.equal(PROBLEM_SLUGS.length, types.size, `the library maps ${PROBLEM_SLUGS.length}, the server defines ${types.size}`);
 });
