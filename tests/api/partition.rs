@@ -148,19 +148,14 @@ async fn writes_succeed_within_seconds_of_a_healed_partition() {
     for writer in writers {
         writer.await.unwrap();
     }
-    let log = log.lock().unwrap();
-    let refused_while_cut = log
-        .iter()
-        .filter(|(at, status)| {
-            *at > cut_at + Duration::from_secs(15) && *at < healed_at && *status == 503
-        })
-        .count();
-    let ok_while_cut = log
-        .iter()
-        .filter(|(at, status)| {
-            *at > cut_at + Duration::from_secs(15) && *at < healed_at && *status != 503
-        })
-        .count();
+    let (refused_while_cut, ok_while_cut) = {
+        let log = log.lock().unwrap();
+        let in_cut = |at: &Instant| *at > cut_at + Duration::from_secs(15) && *at < healed_at;
+        (
+            log.iter().filter(|(at, s)| in_cut(at) && *s == 503).count(),
+            log.iter().filter(|(at, s)| in_cut(at) && *s != 503).count(),
+        )
+    };
     let back_after = first_ok - healed_at;
     println!(
         "partition: {refused_while_cut} writes 503 in the cut's last 15 s, {ok_while_cut} ok; first write ok {back_after:?} after the heal"
