@@ -151,6 +151,11 @@ fn describe() {
         "Coalescing workers that panicked and were restarted (a bug: report it)."
     );
     describe_counter!(
+        "fencegate_held_scope_lanes_total",
+        Unit::Count,
+        "Scopes whose fence a coalesced write found held by another transaction: their writes waited apart, in a lane of their own (PostgreSQL)."
+    );
+    describe_counter!(
         "fencegate_unfenced_writes_total",
         Unit::Count,
         "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."

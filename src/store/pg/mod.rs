@@ -154,6 +154,11 @@ impl PgStore {
                 sql.clone(),
                 settings.coalesce_workers,
                 settings.coalesce_max_rows,
+                Duration::from_millis(settings.lock_timeout_ms),
+                // The lanes of held scopes: with the workers (a quarter) and the readers (as
+                // many), at most three quarters of the connections; claims, grants, table writes
+                // and refusal explanations always find one.
+                (settings.max_connections as usize / 4).max(1),
             )
         });
         let reads = (settings.coalesce_workers > 0).then(|| {
