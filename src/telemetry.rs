@@ -151,6 +151,11 @@ fn describe() {
         "Coalescing workers that panicked and were restarted (a bug: report it)."
     );
     describe_counter!(
+        "fencegate_http2_refused_streams_total",
+        Unit::Count,
+        "HTTP/2 streams refused (REFUSED_STREAM) because the unread response bytes of their connection, or of all connections, were at the budget."
+    );
+    describe_counter!(
         "fencegate_held_scope_lanes_total",
         Unit::Count,
         "Scopes whose fence a coalesced write found held by another transaction: their writes waited apart, in a lane of their own (PostgreSQL)."

@@ -159,6 +159,10 @@ pub async fn serve_reloadable(
         tls,
         http2_max_concurrent_streams: server.http2_max_concurrent_streams,
         http2_max_header_list_bytes: server.http2_max_header_list_bytes,
+        unread: Arc::new(conn::Unread::new(
+            server.http2_max_unread_bytes_per_connection,
+            server.http2_max_unread_bytes,
+        )),
     });
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();
