@@ -73,6 +73,9 @@ pub struct DatabaseSettings {
     /// PostgreSQL: the longest a statement of fencegate's waits for a row lock (a SQL writer's
     /// transaction holding a fence after `fencegate.fence()`), then 503.
     pub lock_timeout_ms: u64,
+    /// Refused writes kept in the database (`GET /v1/admin/refusals`), at most; fair per actor
+    /// (`store::refusals`).
+    pub refusals_kept: u32,
 }
 
 impl DatabaseSettings {
@@ -111,6 +114,9 @@ impl DatabaseSettings {
         validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
         if self.lock_timeout_ms == 0 {
             bail!("database.lock_timeout_ms must be at least 1");
+        }
+        if self.refusals_kept == 0 {
+            bail!("database.refusals_kept must be at least 1");
         }
         if self.coalesce_max_rows == 0 {
             bail!("database.coalesce_max_rows must be at least 1");
@@ -155,6 +161,7 @@ impl Default for DatabaseSettings {
             coalesce_max_rows: 128,
             schema: "fencegate".into(),
             lock_timeout_ms: 5_000,
+            refusals_kept: 10_000,
         }
     }
 }
@@ -174,6 +181,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("coalesce_max_rows", &self.coalesce_max_rows)
             .field("schema", &self.schema)
             .field("lock_timeout_ms", &self.lock_timeout_ms)
+            .field("refusals_kept", &self.refusals_kept)
             .finish()
     }
 }

@@ -168,7 +168,7 @@ fn describe() {
     describe_counter!(
         "fencegate_refusals_unrecorded_total",
         Unit::Count,
-        "Refused writes not recorded in the database because its queue was full."
+        "Refused writes not recorded in the database because its queue was full (the oldest of the actor with the most waiting is dropped)."
     );
     describe_counter!(
         "fencegate_lock_takeovers_total",
