@@ -166,6 +166,9 @@ pub fn client_cert(der: &[u8]) -> ClientCert {
             }
         }
     }
+    let validity = &cert.tbs_certificate.validity;
+    named.not_before = Some(validity.not_before.to_unix_duration().as_secs());
+    named.not_after = Some(validity.not_after.to_unix_duration().as_secs());
     if let Ok(Some((_, san))) = cert.tbs_certificate.get::<SubjectAltName>() {
         for name in san.0 {
             if let GeneralName::UniformResourceIdentifier(uri) = name {
