@@ -148,9 +148,33 @@ impl Pki {
         self.leaf(name, ca, subject, &ext);
     }
 
-    /// A client certificate with subject CN `cn`, valid from a minute ago until `not_after`
-    /// (seconds since the Unix epoch), to the second: `openssl ca`, which takes exact dates.
+    /// A client certificate with subject CN `cn`, valid until `not_after` (seconds since the
+    /// Unix epoch), to the second.
     pub fn client_until(&self, name: &str, ca: &str, cn: &str, not_after: u64) {
+        self.leaf_until(
+            name,
+            ca,
+            &format!("/CN={cn}"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+            not_after,
+        );
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost, valid until `not_after` (which may be
+    /// in the past: an expired one).
+    pub fn server_until(&self, name: &str, ca: &str, not_after: u64) {
+        self.leaf_until(
+            name,
+            ca,
+            "/CN=fencegate",
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+            not_after,
+        );
+    }
+
+    /// `NAME.crt`, `NAME.key`, signed by `ca`, valid from two minutes before `not_after` or a
+    /// minute ago, whichever is earlier, until `not_after`: `openssl ca`, which takes exact dates.
+    fn leaf_until(&self, name: &str, ca: &str, subject: &str, extensions: &str, not_after: u64) {
         let dir = self.dir.path();
         openssl(
             dir,
@@ -167,14 +191,10 @@ impl Pki {
                 "-out",
                 &format!("{name}.csr"),
                 "-subj",
-                &format!("/CN={cn}"),
+                subject,
             ],
         );
-        std::fs::write(
-            dir.join(format!("{name}.ext")),
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
+        std::fs::write(dir.join(format!("{name}.ext")), extensions).unwrap();
         std::fs::write(
             dir.join(format!("{name}.cnf")),
             format!(
@@ -189,6 +209,7 @@ impl Pki {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs();
+        let not_before = (now - 60).min(not_after - 120);
         openssl(
             dir,
             &[
@@ -208,7 +229,7 @@ impl Pki {
                 "-extfile",
                 &format!("{name}.ext"),
                 "-startdate",
-                &asn1_time(now - 60),
+                &asn1_time(not_before),
                 "-enddate",
                 &asn1_time(not_after),
             ],
