@@ -22,7 +22,8 @@
 //!
 //! `ABUSE_MALLOC_ENV` (e.g. `MALLOC_ARENA_MAX=2`): extra environment for fencegate, to compare
 //! allocator settings. `ABUSE_FENCEGATE`: another fencegate binary to measure (an older
-//! commit's build). `ABUSE_ONLY=zero-window`: only step 5.
+//! commit's build). `ABUSE_FENCEGATE_TOML`: configuration for it, as TOML (`\n` may be written
+//! as the two characters `\n`). `ABUSE_ONLY=zero-window`: only step 5.
 //!
 //! 5. **zero window**: 10 h2c connections announce SETTINGS_INITIAL_WINDOW_SIZE = 0 and each
 //!    ask for the 1 MiB value on 100 streams, never making room: RSS of fencegate before, at the
@@ -111,8 +112,14 @@ async fn start(db_url: &str) -> Result<Fencegate> {
     let binary = std::env::var("ABUSE_FENCEGATE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned());
     let mut cmd = Command::new(binary);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
-        .env("FENCEGATE_LOG", "error")
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url]);
+    if let Ok(toml) = std::env::var("ABUSE_FENCEGATE_TOML") {
+        let path =
+            std::env::temp_dir().join(format!("fencegate-abuse-{}.toml", std::process::id()));
+        std::fs::write(&path, toml.replace("\\n", "\n"))?;
+        cmd.arg("--config").arg(path);
+    }
+    cmd.env("FENCEGATE_LOG", "error")
         .env_remove("RUST_LOG")
         .env_remove("FENCEGATE_CONFIG")
         .stdin(Stdio::null())

@@ -57,7 +57,7 @@ async fn answer(conns: &Connections, jobs: Vec<ReadJob>) {
     match fetch(conns, &jobs).await {
         Ok(found) => {
             for job in jobs {
-                // A key read twice in one batch: each read gets its copy.
+                // A key read twice in one batch: each read shares its value (`Entry`).
                 let answer = match found.get(job.key.as_str()) {
                     None => Ok(None),
                     Some(Ok(entry)) => Ok(Some(entry.clone())),

@@ -471,7 +471,7 @@ pub(super) const RELEASE: &str = concat!(
 pub(super) fn entry_from(row: &sqlx::postgres::PgRow, first: usize) -> Result<Entry, StoreError> {
     let Json(value): Json<serde_json::Value> = row.try_get(first)?;
     Ok(Entry {
-        value,
+        value: std::sync::Arc::new(value),
         fence_token: token_from_db(row.try_get(first + 1)?)?,
         scope: row.try_get(first + 2)?,
         version: row.try_get(first + 3)?,
