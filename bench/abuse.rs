@@ -28,7 +28,8 @@
 //! 5. **zero window**: 10 h2c connections announce SETTINGS_INITIAL_WINDOW_SIZE = 0 and each
 //!    ask for the 1 MiB value on 100 streams, never making room: RSS of fencegate before, at the
 //!    peak (sampled every 20 ms for 15 s), and after; the streams answered and refused
-//!    (REFUSED_STREAM), and how many connections fencegate closed.
+//!    (REFUSED_STREAM), and how many connections fencegate closed. `ABUSE_ZERO_WINDOW_KEYS=N`:
+//!    N different 1 MiB values asked for in turn (written first), instead of one.
 
 use std::{
     collections::BTreeMap,
@@ -550,11 +551,22 @@ fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Step 5 (module docs): 10 h2c connections with a zero window, 100 GETs of the 1 MiB value
-/// each.
+/// each; with `ABUSE_ZERO_WINDOW_KEYS=N`, of N different 1 MiB values in turn (written first).
 async fn zero_window(fg: &Fencegate) -> Result<()> {
     const CONNECTIONS: usize = 10;
     const STREAMS: u32 = 100;
     let (addr, pid) = (fg.addr, fg.pid);
+    let keys = env_num("ABUSE_ZERO_WINDOW_KEYS", 1).max(1);
+    if keys > 1 {
+        let big = format!("\"{}\"", "y".repeat(1024 * 1024 - 16));
+        let mut s = BufReader::new(TcpStream::connect(addr).await?);
+        for k in 0..keys {
+            let status = request(&mut s, &put_key(&format!("big{k:04}"), 1, &big)).await?;
+            if status >= 300 {
+                bail!("could not write big{k:04}: {status}");
+            }
+        }
+    }
     let before = rss_mib(pid);
     let answered = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(AtomicU64::new(0));
@@ -568,9 +580,14 @@ async fn zero_window(fg: &Fencegate) -> Result<()> {
             // SETTINGS_INITIAL_WINDOW_SIZE (4) = 0
             out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
             for i in 0..STREAMS {
-                // HPACK: GET, http, :path /v1/kv/big, :authority 127.0.0.1
-                let mut block = vec![0x82, 0x86, 0x04, 10];
-                block.extend_from_slice(b"/v1/kv/big");
+                // HPACK: GET, http, :path /v1/kv/big (or big0000...), :authority 127.0.0.1
+                let path = if keys > 1 {
+                    format!("/v1/kv/big{:04}", u64::from(i) % keys)
+                } else {
+                    "/v1/kv/big".to_owned()
+                };
+                let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+                block.extend_from_slice(path.as_bytes());
                 block.extend_from_slice(&[0x01, 9]);
                 block.extend_from_slice(b"127.0.0.1");
                 out.extend(h2_frame(1, 1 | 4, 2 * i + 1, &block));
@@ -622,7 +639,7 @@ async fn zero_window(fg: &Fencegate) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = rss_mib(pid);
     println!(
-        "zero window: {CONNECTIONS} h2c connections x {STREAMS} GETs of 1 MiB, window 0: {} answered, {} refused (REFUSED_STREAM), \
+        "zero window: {CONNECTIONS} h2c connections x {STREAMS} GETs of 1 MiB ({keys} different values), window 0: {} answered, {} refused (REFUSED_STREAM), \
          {} of {CONNECTIONS} connections closed by fencegate within 15 s; RSS before {before:.1} MiB, peak {peak:.1} MiB \
          (+{:.1}), 2 s after the 15 s {after:.1} MiB",
         answered.load(Ordering::Relaxed),

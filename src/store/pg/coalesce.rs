@@ -34,9 +34,10 @@
 //!   only the writes under that scope. A worker's scoped statement waits at most
 //!   [`BRIEF_LOCK_WAIT_MS`](super::sql::BRIEF_LOCK_WAIT_MS) for a lock; if it gives up, nothing
 //!   of it was written, and the writes of each scope it held are tried again on their own, so
-//!   one held scope does not hold up the other scopes of its round. A scope still locked then gets a lane ([`lanes`]): its
-//!   writes, and every write under it that arrives while the lane is open, wait there (at most
-//!   `database.lock_timeout_ms`, then 503) instead of in the worker's queue.
+//!   one held scope does not hold up the other scopes of its round. A scope still locked then
+//!   gets a lane ([`lanes`]): its writes, and every write under it that arrives while the lane
+//!   is open, wait there (at most `database.lock_timeout_ms`, then 503) instead of in the
+//!   worker's queue.
 
 mod lanes;
 
