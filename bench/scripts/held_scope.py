@@ -4,7 +4,9 @@
 usage: held_scope.py FENCEGATE_BINARY [SECONDS]   (env: DATABASE_URL, an admin URL;
        HELD_SCOPE_NONE=1: no holder and no writers under `victim`, for the baseline;
        HELD_SCOPE_UNFENCED=1: the holder's transaction takes a transaction id and sleeps, but
-       fences nothing: what any long transaction costs PostgreSQL's updates, apart from fencing)
+       fences nothing: what any long transaction costs PostgreSQL's updates, apart from fencing;
+       HELD_SCOPE_CLAIMS=N: N threads claim the held scope (POST /v1/fences/victim) instead of
+       4 threads writing under it)
 
 Creates a database, starts the binary on it (default config: lock_timeout_ms 5000), and then:
 a psql session runs `BEGIN; SELECT fencegate.fence('victim', 1); SELECT pg_sleep(...)` (a frozen
@@ -62,10 +64,18 @@ try:
     stop = threading.Event()
     victims = {"503": 0, "other": 0}
 
+    claims = int(os.environ.get("HELD_SCOPE_CLAIMS", "0"))
+
     def victim(i):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         while not stop.is_set():
-            s = put(conn, f"victim-{i}", 2, "victim")
+            if claims:
+                conn.request("POST", "/v1/fences/victim", headers={"X-Fencing-Token": "2"})
+                r = conn.getresponse()
+                r.read()
+                s = r.status
+            else:
+                s = put(conn, f"victim-{i}", 2, "victim")
             victims["503" if s == 503 else "other"] += 1
 
     results = []
@@ -84,7 +94,7 @@ try:
         with lock:
             results.extend(mine)
 
-    vs = [] if none or unfenced else [threading.Thread(target=victim, args=(i,), daemon=True) for i in range(4)]
+    vs = [] if none or unfenced else [threading.Thread(target=victim, args=(i,), daemon=True) for i in range(claims or 4)]
     for t in vs:
         t.start()
     time.sleep(0.5)  # the victims' writes wait on the fence

@@ -212,3 +212,57 @@ async fn writes_under_a_held_scope_get_503_after_the_lock_timeout_and_no_one_els
         .await
         .expect(201);
 }
+
+/// More claims of a held scope than fencegate has connections: they wait one at a time (the
+/// others without a connection), so writes elsewhere keep theirs and go on; each claim gets 503
+/// or, once the holder is gone, its answer.
+#[tokio::test]
+async fn claims_of_a_held_scope_never_take_every_connection() {
+    let db = pg::fresh_database().await;
+    let app = Arc::new(spawn_app_on(db.clone(), |s| s.database.lock_timeout_ms = 3_000).await);
+    app.kv_put("warm-up", "1", &json!(1)).await.expect(201);
+
+    let mut holder = PgConnection::connect(&db).await.unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT fencegate.fence('victim', 1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let mut claims = JoinSet::new();
+    for _ in 0..40 {
+        let app = app.clone();
+        claims.spawn(async move {
+            let started = Instant::now();
+            let r = app.claim("victim", "2").await;
+            (r.status, started.elapsed(), r.text)
+        });
+    }
+    let mut watcher = PgConnection::connect(&db).await.unwrap();
+    wait_for_lock_waiters(&mut watcher, 1).await;
+
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(15), unrelated_writes(&app, 8, 5))
+        .await
+        .expect("unrelated writes finish while the scope is claimed");
+    let mut latencies: Vec<Duration> = outcome.iter().map(|(_, took)| *took).collect();
+    assert!(
+        outcome.iter().all(|(s, _)| *s == 200 || *s == 201),
+        "every unrelated write is applied while 40 claims wait: {outcome:?}"
+    );
+    let max = percentile(&mut latencies, 1.0);
+    assert!(
+        max < Duration::from_millis(2_500),
+        "an unrelated write took {max:?} (lock timeout 3 s), {:?} in all",
+        started.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    while let Some(done) = claims.join_next().await {
+        let (status, took, text) = done.unwrap();
+        assert!(matches!(status, 200 | 201 | 503), "{status}: {text}");
+        assert!(
+            took < Duration::from_secs(6 + 5),
+            "a claim waited {took:?}: at most the gate's and the row's lock timeout"
+        );
+    }
+}
