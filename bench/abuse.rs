@@ -21,7 +21,15 @@
 //!    PUTs of 1 MiB each (each on its own connection), with the statuses they got.
 //!
 //! `ABUSE_MALLOC_ENV` (e.g. `MALLOC_ARENA_MAX=2`): extra environment for fencegate, to compare
-//! allocator settings.
+//! allocator settings. `ABUSE_FENCEGATE`: another fencegate binary to measure (an older
+//! commit's build). `ABUSE_FENCEGATE_TOML`: configuration for it, as TOML (`\n` may be written
+//! as the two characters `\n`). `ABUSE_ONLY=zero-window`: only step 5.
+//!
+//! 5. **zero window**: 10 h2c connections announce SETTINGS_INITIAL_WINDOW_SIZE = 0 and each
+//!    ask for the 1 MiB value on 100 streams, never making room: RSS of fencegate before, at the
+//!    peak (sampled every 20 ms for 15 s), and after; the streams answered and refused
+//!    (REFUSED_STREAM), and how many connections fencegate closed. `ABUSE_ZERO_WINDOW_KEYS=N`:
+//!    N different 1 MiB values asked for in turn (written first), instead of one.
 
 use std::{
     collections::BTreeMap,
@@ -102,9 +110,17 @@ struct Fencegate {
 }
 
 async fn start(db_url: &str) -> Result<Fencegate> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
-        .env("FENCEGATE_LOG", "error")
+    let binary = std::env::var("ABUSE_FENCEGATE")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned());
+    let mut cmd = Command::new(binary);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url]);
+    if let Ok(toml) = std::env::var("ABUSE_FENCEGATE_TOML") {
+        let path =
+            std::env::temp_dir().join(format!("fencegate-abuse-{}.toml", std::process::id()));
+        std::fs::write(&path, toml.replace("\\n", "\n"))?;
+        cmd.arg("--config").arg(path);
+    }
+    cmd.env("FENCEGATE_LOG", "error")
         .env_remove("RUST_LOG")
         .env_remove("FENCEGATE_CONFIG")
         .stdin(Stdio::null())
@@ -393,12 +409,13 @@ fn attack(
 }
 
 async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
-    let mut fg = start(db_url).await?;
+    let fg = start(db_url).await?;
     let addr = fg.addr;
     println!("fencegate abuse bench: {} s per phase, {clients} well-behaved connections (random-key PUTs)", secs.as_secs());
     println!(
         "  binary {} pid {} on {addr}",
-        env!("CARGO_BIN_EXE_fencegate"),
+        std::env::var("ABUSE_FENCEGATE")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned()),
         fg.pid
     );
     if let Ok(extra) = std::env::var("ABUSE_MALLOC_ENV") {
@@ -412,6 +429,10 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
         bail!("could not write the big value: {status}");
     }
     drop(s);
+    if std::env::var("ABUSE_ONLY").as_deref() == Ok("zero-window") {
+        zero_window(&fg).await?;
+        return stop_fencegate(fg).await;
+    }
 
     let _ = well_behaved(addr, clients, Duration::from_secs(2)).await; // warm-up
     let (base_rate, base_p99, base_other) = well_behaved(addr, clients, secs).await;
@@ -508,11 +529,124 @@ async fn bench(db_url: &str, secs: Duration, clients: usize) -> Result<()> {
         "memory: 256 parallel 1 MiB PUTs ({statuses:?}): RSS before {before:.1} MiB, peak {:.1} MiB, 2 s after {after2:.1} MiB, 10 s after {after10:.1} MiB",
         peak.load(Ordering::Relaxed) as f64 / 1024.0
     );
+    zero_window(&fg).await?;
+    stop_fencegate(fg).await
+}
+
+async fn stop_fencegate(mut fg: Fencegate) -> Result<()> {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(fg.pid as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = tokio::time::timeout(Duration::from_secs(15), fg.child.wait()).await;
+    Ok(())
+}
+
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Step 5 (module docs): 10 h2c connections with a zero window, 100 GETs of the 1 MiB value
+/// each; with `ABUSE_ZERO_WINDOW_KEYS=N`, of N different 1 MiB values in turn (written first).
+async fn zero_window(fg: &Fencegate) -> Result<()> {
+    const CONNECTIONS: usize = 10;
+    const STREAMS: u32 = 100;
+    let (addr, pid) = (fg.addr, fg.pid);
+    let keys = env_num("ABUSE_ZERO_WINDOW_KEYS", 1).max(1);
+    if keys > 1 {
+        let big = format!("\"{}\"", "y".repeat(1024 * 1024 - 16));
+        let mut s = BufReader::new(TcpStream::connect(addr).await?);
+        for k in 0..keys {
+            let status = request(&mut s, &put_key(&format!("big{k:04}"), 1, &big)).await?;
+            if status >= 300 {
+                bail!("could not write big{k:04}: {status}");
+            }
+        }
+    }
+    let before = rss_mib(pid);
+    let answered = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let closed = Arc::new(AtomicU64::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (answered, refused, closed) = (answered.clone(), refused.clone(), closed.clone());
+        readers.push(tokio::spawn(async move {
+            let mut stream = TcpStream::connect(addr).await?;
+            let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            // SETTINGS_INITIAL_WINDOW_SIZE (4) = 0
+            out.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+            for i in 0..STREAMS {
+                // HPACK: GET, http, :path /v1/kv/big (or big0000...), :authority 127.0.0.1
+                let path = if keys > 1 {
+                    format!("/v1/kv/big{:04}", u64::from(i) % keys)
+                } else {
+                    "/v1/kv/big".to_owned()
+                };
+                let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+                block.extend_from_slice(path.as_bytes());
+                block.extend_from_slice(&[0x01, 9]);
+                block.extend_from_slice(b"127.0.0.1");
+                out.extend(h2_frame(1, 1 | 4, 2 * i + 1, &block));
+            }
+            stream.write_all(&out).await?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            let mut buf = Vec::new();
+            let mut chunk = vec![0u8; 65536];
+            loop {
+                match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                    Err(_) => break,
+                    Ok(Ok(0)) | Ok(Err(_)) => {
+                        closed.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                }
+                while buf.len() >= 9 {
+                    let len = (usize::from(buf[0]) << 16)
+                        | (usize::from(buf[1]) << 8)
+                        | usize::from(buf[2]);
+                    if buf.len() < 9 + len {
+                        break;
+                    }
+                    match buf[3] {
+                        1 => {
+                            answered.fetch_add(1, Ordering::Relaxed);
+                        }
+                        3 if buf[9..13] == 7u32.to_be_bytes() => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => {}
+                    }
+                    buf.drain(..9 + len);
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let started = Instant::now();
+    let mut peak = before;
+    while started.elapsed() < Duration::from_secs(15) {
+        peak = peak.max(rss_mib(pid));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for r in readers {
+        r.await??;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_mib(pid);
+    println!(
+        "zero window: {CONNECTIONS} h2c connections x {STREAMS} GETs of 1 MiB ({keys} different values), window 0: {} answered, {} refused (REFUSED_STREAM), \
+         {} of {CONNECTIONS} connections closed by fencegate within 15 s; RSS before {before:.1} MiB, peak {peak:.1} MiB \
+         (+{:.1}), 2 s after the 15 s {after:.1} MiB",
+        answered.load(Ordering::Relaxed),
+        refused.load(Ordering::Relaxed),
+        closed.load(Ordering::Relaxed),
+        peak - before,
+    );
     Ok(())
 }
 

@@ -82,6 +82,9 @@ pub struct DatabaseSettings {
     /// that silently drops packets fails statements within seconds instead of TCP's backoff,
     /// and the pool is fresh when the network heals (0: the system's default).
     pub tcp_user_timeout_ms: u64,
+    /// Refused writes kept in the database (`GET /v1/admin/refusals`), at most; fair per actor
+    /// (`store::refusals`).
+    pub refusals_kept: u32,
 }
 
 impl DatabaseSettings {
@@ -126,6 +129,9 @@ impl DatabaseSettings {
                 "database.sql_fence_idle_timeout_ms must be at most {} (about 24 days)",
                 i32::MAX
             );
+        }
+        if self.refusals_kept == 0 {
+            bail!("database.refusals_kept must be at least 1");
         }
         if self.coalesce_max_rows == 0 {
             bail!("database.coalesce_max_rows must be at least 1");
@@ -172,6 +178,7 @@ impl Default for DatabaseSettings {
             lock_timeout_ms: 5_000,
             sql_fence_idle_timeout_ms: 30_000,
             tcp_user_timeout_ms: 10_000,
+            refusals_kept: 10_000,
         }
     }
 }
@@ -193,6 +200,7 @@ impl fmt::Debug for DatabaseSettings {
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("sql_fence_idle_timeout_ms", &self.sql_fence_idle_timeout_ms)
             .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
+            .field("refusals_kept", &self.refusals_kept)
             .finish()
     }
 }

@@ -151,6 +151,16 @@ fn describe() {
         "Coalescing workers that panicked and were restarted (a bug: report it)."
     );
     describe_counter!(
+        "fencegate_http2_refused_streams_total",
+        Unit::Count,
+        "HTTP/2 streams refused (REFUSED_STREAM) because the unread response bytes of their connection, or of all connections, were at the budget."
+    );
+    describe_counter!(
+        "fencegate_held_scope_lanes_total",
+        Unit::Count,
+        "Scopes whose fence a coalesced write found held by another transaction: their writes waited apart, in a lane of their own (PostgreSQL)."
+    );
+    describe_counter!(
         "fencegate_unfenced_writes_total",
         Unit::Count,
         "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."
@@ -163,7 +173,7 @@ fn describe() {
     describe_counter!(
         "fencegate_refusals_unrecorded_total",
         Unit::Count,
-        "Refused writes not recorded in the database because its queue was full."
+        "Refused writes not recorded in the database because its queue was full (the oldest of the actor with the most waiting is dropped)."
     );
     describe_counter!(
         "fencegate_lock_takeovers_total",

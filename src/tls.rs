@@ -76,6 +76,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub fn server_config(settings: &TlsSettings) -> anyhow::Result<Arc<ServerConfig>> {
     let provider = provider();
     let chain = certificates(&settings.cert_file, "server.tls.cert_file")?;
+    usable_server_certificate(&chain[0], &settings.cert_file)?;
     let key = private_key(&settings.key_file)?;
     let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
         anyhow::anyhow!(
@@ -113,6 +114,59 @@ pub fn server_config(settings: &TlsSettings) -> anyhow::Result<Arc<ServerConfig>
         builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// Refuses a server certificate every handshake would fail with: one that is not valid now
+/// (expired, or not yet valid), or one whose extended key usage does not include server
+/// authentication (a client certificate). At start-up that stops fencegate, on SIGHUP the
+/// running certificate is kept; either way the message names the file and the reason.
+fn usable_server_certificate(der: &[u8], path: &Path) -> anyhow::Result<()> {
+    use x509_cert::{
+        der::{
+            oid::db::rfc5280::{ANY_EXTENDED_KEY_USAGE, ID_KP_SERVER_AUTH},
+            Decode,
+        },
+        ext::pkix::ExtendedKeyUsage,
+        Certificate,
+    };
+    let cert = Certificate::from_der(der).map_err(|e| {
+        anyhow::anyhow!(
+            "server.tls.cert_file {}: the first certificate cannot be read: {e}",
+            path.display()
+        )
+    })?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let validity = &cert.tbs_certificate.validity;
+    if now > validity.not_after.to_unix_duration() {
+        bail!(
+            "server.tls.cert_file {}: the certificate expired at {} (notAfter): every handshake would fail",
+            path.display(),
+            validity.not_after
+        );
+    }
+    if now < validity.not_before.to_unix_duration() {
+        bail!(
+            "server.tls.cert_file {}: the certificate is not valid before {} (notBefore): every handshake would fail",
+            path.display(),
+            validity.not_before
+        );
+    }
+    if let Ok(Some((_, usage))) = cert.tbs_certificate.get::<ExtendedKeyUsage>() {
+        if !usage
+            .0
+            .iter()
+            .any(|oid| *oid == ID_KP_SERVER_AUTH || *oid == ANY_EXTENDED_KEY_USAGE)
+        {
+            bail!(
+                "server.tls.cert_file {}: the certificate is not for server authentication (its extendedKeyUsage \
+                 lacks serverAuth; a client certificate?): every handshake would fail",
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every certificate of a PEM file (at least one).
@@ -166,6 +220,9 @@ pub fn client_cert(der: &[u8]) -> ClientCert {
             }
         }
     }
+    let validity = &cert.tbs_certificate.validity;
+    named.not_before = Some(validity.not_before.to_unix_duration().as_secs());
+    named.not_after = Some(validity.not_after.to_unix_duration().as_secs());
     if let Ok(Some((_, san))) = cert.tbs_certificate.get::<SubjectAltName>() {
         for name in san.0 {
             if let GeneralName::UniformResourceIdentifier(uri) = name {

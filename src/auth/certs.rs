@@ -9,11 +9,15 @@ pub(super) enum CertName {
 }
 
 /// What a verified client certificate names (`crate::tls::client_cert`): its subject's common
-/// names and its URI subject alternative names.
+/// names and its URI subject alternative names, and when it is valid (seconds since the
+/// epoch), checked on every request: a resumed TLS session, or a connection that outlives the
+/// certificate, is not verified again by the handshake.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientCert {
     pub common_names: Vec<String>,
     pub uris: Vec<String>,
+    pub not_before: Option<u64>,
+    pub not_after: Option<u64>,
 }
 
 impl ClientCert {

@@ -63,6 +63,12 @@ pub enum Unauthenticated {
     /// A verified client certificate that no `[[auth.certs]]` entry names, and no bearer
     /// credential.
     UnknownCert,
+    /// A client certificate past its `notAfter` (or before its `notBefore`): on a resumed TLS
+    /// session, or a connection opened while it was valid.
+    CertExpired,
+    /// A client certificate naming several identities: two common names, several URI SANs, or
+    /// names that match different `[[auth.certs]]` entries.
+    AmbiguousCert,
 }
 
 impl Unauthenticated {
@@ -78,6 +84,8 @@ impl Unauthenticated {
             Unauthenticated::WrongAudience => "wrong_audience",
             Unauthenticated::InvalidToken => "invalid_token",
             Unauthenticated::UnknownCert => "unknown_cert",
+            Unauthenticated::CertExpired => "cert_expired",
+            Unauthenticated::AmbiguousCert => "ambiguous_cert",
         }
     }
 
@@ -96,6 +104,13 @@ impl Unauthenticated {
             Unauthenticated::UnknownCert => {
                 "the client certificate names no configured identity ([[auth.certs]] subject_cn or uri_san): use a \
                  certificate issued for this service, or send Authorization: Bearer <API key or JWT>"
+            }
+            Unauthenticated::CertExpired => {
+                "the client certificate is not valid now (notBefore/notAfter): reconnect with a valid one"
+            }
+            Unauthenticated::AmbiguousCert => {
+                "the client certificate names several identities (more than one subject CN or URI SAN, or names that \
+                 match different [[auth.certs]] entries): use a certificate that names exactly one"
             }
         }
     }
@@ -183,10 +198,19 @@ impl Authenticator {
         let header = match (header, cert) {
             (Some(header), _) => header,
             (None, Some(cert)) => {
-                return self
-                    .cert(cert)
-                    .map(Actor::authenticated)
-                    .ok_or(Unauthenticated::UnknownCert)
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                if cert.not_after.is_some_and(|t| now > t)
+                    || cert.not_before.is_some_and(|t| now < t)
+                {
+                    return Err(Unauthenticated::CertExpired);
+                }
+                let grant = self.cert(cert)?;
+                return Ok(match cert.not_after {
+                    Some(not_after) => Actor::expiring(grant, not_after),
+                    None => Actor::authenticated(grant),
+                });
             }
             (None, None) => return Err(Unauthenticated::Missing),
         };
@@ -203,12 +227,18 @@ impl Authenticator {
             .ok_or(Unauthenticated::UnknownKey)
     }
 
-    /// The first `[[auth.certs]]` entry the certificate names.
-    fn cert(&self, cert: &ClientCert) -> Option<Arc<Grant>> {
-        self.certs
-            .iter()
-            .find(|(name, _)| cert.names(name))
-            .map(|(_, grant)| grant.clone())
+    /// The `[[auth.certs]]` entry the certificate names. A certificate that names several
+    /// identities is refused, never resolved by the order of the configuration.
+    fn cert(&self, cert: &ClientCert) -> Result<Arc<Grant>, Unauthenticated> {
+        if cert.common_names.len() > 1 || cert.uris.len() > 1 {
+            return Err(Unauthenticated::AmbiguousCert);
+        }
+        let mut named = self.certs.iter().filter(|(name, _)| cert.names(name));
+        match (named.next(), named.next()) {
+            (Some((_, grant)), None) => Ok(grant.clone()),
+            (Some(_), Some(_)) => Err(Unauthenticated::AmbiguousCert),
+            (None, _) => Err(Unauthenticated::UnknownCert),
+        }
     }
 
     fn key(&self, credential: &str) -> Option<Arc<Grant>> {

@@ -37,7 +37,11 @@
 //!   closes it), and SETTINGS acknowledged one at a time likewise.
 //!
 //! In every phase and protocol, a response the client does not read (no byte written for
-//! `server.write_timeout_ms`) closes the connection, freeing the response it held.
+//! `server.write_timeout_ms`) closes the connection, freeing the response it held. On HTTP/2,
+//! where a zero flow-control window holds responses without ever blocking a write, the bytes
+//! of responses not yet handed over are a budget per connection and in all, past which new
+//! streams are refused, and a connection that makes no room for them for
+//! `server.write_timeout_ms` is closed ([`unread`]).
 //!
 //! On shutdown, a connection that is not handling a request is closed at once — a half-sent
 //! request has touched nothing — and one that is gets to finish it (hyper's graceful shutdown;
@@ -48,9 +52,11 @@
 mod handshake;
 mod service;
 mod state;
+mod unread;
 mod watched;
 
 pub use state::{Handle, Watch};
+pub use unread::Unread;
 
 use std::{future::Future, sync::Arc, task::Poll, time::Duration};
 
@@ -88,6 +94,8 @@ pub struct Options {
     pub http2_max_concurrent_streams: u32,
     /// `server.http2_max_header_list_bytes`.
     pub http2_max_header_list_bytes: u32,
+    /// HTTP/2 response bytes the clients have not read, per connection and in all (`unread`).
+    pub unread: Arc<Unread>,
 }
 
 /// Streams a client reset before they were answered, at most, per connection (then GOAWAY):
@@ -95,6 +103,8 @@ pub struct Options {
 const HTTP2_MAX_PENDING_RESET_STREAMS: usize = 20;
 /// Streams the server had to reset (a protocol error of the client's) at most, per connection.
 const HTTP2_MAX_LOCAL_ERROR_RESETS: usize = 100;
+/// Bytes of a stream's response buffered in the protocol at most (hyper's default: 400 KiB).
+const HTTP2_MAX_SEND_BUF: usize = 4 * unread::CHUNK;
 
 /// Why [`serve`] stopped polling the connection.
 enum Exit {
@@ -210,6 +220,7 @@ async fn watch<I>(
         router,
         state: state.clone(),
         cert,
+        unread: options.unread.clone(),
     };
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The watchdog times headers (from their first byte) and idleness separately.
@@ -224,7 +235,11 @@ async fn watch<I>(
         .max_concurrent_streams(options.http2_max_concurrent_streams)
         .max_header_list_size(options.http2_max_header_list_bytes)
         .max_pending_accept_reset_streams(HTTP2_MAX_PENDING_RESET_STREAMS)
-        .max_local_error_reset_streams(HTTP2_MAX_LOCAL_ERROR_RESETS);
+        .max_local_error_reset_streams(HTTP2_MAX_LOCAL_ERROR_RESETS)
+        // What a stream may buffer beyond what its body has handed over: the unread budget
+        // charges a body until its last piece is handed over (`unread`), so this is what a
+        // stream holds outside it.
+        .max_send_buf_size(HTTP2_MAX_SEND_BUF);
     let builder = match protocol {
         Protocol::Detect => builder,
         Protocol::Http1 => builder.http1_only(),

@@ -2,7 +2,6 @@
 //! streamed response, reported to the watchdog.
 
 use std::{
-    convert::Infallible,
     future::Future,
     pin::Pin,
     sync::{atomic::Ordering, Arc},
@@ -13,7 +12,19 @@ use axum::{body::Body, extract::Request, response::Response, Router};
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
-use super::state::{State, Watch, BODY, HANDLING};
+use super::{
+    state::{State, Watch, BODY, HANDLING},
+    unread::{Charged, Unread},
+};
+
+/// What a refused HTTP/2 stream gets: hyper resets it with the reason found in the error,
+/// `REFUSED_STREAM` (nothing was done; the client may send it again).
+type Refused = Box<dyn std::error::Error + Send + Sync>;
+
+fn refused() -> Refused {
+    metrics::counter!("fencegate_http2_refused_streams_total").increment(1);
+    Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM))
+}
 
 /// A streaming response's body: the connection goes back to idle when it ends (or is dropped,
 /// e.g. the client went away).
@@ -53,23 +64,31 @@ impl Drop for InFlight {
     }
 }
 
-/// The router for one connection: marks the phase of each request, and gives it the
-/// connection's verified client certificate.
+/// The router for one connection: marks the phase of each request, gives it the connection's
+/// verified client certificate, and charges HTTP/2 responses to the unread budget (`unread`).
 #[derive(Clone)]
 pub(super) struct Serve {
     pub(super) router: Router,
     pub(super) state: Arc<State>,
     pub(super) cert: Option<Arc<crate::auth::ClientCert>>,
+    pub(super) unread: Arc<Unread>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Serve {
     type Response = Response;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+    type Error = Refused;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Refused>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         use axum::body::HttpBody;
         let multiplexed = req.version() == hyper::Version::HTTP_2;
+        if multiplexed && self.unread.full(&self.state) {
+            // The client holds as many unread response bytes as it may (or all clients do).
+            return Box::pin(std::future::ready(Err(refused())));
+        }
+        // A read can be refused after it was handled: it changed nothing.
+        let safe = matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD);
+        let (state, unread) = (self.state.clone(), self.unread.clone());
         self.state.active.fetch_add(1, Ordering::AcqRel);
         let request = InFlight(self.state.clone());
         if multiplexed {
@@ -100,11 +119,17 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
                     .headers_mut()
                     .remove(axum::http::header::CONNECTION);
             }
-            if response.body().size_hint().exact().is_some() {
+            if let Some(size) = response.body().size_hint().exact() {
                 // The whole body is at hand (every response but a stream): it is written next,
                 // under the write timeout, and the request is done.
                 drop(request);
-                return Ok(response);
+                if !multiplexed || size == 0 {
+                    return Ok(response);
+                }
+                let Some(charge) = unread.charge(&state, size as usize, !safe) else {
+                    return Err(refused());
+                };
+                return Ok(response.map(|body| Body::new(Charged::new(body, charge))));
             }
             // A stream (the console's events): the request is handled until its body ends, so
             // that shutdown lets it finish rather than cutting it as an idle connection.

@@ -4,7 +4,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering},
         Arc,
     },
     time::Duration,
@@ -35,6 +35,11 @@ pub(super) struct State {
     pub(super) multiplexed: AtomicBool,
     /// Requests being handled (HTTP/1: 0 or 1).
     pub(super) active: AtomicU32,
+    /// HTTP/2: bytes of responses produced and not yet handed over (`unread`).
+    pub(super) unread: AtomicUsize,
+    /// HTTP/2: when the client last made room for a held response (a piece of it was handed
+    /// over), or when the connection started holding one.
+    unread_progress: AtomicU64,
 }
 
 impl State {
@@ -69,6 +74,21 @@ impl State {
         self.write_blocked_since.store(0, Ordering::Relaxed);
     }
 
+    /// HTTP/2: a response of `n` bytes was produced (`unread`). A connection that held none
+    /// gives its client `server.write_timeout_ms` from now to make room for some of it.
+    pub(super) fn charged(&self, n: usize) {
+        if self.unread.fetch_add(n, Ordering::AcqRel) == 0 {
+            self.unread_progress.store(self.now(), Ordering::Relaxed);
+        }
+    }
+
+    /// HTTP/2: the client made room for a held response (its flow-control window let a piece
+    /// of it be handed over). Frames the server writes on its own (HEADERS, RST_STREAM, PONG)
+    /// are no such progress.
+    pub(super) fn unread_progressed(&self) {
+        self.unread_progress.store(self.now(), Ordering::Relaxed);
+    }
+
     /// A request is answered; the last one: idle from now, and the watchdog has a deadline
     /// again (it had none while requests were handled).
     pub(super) fn handled(&self) {
@@ -100,9 +120,19 @@ impl State {
     /// request is being read or handled, and its own timeouts bound it).
     pub(super) fn deadline(&self, t: &Timeouts) -> Option<(Instant, &'static str)> {
         let blocked = self.write_blocked_since.load(Ordering::Relaxed);
-        let write = (blocked != 0).then(|| {
+        // HTTP/2: responses held and nothing written; a zero flow-control window never blocks
+        // a write, so this is how a client that reads nothing shows.
+        let held = (self.unread.load(Ordering::Relaxed) > 0)
+            .then(|| self.unread_progress.load(Ordering::Relaxed));
+        let write = match (blocked, held) {
+            (0, None) => None,
+            (0, Some(since)) => Some(since),
+            (blocked, None) => Some(blocked),
+            (blocked, Some(since)) => Some(blocked.min(since)),
+        }
+        .map(|since| {
             (
-                self.at(blocked) + t.write,
+                self.at(since) + t.write,
                 "the client did not read its response",
             )
         });
@@ -142,6 +172,8 @@ impl Handle {
             reap: Notify::new(),
             multiplexed: AtomicBool::new(false),
             active: AtomicU32::new(0),
+            unread: AtomicUsize::new(0),
+            unread_progress: AtomicU64::new(1),
         }))
     }
 

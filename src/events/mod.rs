@@ -29,10 +29,12 @@ use std::{
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
+mod queue;
 mod rate;
 mod refusal;
 
 use crate::fence::FencingToken;
+pub use queue::RefusalQueue;
 pub use rate::Second;
 use rate::{Column, Rate};
 use refusal::log_refusal;
@@ -122,13 +124,14 @@ struct Inner {
     /// connection through the whole shutdown grace period).
     closed: watch::Sender<bool>,
     /// Where refusals are kept for operators (the database), once the server wired it.
-    sink: Mutex<Option<tokio::sync::mpsc::Sender<Arc<Event>>>>,
+    sink: Mutex<Option<Arc<RefusalQueue>>>,
     /// Names this process in a refusal's `uid`.
     process: String,
 }
 
-/// Refusals waiting to be written to the database; past that, new ones are dropped (counted
-/// in `fencegate_refusals_unrecorded_total`) rather than slow the refused requests down.
+/// Refusals waiting to be written to the database; past that, the oldest of the actor with
+/// the most waiting is dropped (counted in `fencegate_refusals_unrecorded_total`) rather than
+/// slow the refused requests down ([`RefusalQueue`]).
 pub const SINK_CAPACITY: usize = 4096;
 
 #[derive(Default)]
@@ -188,7 +191,7 @@ impl Events {
     }
 
     /// Refusals go to `sink` from now on (the database's writer: `Store::record_refusals`).
-    pub fn record_to(&self, sink: tokio::sync::mpsc::Sender<Arc<Event>>) {
+    pub fn record_to(&self, sink: Arc<RefusalQueue>) {
         *self.0.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
     }
 
@@ -221,9 +224,7 @@ impl Events {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
         {
-            if sink.try_send(event.clone()).is_err() {
-                metrics::counter!("fencegate_refusals_unrecorded_total").increment(1);
-            }
+            sink.push(event.clone());
         }
         {
             let mut kept = self.0.refusals.lock().unwrap_or_else(|p| p.into_inner());

@@ -24,8 +24,12 @@ use super::{
 use crate::{
     auth::Actor,
     fence::{FencingToken, Scope},
-    store::admin::{
-        AuditEntry, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget,
+    store::{
+        admin::{
+            AuditEntry, Rebind, RebindDone, RebindTarget, Reset, ResetDone, ResetRefused,
+            ResetTarget,
+        },
+        RefusalFilter,
     },
     tables::RowKey,
 };
@@ -403,26 +407,182 @@ fn limit_of(
     Ok(limit)
 }
 
-/// `GET /v1/admin/refusals?limit=N` (1..=1000, default 100): refused writes of every process
-/// serving the database, newest first (the newest 10,000 of the last 7 days are kept).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusalQuery {
+    limit: Option<u32>,
+    key: Option<String>,
+    scope: Option<String>,
+    actor: Option<String>,
+    kind: Option<String>,
+    since: Option<String>,
+}
+
+/// The kinds of refusal a record can have.
+const REFUSAL_KINDS: [&str; 5] = ["stale", "not_issued", "jump", "scope_mismatch", "bad_proof"];
+
+/// `since`: milliseconds since the Unix epoch (as a record's `at_ms`), or an RFC 3339 UTC time
+/// (`2026-11-27T10:00:00Z`, fractional seconds allowed, as a record's `at`).
+fn since_ms(since: &str) -> Option<i64> {
+    if !since.is_empty() && since.bytes().all(|b| b.is_ascii_digit()) {
+        return since.parse().ok();
+    }
+    let b = since.as_bytes();
+    let digits = |from: usize, n: usize| -> Option<i64> {
+        let part = since.get(from..from + n)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let (year, month, day) = (digits(0, 4)?, digits(5, 2)?, digits(8, 2)?);
+    let (hour, minute, second) = (digits(11, 2)?, digits(14, 2)?, digits(17, 2)?);
+    let mut millis = 0;
+    let rest = match &since[19..] {
+        fraction if fraction.starts_with('.') => {
+            let digits_end = fraction[1..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(fraction.len(), |i| i + 1);
+            let fraction_digits = &fraction[1..digits_end];
+            if fraction_digits.is_empty() {
+                return None;
+            }
+            for (i, c) in fraction_digits.bytes().take(3).enumerate() {
+                millis += i64::from(c - b'0') * [100, 10, 1][i];
+            }
+            &fraction[digits_end..]
+        }
+        rest => rest,
+    };
+    if rest != "Z"
+        || !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis)
+}
+
+/// `GET /v1/admin/refusals?limit=N&key=&scope=&actor=&kind=&since=`: refused writes of every
+/// process serving the database, newest first (at most `database.refusals_kept`, fair per
+/// actor, of the last 7 days are kept); each filter that is given must match.
 #[utoipa::path(
     operation_id = "refusals",
     get,
     path = super::routes::ADMIN_REFUSALS,
     tag = "admin",
     summary = "Refused writes (412, 409, 422) of every process, newest first",
-    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "How many (1..=1000, default 100)")),
+    params(
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "How many (1..=1000, default 100)"),
+        ("key" = Option<String>, Query, description = "Only refusals of this key"),
+        ("scope" = Option<String>, Query, description = "Only refusals naming this scope"),
+        ("actor" = Option<String>, Query, description = "Only refusals of this actor (`key:NAME`, `jwt:SUB`, ...)"),
+        ("kind" = Option<String>, Query, description = "Only this kind: stale, not_issued, jump, scope_mismatch, bad_proof"),
+        ("since" = Option<String>, Query, description = "Only refusals at or after this time: RFC 3339 UTC (`2026-11-27T10:00:00Z`) or milliseconds since the epoch"),
+    ),
     responses((status = 200, description = "`{\"refusals\": [...]}` (docs/wire.md)", content_type = "application/json"), doc::Audit)
 )]
 pub async fn refusals(
     State(state): State<AppState>,
     actor: Actor,
-    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+    query: Result<Query<RefusalQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     check_admin(&actor)?;
-    let limit = limit_of(query)?;
-    let refusals = state.store.refusals(limit).await?;
+    let Query(query) = query.map_err(|e| {
+        ApiError::InvalidRequest(format!(
+            "query: {}; use ?limit=N&key=&scope=&actor=&kind=&since=",
+            e.body_text()
+        ))
+    })?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!(
+            "limit must be 1..=1000, got {limit}"
+        )));
+    }
+    if let Some(kind) = &query.kind {
+        if !REFUSAL_KINDS.contains(&kind.as_str()) {
+            return Err(ApiError::InvalidRequest(format!(
+                "kind must be one of {}",
+                REFUSAL_KINDS.join(", ")
+            )));
+        }
+    }
+    let since_ms = match &query.since {
+        None => None,
+        Some(since) => Some(since_ms(since).ok_or_else(|| {
+            ApiError::InvalidRequest(
+                "since must be an RFC 3339 UTC time (2026-11-27T10:00:00Z) or milliseconds since the epoch".into(),
+            )
+        })?),
+    };
+    for (name, value) in [
+        ("key", &query.key),
+        ("scope", &query.scope),
+        ("actor", &query.actor),
+    ] {
+        if value.as_ref().is_some_and(|v| v.len() > 4096) {
+            return Err(ApiError::InvalidRequest(format!("{name} is too long")));
+        }
+    }
+    let filter = RefusalFilter {
+        limit,
+        key: query.key,
+        scope: query.scope,
+        actor: query.actor,
+        kind: query.kind,
+        since_ms,
+    };
+    let refusals = state.store.refusals(filter).await?;
     Ok(Json(json!({ "refusals": refusals })).into_response())
+}
+
+#[cfg(test)]
+mod since_tests {
+    use super::since_ms;
+
+    #[test]
+    fn since_reads_rfc3339_utc_and_milliseconds() {
+        assert_eq!(since_ms("0"), Some(0));
+        assert_eq!(since_ms("1700000000123"), Some(1_700_000_000_123));
+        assert_eq!(since_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            since_ms("2023-11-14T22:13:20.123Z"),
+            Some(1_700_000_000_123)
+        );
+        assert_eq!(since_ms("2024-02-29T00:00:00.5Z"), Some(1_709_164_800_500));
+        for bad in [
+            "",
+            "x",
+            "2024-02-29",
+            "2024-02-29T00:00:00",
+            "2024-02-29T00:00:00+01:00",
+            "2024-13-01T00:00:00Z",
+            "2024-02-29T00:00:00.Z",
+            "-5",
+        ] {
+            assert_eq!(since_ms(bad), None, "{bad}");
+        }
+    }
 }
 
 /// The body of `GET /v1/admin/audit`.

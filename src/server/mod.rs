@@ -142,9 +142,14 @@ pub async fn serve_reloadable(
     });
     let events = state.events.clone();
     // Refused writes, recorded in the database for operators (`store::refusals`).
-    let (refusals, queued) = tokio::sync::mpsc::channel(crate::events::SINK_CAPACITY);
-    events.record_to(refusals);
-    let _refusals = AbortOnDrop(tokio::spawn(state.store.clone().record_refusals(queued)));
+    let refusals = crate::events::RefusalQueue::new(crate::events::SINK_CAPACITY);
+    events.record_to(refusals.clone());
+    let _refusals = AbortOnDrop(tokio::spawn(
+        state
+            .store
+            .clone()
+            .record_refusals(refusals, settings.database.refusals_kept),
+    ));
     let addr = listener
         .local_addr()
         .context("listener has no local address")?;
@@ -181,6 +186,10 @@ pub async fn serve_reloadable(
         tls,
         http2_max_concurrent_streams: server.http2_max_concurrent_streams,
         http2_max_header_list_bytes: server.http2_max_header_list_bytes,
+        unread: Arc::new(conn::Unread::new(
+            server.http2_max_unread_bytes_per_connection,
+            server.http2_max_unread_bytes,
+        )),
     });
     let (stop, stopped) = watch::channel(false);
     let mut connections = JoinSet::new();

@@ -62,6 +62,13 @@ pub struct ServerSettings {
     /// HTTP/2: largest header list of a request (decoded names and values, plus 32 bytes per
     /// field); larger requests are refused.
     pub http2_max_header_list_bytes: u32,
+    /// HTTP/2: bytes of responses one connection's client has not read yet (a zero or tiny
+    /// flow-control window holds them in fencegate's memory); past it, new streams are refused
+    /// (REFUSED_STREAM) until it reads. A connection that makes no room for them for
+    /// `write_timeout_ms` is closed.
+    pub http2_max_unread_bytes_per_connection: usize,
+    /// HTTP/2: the same, across all connections.
+    pub http2_max_unread_bytes: usize,
     /// `[server.tls]`: HTTPS (absent: plain HTTP).
     pub tls: Option<TlsSettings>,
 }
@@ -119,6 +126,13 @@ impl ServerSettings {
         if self.http2_max_header_list_bytes < 1024 {
             bail!("server.http2_max_header_list_bytes must be at least 1024");
         }
+        if self.http2_max_unread_bytes_per_connection == 0 {
+            bail!("server.http2_max_unread_bytes_per_connection must be at least 1");
+        }
+        if self.http2_max_unread_bytes < self.http2_max_unread_bytes_per_connection {
+            bail!("server.http2_max_unread_bytes ({}) must be at least server.http2_max_unread_bytes_per_connection ({})",
+                self.http2_max_unread_bytes, self.http2_max_unread_bytes_per_connection);
+        }
         if self.max_buffered_bytes < self.body_limit_bytes {
             bail!("server.max_buffered_bytes ({}) must be at least server.body_limit_bytes ({}): one largest body must fit",
                 self.max_buffered_bytes, self.body_limit_bytes);
@@ -168,6 +182,8 @@ impl Default for ServerSettings {
             cors_origins: Vec::new(),
             http2_max_concurrent_streams: 100,
             http2_max_header_list_bytes: 16 * 1024,
+            http2_max_unread_bytes_per_connection: 16 * 1024 * 1024,
+            http2_max_unread_bytes: 64 * 1024 * 1024,
             tls: None,
         }
     }

@@ -21,6 +21,7 @@ use super::{
     admin::{AuditEntry, Rebind, RebindDone, Reset, ResetDone, ResetRefused},
     decode::ScopeState,
     overview::Overview,
+    refusals::RefusalFilter,
     BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, SqlSeen, StoreError, TableError,
     Write, Written,
 };
@@ -184,11 +185,12 @@ pub(super) trait RefusalStore {
     /// Records the queued refusals, in one transaction.
     async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError>;
 
-    /// Deletes all but the newest `refusals::KEPT`, and any older than `refusals::KEPT_DAYS`.
-    async fn prune_refusals(&self) -> Result<(), StoreError>;
+    /// Deletes any older than `refusals::KEPT_DAYS`, and all but `kept`, fairly per actor
+    /// (`refusals::prune_sql`).
+    async fn prune_refusals(&self, kept: i64) -> Result<(), StoreError>;
 
-    /// The newest refusals first, at most `limit`.
-    async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError>;
+    /// The newest refusals first that `filter` admits, at most its `limit`.
+    async fn refusals(&self, filter: &RefusalFilter) -> Result<Vec<Value>, StoreError>;
 }
 
 /// Legacy tables fenced in place (`[[resources]]`: `pg/tables/`).

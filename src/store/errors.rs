@@ -91,6 +91,18 @@ impl StoreError {
         Some((token.parse().ok()?, key.to_owned()))
     }
 
+    /// Whether PostgreSQL gave up waiting for a lock (SQLSTATE 55P03: `lock_timeout` passed, or
+    /// `NOWAIT`): the statement was aborted and nothing of it was written.
+    pub fn is_lock_timeout(&self) -> bool {
+        match self {
+            StoreError::Unavailable(Cause::Database(err)) => match &**err {
+                sqlx::Error::Database(db) => db.code().as_deref() == Some("55P03"),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// The database's own error under an internal one (SQLSTATE, message, detail), if any.
     pub fn database_error(&self) -> Option<&(dyn sqlx::error::DatabaseError + 'static)> {
         match self {

@@ -53,10 +53,12 @@ pub struct Written {
     pub version: i64,
 }
 
-/// A live value, as read back.
+/// A live value, as read back. The value is shared, not copied, between the reads of one key
+/// that a coalesced statement answers together (`pg/reads.rs`): a burst of reads of one large
+/// value holds it once.
 #[derive(Debug, Clone)]
 pub struct Entry {
-    pub value: serde_json::Value,
+    pub value: std::sync::Arc<serde_json::Value>,
     pub fence_token: FencingToken,
     pub scope: Option<String>,
     pub version: i64,

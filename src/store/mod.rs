@@ -45,6 +45,7 @@ pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, StoreError};
 pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
+pub use refusals::RefusalFilter;
 pub use settings::{Settings, SqlWriters};
 pub use sql::Checks;
 pub(crate) use sql::SCOPE_STATE;

@@ -503,3 +503,104 @@ async fn an_oversized_header_list_is_refused() {
     assert!(refused, "refused: {seen:?}");
     app.get("/healthz").await.expect(200);
 }
+
+/// Opens a raw h2c connection that announces a zero flow-control window for every stream
+/// (SETTINGS_INITIAL_WINDOW_SIZE = 0), asks for `path` on `streams` streams at once and never
+/// makes room: what the server sent back, until it closed the connection or 20 s passed, and
+/// how long that took.
+async fn zero_window_reader(app: &TestApp, path: &str, streams: u32) -> (Seen, Duration) {
+    let mut stream = TcpStream::connect(addr(app)).await.unwrap();
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    for i in 0..streams {
+        out.extend(frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            2 * i + 1,
+            &request_block(true, path),
+        ));
+    }
+    stream.write_all(&out).await.unwrap();
+    let started = Instant::now();
+    let seen = read_frames(&mut stream, Duration::from_secs(20)).await;
+    (seen, started.elapsed())
+}
+
+/// The streams the server answered (a HEADERS frame) and those it refused (RST_STREAM
+/// REFUSED_STREAM).
+fn answered_and_refused(seen: &Seen) -> (usize, usize) {
+    let answered = seen.frames.iter().filter(|f| f.0 == HEADERS).count();
+    let refused = seen
+        .frames
+        .iter()
+        .filter(|f| f.0 == RST_STREAM && f.3[..4] == 7u32.to_be_bytes())
+        .count();
+    (answered, refused)
+}
+
+/// Clients that never read (a zero window) hold responses without ever blocking a write. The
+/// bytes they hold are a budget: per connection (about five 200 KB responses in 1 MiB), then
+/// in all (a second connection gets what is left of 1.5 MiB); the streams beyond it are
+/// refused (REFUSED_STREAM), and each connection is closed once it has made no room for
+/// `server.write_timeout_ms`, which frees the budget for the next client.
+#[tokio::test]
+async fn responses_a_zero_window_client_does_not_read_are_a_budget() {
+    let app = spawn_app_with(|s| {
+        s.server.http2_max_unread_bytes_per_connection = 1 << 20;
+        s.server.http2_max_unread_bytes = 3 << 19;
+        s.server.write_timeout_ms = 2_000;
+    })
+    .await;
+    let key = unique("large");
+    let value = serde_json::json!({ "blob": "x".repeat(200_000) });
+    app.kv_put(&key, "1", &value).await.expect(201);
+    let path = format!("/v1/kv/{key}");
+
+    let first = zero_window_reader(&app, &path, 20);
+    // The second connection comes once the first holds its share.
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        zero_window_reader(&app, &path, 20).await
+    };
+    let ((first, first_took), (second, second_took)) = tokio::join!(first, second);
+
+    let (answered, refused) = answered_and_refused(&first);
+    assert!(
+        (1..=6).contains(&answered) && refused >= 14,
+        "one connection holds at most its budget: {answered} answered, {refused} refused"
+    );
+    let (answered, refused) = answered_and_refused(&second);
+    assert!(
+        answered <= 3 && refused >= 17,
+        "the second gets what is left of the global budget: {answered} answered, {refused} refused"
+    );
+    for (seen, took) in [(&first, first_took), (&second, second_took)] {
+        assert_eq!(
+            seen.count(DATA),
+            0,
+            "nothing can be sent into a zero window"
+        );
+        assert!(
+            seen.closed && took >= Duration::from_millis(1_900) && took < Duration::from_secs(12),
+            "closed after the write timeout (2 s), not after {took:?} (closed: {})",
+            seen.closed
+        );
+    }
+
+    // The budget is free again: a client that reads gets the whole value over HTTP/2.
+    let mut h2 = h2(TcpStream::connect(addr(&app)).await.unwrap()).await;
+    let (status, body) = call(
+        &mut h2,
+        Method::GET,
+        &format!("http://{}{path}", addr(&app)),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        body.len() > 200_000,
+        "the whole value: {} bytes",
+        body.len()
+    );
+}

@@ -30,6 +30,7 @@ mod demo;
 mod dropin;
 mod edge;
 mod errors;
+mod held;
 mod http2;
 mod kv;
 mod limits;

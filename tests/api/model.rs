@@ -299,7 +299,7 @@ async fn check(
             .kv
             .get(&key(i))
             .and_then(|(v, _, t, s)| v.clone().map(|v| (v, *t, s.clone())));
-        let got = entry.map(|e| (e.value, e.fence_token.get(), e.scope));
+        let got = entry.map(|e| ((*e.value).clone(), e.fence_token.get(), e.scope));
         prop_assert_eq!(got, expected, "final state of {}", key(i));
     }
     for i in 0..2u8 {

@@ -242,3 +242,182 @@ async fn takeovers_are_counted_and_every_metric_family_has_help() {
         );
     }
 }
+
+/// An API key's secret and its `[[auth.keys]]` entry (every prefix).
+fn api_key(name: &str, rights: &[&str]) -> (String, fencegate::auth::ApiKeySettings) {
+    let secret = fencegate::auth::new_key().unwrap();
+    let settings = fencegate::auth::ApiKeySettings {
+        name: name.into(),
+        sha256: fencegate::auth::digest_hex(&secret),
+        rights: rights.iter().map(|r| r.to_string()).collect(),
+        prefixes: vec![String::new()],
+        tables: Vec::new(),
+    };
+    (secret, settings)
+}
+
+/// `GET /v1/admin/refusals?QUERY` as `admin`: the records, or the response for a refusal.
+async fn listed(app: &TestApp, admin: &str, query: &str) -> Vec<Value> {
+    let r = app
+        .send(
+            app.req(Method::GET, &format!("/v1/admin/refusals?{query}"))
+                .bearer_auth(admin),
+        )
+        .await;
+    r.expect(200)["refusals"].as_array().unwrap().clone()
+}
+
+/// One actor floods refused writes (four times as many as the database keeps) after another
+/// actor's two refusals: the record is pruned to its bound, fairly, so the other actor's
+/// refusals are still there (the newest-N rule alone would have deleted them first); and the
+/// record filters by key, scope, actor, kind and time.
+#[tokio::test]
+async fn one_actors_flood_of_refusals_never_evicts_anothers_record_which_filters() {
+    let (admin, admin_key) = api_key("ops", &["admin", "read"]);
+    let (flood, flood_key) = api_key("flood", &["write"]);
+    let (victim, victim_key) = api_key("victim", &["write"]);
+    let db = pg::fresh_database().await;
+    let app = std::sync::Arc::new(
+        spawn_app_on(db, |s| {
+            s.auth.keys = vec![admin_key, flood_key, victim_key];
+            s.database.refusals_kept = 100;
+        })
+        .await,
+    );
+    let put = |who: &str, key: &str, token: &str, scope: Option<&str>| {
+        let mut rb = app
+            .req(Method::PUT, &kv(key))
+            .bearer_auth(who)
+            .header(TOKEN, token)
+            .json(&json!(1));
+        if let Some(scope) = scope {
+            rb = rb.header("x-fencing-scope", scope);
+        }
+        rb
+    };
+    app.send(put(&victim, "v", "5", None)).await.expect(201);
+    app.send(put(&victim, "v", "4", None))
+        .await
+        .problem(412, "stale-token");
+    app.send(put(&victim, "vk", "5", Some("vs")))
+        .await
+        .expect(201);
+    app.send(put(&victim, "vk", "3", Some("vs")))
+        .await
+        .problem(412, "stale-token");
+    let victims = wait_listed(&app, &admin, "actor=key:victim", 2).await;
+
+    app.send(put(&flood, "f", "10", None)).await.expect(201);
+    let mut flooders = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (app, flood) = (app.clone(), flood.clone());
+        flooders.spawn(async move {
+            for _ in 0..50 {
+                let r = app
+                    .send(
+                        app.req(Method::PUT, &kv("f"))
+                            .bearer_auth(&flood)
+                            .header(TOKEN, "1")
+                            .json(&json!(1)),
+                    )
+                    .await;
+                assert_eq!(r.status, 412, "{}", r.text);
+            }
+        });
+    }
+    while let Some(done) = flooders.join_next().await {
+        done.unwrap();
+    }
+    // Pruned at least once after the flood's first 100 were written: fewer than 400 kept.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let flooded = listed(&app, &admin, "actor=key:flood&limit=1000")
+            .await
+            .len();
+        if (1..400).contains(&flooded) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flood's 400 refusals were never pruned to 100: {flooded} kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        listed(&app, &admin, "actor=key:victim").await,
+        victims,
+        "the other actor's refusals survive the flood"
+    );
+
+    // Filters, each alone and together.
+    let by_key = listed(&app, &admin, "key=v").await;
+    assert_eq!(by_key.len(), 1, "{by_key:?}");
+    assert_eq!(
+        (&by_key[0]["key"], &by_key[0]["presented_token"]),
+        (&json!("v"), &json!("4"))
+    );
+    let by_scope = listed(&app, &admin, "scope=vs").await;
+    assert_eq!(by_scope.len(), 1, "{by_scope:?}");
+    assert_eq!(by_scope[0]["presented_token"], json!("3"));
+    assert_eq!(
+        listed(&app, &admin, "kind=stale&actor=key:victim")
+            .await
+            .len(),
+        2
+    );
+    assert!(listed(&app, &admin, "kind=jump").await.is_empty());
+    let newest_ms = victims[0]["at_ms"].as_i64().unwrap();
+    let oldest_ms = victims[1]["at_ms"].as_i64().unwrap();
+    assert_eq!(
+        listed(
+            &app,
+            &admin,
+            &format!("actor=key:victim&since={}", oldest_ms - 1)
+        )
+        .await
+        .len(),
+        2
+    );
+    assert!(
+        listed(&app, &admin, &format!("key=v&since={}", newest_ms + 60_000))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        listed(&app, &admin, "actor=key:victim&since=2000-01-01T00:00:00Z")
+            .await
+            .len(),
+        2
+    );
+    for bad in [
+        "kind=nope",
+        "since=yesterday",
+        "since=2026-11-27T10:00:00",
+        "limit=0",
+        "colour=red",
+    ] {
+        app.send(
+            app.req(Method::GET, &format!("/v1/admin/refusals?{bad}"))
+                .bearer_auth(&admin),
+        )
+        .await
+        .problem(400, "invalid-request");
+    }
+}
+
+/// Waits until `GET /v1/admin/refusals?QUERY` lists `n` records (written off the request path).
+async fn wait_listed(app: &TestApp, admin: &str, query: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = listed(app, admin, query).await;
+        if list.len() >= n {
+            return list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} refusals listed after 10 s ({query})",
+            list.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -177,3 +177,56 @@ async fn sighup_serves_a_new_certificate_to_new_connections_and_keeps_open_ones(
         200
     );
 }
+
+/// SIGHUP with a new server certificate that every handshake would refuse (expired; for client
+/// authentication only) is not reloaded, saying why, and the running certificate stays.
+#[tokio::test]
+async fn sighup_refuses_an_expired_or_client_only_server_certificate_and_keeps_the_old() {
+    let db = crate::pg::fresh_database().await;
+    let pki = Pki::new();
+    let an_hour_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 3600;
+    pki.server_until("expired", "ca", an_hour_ago);
+    pki.client("client-only", "ca", "fencegate", None);
+    let app = spawn_binary_configured(
+        &db,
+        &tls_config(&pki, "key-of-the-bad-certificate-reload-test"),
+        None,
+    )
+    .await;
+    let url = format!("{}/healthz", app.address.replace("http://", "https://"));
+    assert_eq!(
+        pki.client_for("ca", None)
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    std::fs::copy(pki.path("server.crt"), pki.path("good.crt")).unwrap();
+    std::fs::copy(pki.path("server.key"), pki.path("good.key")).unwrap();
+    for (n, (bad, says)) in [("expired", "expired at"), ("client-only", "serverAuth")]
+        .into_iter()
+        .enumerate()
+    {
+        std::fs::copy(pki.path(&format!("{bad}.crt")), pki.path("server.crt")).unwrap();
+        std::fs::copy(pki.path(&format!("{bad}.key")), pki.path("server.key")).unwrap();
+        app.signal(SIGHUP);
+        let log = app.wait_for_log(NOT_RELOADED, n + 1).await;
+        assert!(log.contains(says), "{bad}: says why: {log}");
+        // A new connection still gets the running certificate.
+        assert_eq!(
+            pki.client_for("ca", None)
+                .get(&url)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{bad}: the old certificate is kept: {e:?}"))
+                .status(),
+            200
+        );
+    }
+}

@@ -377,3 +377,109 @@ async fn the_lease_owner_and_the_audit_log_show_the_certificate_actor() {
     let audit = app.get("/v1/admin/audit?limit=1").await.expect(200);
     assert_eq!(audit["entries"][0]["actor"], json!("cert:ops"), "{audit}");
 }
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A certificate is checked when the TLS handshake verifies it, and not when a client resumes
+/// that session or keeps its connection: its validity is checked on every request. An admin
+/// certificate that expires during the test: on the connection it opened, and on a resumed
+/// session (a client that opens a connection per request, resuming the first one's session),
+/// its requests are 401 once it has expired; a fresh handshake is refused.
+#[tokio::test]
+async fn a_client_certificate_past_its_not_after_is_refused_on_a_resumed_session_too() {
+    let pki = client_pki();
+    let mut app = spawn_tls(&pki, Some("ca"), None, cert_auth).await;
+    app.get("/healthz").await.expect(200); // up and migrated: the certificate's time starts
+    let not_after = unix_now() + 8;
+    pki.client_until("brief", "ca", "ops-admin", not_after);
+    app.client = pki.client_for("ca", Some("brief"));
+    let mut pem = pki.read("brief.crt");
+    pem.extend(pki.read("brief.key"));
+    let resuming = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pki.read("ca.crt")).unwrap())
+        .identity(reqwest::Identity::from_pem(&pem).unwrap())
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let audit = format!("{}/v1/admin/audit", app.address);
+    app.get("/v1/admin/audit").await.expect(200);
+    let fresh = resuming.get(&audit).send().await.unwrap();
+    assert_eq!(fresh.status(), 200);
+
+    // Wait until the certificate has expired (validity is to the second).
+    while unix_now() <= not_after + 1 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let resumed = resuming
+        .get(&audit)
+        .send()
+        .await
+        .expect("a resumed session is not verified again: the request reaches the server");
+    let status = resumed.status();
+    let body = resumed.text().await.unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("notAfter"), "{body}");
+    // The first client: on its connection if it kept it (401), or on a new one (refused).
+    match app.client.get(&audit).send().await {
+        Ok(kept) => assert_eq!(kept.status(), 401),
+        Err(err) => assert!(format!("{err:?}").contains("CertificateExpired"), "{err:?}"),
+    }
+    // A new handshake verifies the certificate and fails.
+    let refused = pki.client_for("ca", Some("brief")).get(&audit).send().await;
+    assert!(
+        refused.is_err(),
+        "a fresh handshake with an expired certificate: {refused:?}"
+    );
+}
+
+/// A certificate naming several identities (two CNs; two URI SANs; a CN and a URI SAN that
+/// match different `[[auth.certs]]` entries) is refused, never resolved by the order of the
+/// configuration; a CN with a URI SAN that matches nothing is one identity.
+#[tokio::test]
+async fn a_client_certificate_naming_several_identities_is_refused() {
+    let pki = client_pki();
+    pki.client_naming("two-cns", "ca", "/CN=billing-worker/CN=ops-admin", None);
+    pki.client_naming(
+        "two-uris",
+        "ca",
+        "/CN=no-entry",
+        Some("URI:spiffe://corp/ns/billing/sa/worker,URI:spiffe://corp/ns/other/sa/x"),
+    );
+    pki.client_naming(
+        "cn-and-uri",
+        "ca",
+        "/CN=billing-worker",
+        Some("URI:spiffe://corp/ns/billing/sa/worker"),
+    );
+    pki.client_naming(
+        "cn-and-other-uri",
+        "ca",
+        "/CN=billing-worker",
+        Some("URI:spiffe://corp/ns/unconfigured/sa/x"),
+    );
+    for identity in ["two-cns", "two-uris", "cn-and-uri"] {
+        let app = spawn_tls(&pki, Some("ca"), Some(identity), cert_auth).await;
+        let refused = app
+            .get(&kv("invoice-1"))
+            .await
+            .problem(401, "unauthenticated");
+        assert!(
+            refused["detail"]
+                .as_str()
+                .unwrap()
+                .contains("several identities"),
+            "{identity}: {refused}"
+        );
+    }
+    let app = spawn_tls(&pki, Some("ca"), Some("cn-and-other-uri"), cert_auth).await;
+    let key = unique("invoice");
+    app.kv_put(&key, "1", &json!(1)).await.expect(201);
+}

@@ -90,7 +90,7 @@ export class Client {
     }
     const timeout = AbortSignal.timeout(timeoutMs ?? this.#timeoutMs);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
-    const res = await this.#fetch(this.#base + path, { method, headers: h, body: payload, signal: sig });
+    const res = await this.#send(this.#base + path, { method, headers: h, body: payload, signal: sig });
     const text = await res.text();
     const ctype = res.headers.get('content-type') ?? '';
     let parsed = null;
@@ -110,6 +110,34 @@ export class Client {
       requestId: res.headers.get('x-request-id'),
       retryAfter: parseRetryAfter(res.headers.get('retry-after')),
     });
+  }
+
+  /**
+   * fetch without following redirects on its own: a redirect carries the fencing headers, the
+   * credential and the body wherever it points. Only a 307 or 308 to the same origin (scheme,
+   * host and port) is followed, at most 5 times; any other redirect throws, sending nothing on.
+   */
+  async #send(url, init) {
+    let target = url;
+    for (let hops = 0; ; hops += 1) {
+      const res = await this.#fetch(target, { ...init, redirect: 'manual' });
+      if (res.type === 'opaqueredirect') {
+        throw new Error(`fencegate at ${this.#base} answered a redirect; the client does not follow redirects`);
+      }
+      if (res.status < 300 || res.status > 399 || res.status === 304) return res;
+      const location = res.headers.get('location');
+      if (location === null) return res;
+      const next = new URL(location, target);
+      const sameOrigin = next.origin === new URL(target).origin;
+      await res.body?.cancel();
+      if (!sameOrigin || (res.status !== 307 && res.status !== 308) || hops >= 5) {
+        throw new Error(
+          `${init.method} ${target} was answered ${res.status} with a redirect to ${next.origin === new URL(target).origin ? next.href : next.origin}: ` +
+            'not followed (a redirect to another origin would carry the credential, the fencing token, the scope and the body)',
+        );
+      }
+      target = next.href;
+    }
   }
 
   async #orNull(promise) {

@@ -52,7 +52,16 @@ impl<J: Send + 'static> WorkQueue<J> {
         job: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> J,
     ) -> Result<T, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        if self.queue.send(job(reply)).await.is_err() {
+        self.send(job(reply), outcome).await
+    }
+
+    /// Queues `job`, built around the sender of `outcome`, and waits for the reply.
+    pub(super) async fn send<T>(
+        &self,
+        job: J,
+        outcome: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.queue.send(job).await.is_err() {
             return Err(StoreError::unavailable(
                 "the work queue is closed (shutting down)",
             ));

@@ -30,12 +30,27 @@
 //!   bad value cannot fail its neighbours. Only a refusal is retried: it committed nothing,
 //!   whereas after a lost connection or an undecodable reply the writes may have been applied.
 //! - 2xx only after commit: replies are sent after the statement or transaction committed.
+//! - A fence row held by another transaction (a SQL writer's after `fencegate.fence()`) holds up
+//!   only the writes under that scope. A worker's scoped statement waits at most
+//!   [`BRIEF_LOCK_WAIT_MS`](super::sql::BRIEF_LOCK_WAIT_MS) for a lock; if it gives up, nothing
+//!   of it was written, and the writes of each scope it held are tried again on their own, so
+//!   one held scope does not hold up the other scopes of its round. A scope still locked then
+//!   gets a lane ([`lanes`]): its writes, and every write under it that arrives while the lane
+//!   is open, wait there (at most `database.lock_timeout_ms`, then 503) instead of in the
+//!   worker's queue.
 
-use std::{collections::hash_map::Entry, sync::Arc};
+mod lanes;
+
+use std::{
+    collections::hash_map::Entry,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::oneshot;
 
+use self::lanes::Lanes;
 use super::{batching::WorkQueue, connections::Connections, sql::Statements};
 use crate::{
     fence::{FencingToken, Key, Rule, Scope},
@@ -64,35 +79,69 @@ pub struct Job {
 #[derive(Clone)]
 pub struct Coalescer {
     queue: WorkQueue<Job>,
+    shared: Arc<Shared>,
+}
+
+/// What the workers and the lanes run their statements with.
+struct Shared {
+    conns: Arc<Connections>,
+    sql: Arc<ByRule<Statements>>,
+    lanes: Lanes,
+}
+
+/// How long a statement may wait for a row lock.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// A worker's: a scoped statement waits at most
+    /// [`BRIEF_LOCK_WAIT_MS`](super::sql::BRIEF_LOCK_WAIT_MS) (module docs); an unscoped one,
+    /// which locks only kv rows, `database.lock_timeout_ms`.
+    Brief,
+    /// A lane's: until this instant at most (its oldest write's `database.lock_timeout_ms`).
+    Until(Instant),
 }
 
 /// The statement for one round: the one-row forms are cheaper to plan and execute when only
 /// one write is waiting.
-fn statement<'a>(sql: &'a ByRule<Statements>, round: &Round) -> &'a str {
+fn statement<'a>(sql: &'a ByRule<Statements>, round: &Round, wait: Wait) -> &'a str {
     let sql = sql.get(round.rule);
-    match (round.scoped(), round.jobs.len()) {
-        (false, 1) => &sql.put_key,
-        (false, _) => &sql.rows,
-        (true, 1) => &sql.put_scope,
-        (true, _) => &sql.scoped_rows,
+    match (round.scoped(), round.jobs.len(), wait) {
+        (false, 1, _) => &sql.put_key,
+        (false, _, _) => &sql.rows,
+        (true, 1, Wait::Brief) => &sql.put_scope_brief,
+        (true, _, Wait::Brief) => &sql.scoped_rows_brief,
+        (true, 1, Wait::Until(_)) => &sql.put_scope,
+        (true, _, Wait::Until(_)) => &sql.scoped_rows,
     }
 }
 
 impl Coalescer {
+    /// `lock_timeout`: `database.lock_timeout_ms`, the longest a write under a held scope
+    /// waits; `lane_connections`: how many held scopes' lanes may wait on the database at once
+    /// (each holds a connection while it waits).
     pub(super) fn start(
         conns: Arc<Connections>,
         sql: Arc<ByRule<Statements>>,
         workers: usize,
         max_rows: usize,
+        lock_timeout: Duration,
+        lane_connections: usize,
     ) -> Self {
-        let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<Job>| {
-            let (conns, sql) = (conns.clone(), sql.clone());
-            async move {
-                metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
-                run_rounds(&conns, &sql, split_rounds(jobs)).await;
+        let shared = Arc::new(Shared {
+            conns,
+            sql,
+            lanes: Lanes::new(lock_timeout, lane_connections, max_rows),
+        });
+        let queue = WorkQueue::start(workers, max_rows, {
+            let shared = shared.clone();
+            move |jobs: Vec<Job>| {
+                let shared = shared.clone();
+                async move {
+                    metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
+                    run_rounds(&shared, split_rounds(jobs)).await;
+                }
             }
         });
-        Coalescer { queue }
+        Coalescer { queue, shared }
     }
 
     /// Queues a write and waits for its outcome.
@@ -104,16 +153,22 @@ impl Coalescer {
         rule: Rule,
         scope: Option<Scope>,
     ) -> Result<Option<i64>, StoreError> {
-        self.queue
-            .ask(|reply| Job {
-                key,
-                value,
-                token,
-                rule,
-                scope,
-                reply,
-            })
-            .await
+        let (reply, outcome) = oneshot::channel();
+        let job = Job {
+            key,
+            value,
+            token,
+            rule,
+            scope,
+            reply,
+        };
+        // A write under a scope that has a lane (its fence is held) waits there, not here.
+        match self.shared.lanes.join(job) {
+            Ok(()) => outcome.await.unwrap_or(Err(StoreError::unavailable(
+                "the lane of a held scope running this write is gone",
+            ))),
+            Err(job) => self.queue.send(job, outcome).await,
+        }
     }
 }
 
@@ -173,29 +228,68 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
 
 /// Applies the rounds and replies to every write, each only after its commit: the unscoped
 /// rounds together (one transaction), then each scoped round on its own.
-async fn run_rounds(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round>) {
+async fn run_rounds(shared: &Arc<Shared>, rounds: Vec<Round>) {
     let (unscoped, scoped): (Vec<Round>, Vec<Round>) =
         rounds.into_iter().partition(|round| !round.scoped());
     if !unscoped.is_empty() {
-        settle(conns, sql, unscoped).await;
+        settle(shared, unscoped, Wait::Brief).await;
     }
     for round in scoped {
-        settle(conns, sql, vec![round]).await;
+        settle(shared, vec![round], Wait::Brief).await;
+    }
+}
+
+/// A worker's scoped round gave up waiting for a lock (a fence row held by another
+/// transaction): nothing of it was written. The writes of each scope are tried again on their
+/// own, briefly; a scope that is still locked (or a round of one scope) goes to its lane.
+async fn divert(shared: &Arc<Shared>, rounds: Vec<Round>) {
+    for round in rounds {
+        let rule = round.rule;
+        let mut by_scope: Vec<(Scope, Vec<Job>)> = Vec::new();
+        for job in round.jobs {
+            let scope = job
+                .scope
+                .clone()
+                .expect("a scoped round's writes have a scope");
+            match by_scope.iter_mut().find(|(s, _)| *s == scope) {
+                Some((_, jobs)) => jobs.push(job),
+                None => by_scope.push((scope, vec![job])),
+            }
+        }
+        if let [_] = by_scope.as_slice() {
+            let (scope, jobs) = by_scope.pop().expect("one scope");
+            shared.lanes.open(shared, scope, jobs);
+            continue;
+        }
+        for (_, jobs) in by_scope {
+            // One scope, one token, each key once: still a round.
+            Box::pin(settle(shared, vec![Round { rule, jobs }], Wait::Brief)).await;
+        }
     }
 }
 
 /// Applies `rounds` atomically (one statement, or one transaction) and replies to their writes.
 /// If the database refuses it, nothing was committed, and each write is tried again on its own
 /// so that one bad write cannot fail the others.
-async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round>) {
+async fn settle(shared: &Arc<Shared>, rounds: Vec<Round>, wait: Wait) {
+    let (conns, sql) = (&*shared.conns, &*shared.sql);
     let writes: usize = rounds.iter().map(|round| round.jobs.len()).sum();
-    match apply(conns, sql, &rounds).await {
+    match apply(conns, sql, &rounds, wait).await {
         Ok(applied) => {
             for (round, applied) in rounds.into_iter().zip(applied) {
                 for job in round.jobs {
                     let _ = job.reply.send(Ok(applied.get(job.key.as_str()).copied()));
                 }
             }
+        }
+        // A worker's scoped statement found a fence row held (module docs).
+        Err(err)
+            if matches!(wait, Wait::Brief)
+                && err.is_lock_timeout()
+                && rounds.iter().all(Round::scoped) =>
+        {
+            tracing::debug!(error = %err, writes, "a coalesced scoped write found a fence held; its scopes go on apart");
+            divert(shared, rounds).await;
         }
         // A write would create a key above the jump cap: the trigger aborted the statement, so
         // nothing was committed. That write is refused (and explained as a jump); the others go
@@ -210,7 +304,7 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                         let _ = job.reply.send(Ok(None));
                     }
                     if !rest.is_empty() {
-                        Box::pin(settle(conns, sql, rest)).await;
+                        Box::pin(settle(shared, rest, wait)).await;
                     }
                 }
                 // The detail names no waiting write: a lone write is the one refused; several are
@@ -224,12 +318,12 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                     for round in rest {
                         for job in round.jobs {
                             Box::pin(settle(
-                                conns,
-                                sql,
+                                shared,
                                 vec![Round {
                                     rule: round.rule,
                                     jobs: vec![job],
                                 }],
+                                wait,
                             ))
                             .await;
                         }
@@ -247,12 +341,12 @@ async fn settle(conns: &Connections, sql: &ByRule<Statements>, rounds: Vec<Round
                 for job in round.jobs {
                     // A lone write is never retried again: this recursion is one level deep.
                     Box::pin(settle(
-                        conns,
-                        sql,
+                        shared,
                         vec![Round {
                             rule: round.rule,
                             jobs: vec![job],
                         }],
+                        wait,
                     ))
                     .await;
                 }
@@ -303,14 +397,23 @@ fn refused_whole(err: &StoreError) -> bool {
 
 /// One round: a single autocommit statement. Several rounds (a key written more than once
 /// while the database was busy, e.g. a hot key): one transaction, so they share one commit
-/// instead of paying an fsync each. Returns, per round, the version of every key applied.
+/// instead of paying an fsync each. A lane's rounds run in a transaction that waits for locks
+/// until its deadline. Returns, per round, the version of every key applied.
 async fn apply(
     conns: &Connections,
     sql: &ByRule<Statements>,
     rounds: &[Round],
+    wait: Wait,
 ) -> Result<Vec<HashMap<String, i64>>, StoreError> {
+    let left = match wait {
+        Wait::Brief => None,
+        Wait::Until(deadline) => match deadline.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Some(left),
+            _ => return Err(lanes::held_too_long()),
+        },
+    };
     let mut conn = conns.take().await?;
-    let applied = apply_on(&mut conn, sql, rounds).await?;
+    let applied = apply_on(&mut conn, sql, rounds, wait, left).await?;
     conn.done();
     Ok(applied)
 }
@@ -319,14 +422,22 @@ async fn apply_on(
     conn: &mut PgConnection,
     sql: &ByRule<Statements>,
     rounds: &[Round],
+    wait: Wait,
+    lock_wait: Option<Duration>,
 ) -> Result<Vec<HashMap<String, i64>>, StoreError> {
-    if let [round] = rounds {
-        return Ok(vec![execute(conn, sql, round).await?]);
+    if let ([round], None) = (rounds, lock_wait) {
+        return Ok(vec![execute(conn, sql, round, wait).await?]);
     }
     let mut tx = conn.begin().await?;
+    if let Some(left) = lock_wait {
+        sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
+            .bind(format!("{}ms", left.as_millis().max(1)))
+            .execute(&mut *tx)
+            .await?;
+    }
     let mut applied = Vec::with_capacity(rounds.len());
     for round in rounds {
-        applied.push(execute(&mut tx, sql, round).await?);
+        applied.push(execute(&mut tx, sql, round, wait).await?);
     }
     tx.commit().await?;
     Ok(applied)
@@ -337,8 +448,9 @@ async fn execute(
     conn: &mut PgConnection,
     sql: &ByRule<Statements>,
     round: &Round,
+    wait: Wait,
 ) -> Result<HashMap<String, i64>, StoreError> {
-    let statement = statement(sql, round);
+    let statement = statement(sql, round, wait);
     if let [job] = round.jobs.as_slice() {
         let mut query = sqlx::query_scalar(statement)
             .bind(job.key.as_str())

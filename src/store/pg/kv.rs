@@ -114,6 +114,10 @@ impl KvStore for PgStore {
         writes: &[Write],
         guard: &Guard,
     ) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let gate = match guard.scope() {
+            Some(scope) => Some(self.gates.pass(scope).await?),
+            None => None,
+        };
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let outcome = self.batch_in(&mut tx, writes, guard).await?;
@@ -122,6 +126,7 @@ impl KvStore for PgStore {
             BatchKv::Refused(_) | BatchKv::Aborted(_) => tx.rollback().await?,
         }
         conn.done();
+        drop(gate);
         match outcome {
             BatchKv::Written(written) => Ok(Outcome::Accepted(written)),
             BatchKv::Refused(refused) | BatchKv::Aborted(refused) => {
@@ -149,11 +154,13 @@ impl KvStore for PgStore {
         scope: &Scope,
         token: FencingToken,
     ) -> Result<Outcome<Claimed>, StoreError> {
+        let gate = self.gates.pass(scope).await?;
         let mut conn = self.conns.take().await?;
         let claimed = self
             .claim_scope(&mut conn, scope, token, Rule::Inclusive)
             .await?;
         conn.done();
+        drop(gate);
         Ok(match claimed {
             Ok(version) => Outcome::Accepted(Claimed {
                 created: version == 1,

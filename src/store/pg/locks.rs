@@ -34,6 +34,7 @@ impl LockStore for PgStore {
         ttl: Ttl,
         actor: Option<&str>,
     ) -> Result<Acquired, StoreError> {
+        let _gate = self.gates.pass(name).await?;
         let mut conn = self.conns.take().await?;
         let mut tx = conn.begin().await?;
         let acquired = self.acquire_in(&mut tx, name, owner, ttl, actor).await?;

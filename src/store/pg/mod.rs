@@ -22,6 +22,7 @@ mod batching;
 mod catalog;
 mod coalesce;
 mod connections;
+mod gates;
 mod kv;
 mod locks;
 mod overview;
@@ -45,7 +46,9 @@ use sqlx::{
 use self::replication::Replication;
 pub(super) use self::sql::KEY_JUMP_SQLSTATE;
 pub use self::sql::KV_GET;
-use self::{coalesce::Coalescer, connections::Connections, reads::Reads, sql::Statements};
+use self::{
+    coalesce::Coalescer, connections::Connections, gates::ScopeGates, reads::Reads, sql::Statements,
+};
 use super::{backend::Backend, sql::ByRule, Checks, Settings, StoreError};
 use crate::fence::Rule;
 
@@ -74,6 +77,8 @@ pub(super) struct PgStore {
     coalescer: Option<Coalescer>,
     /// `None` when `database.coalesce_workers = 0`: each read is its own statement.
     reads: Option<Reads>,
+    /// Claims, grants and scoped batches wait here, one per scope at a time (`gates`).
+    gates: Arc<ScopeGates>,
     /// Built into the statements; needed again to explain a refusal.
     checks: Checks,
     /// How to connect, for connections outside the pool (the reset listener).
@@ -166,6 +171,11 @@ impl PgStore {
                 sql.clone(),
                 settings.coalesce_workers,
                 settings.coalesce_max_rows,
+                Duration::from_millis(settings.lock_timeout_ms),
+                // The lanes of held scopes: with the workers (a quarter) and the readers (as
+                // many), at most three quarters of the connections; claims, grants, table writes
+                // and refusal explanations always find one.
+                (settings.max_connections as usize / 4).max(1),
             )
         });
         let reads = (settings.coalesce_workers > 0).then(|| {
@@ -179,6 +189,9 @@ impl PgStore {
             pool,
             conns,
             reads,
+            gates: Arc::new(ScopeGates::new(Duration::from_millis(
+                settings.lock_timeout_ms,
+            ))),
             sql,
             coalescer,
             checks,

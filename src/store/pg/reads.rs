@@ -10,6 +10,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use futures_util::StreamExt as _;
 use sqlx::{PgConnection, Row};
 use tokio::sync::oneshot;
 
@@ -57,7 +58,7 @@ async fn answer(conns: &Connections, jobs: Vec<ReadJob>) {
     match fetch(conns, &jobs).await {
         Ok(found) => {
             for job in jobs {
-                // A key read twice in one batch: each read gets its copy.
+                // A key read twice in one batch: each read shares its value (`Entry`).
                 let answer = match found.get(job.key.as_str()) {
                     None => Ok(None),
                     Some(Ok(entry)) => Ok(Some(entry.clone())),
@@ -100,11 +101,12 @@ async fn fetch_on(conn: &mut PgConnection, jobs: &[ReadJob]) -> Result<Found, St
     let mut keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     keys.sort_unstable();
     keys.dedup();
-    let rows = sqlx::query(KV_GET_MANY)
-        .bind(&keys)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter()
-        .map(|row| Ok((row.try_get::<String, _>(0)?, entry_from(row, 1))))
-        .collect()
+    // Row by row: each row's bytes are freed once decoded, so a batch of large values is in
+    // memory once (decoded), not twice (as received, and decoded).
+    let mut rows = sqlx::query(KV_GET_MANY).bind(&keys).fetch(&mut *conn);
+    let mut found = Found::with_capacity(keys.len());
+    while let Some(row) = rows.next().await.transpose()? {
+        found.insert(row.try_get::<String, _>(0)?, entry_from(&row, 1));
+    }
+    Ok(found)
 }

@@ -12,7 +12,7 @@ use crate::{
     store::{
         backend::RefusalStore,
         decode::refusal_json,
-        refusals::{bind, KEPT, KEPT_DAYS},
+        refusals::{bind, filter_sql, prune_sql, RefusalFilter, KEPT_DAYS},
         StoreError,
     },
 };
@@ -28,6 +28,18 @@ pub(super) const SELECT: &str = "SELECT id, to_char(at AT TIME ZONE 'UTC', 'YYYY
     op, route, key, resource, scope, presented_scope, presented_token, current_token, keys, actor, request_id, detail,
     (extract(epoch FROM at) * 1000)::int8 FROM fencegate_refusals ORDER BY id DESC LIMIT $1";
 
+/// As [`SELECT`], only the records the filter admits (`store::refusals::filter_sql`: `$2` key,
+/// `$3` scope, `$4` actor, `$5` kind, `$6` since, in milliseconds).
+fn select_filtered() -> String {
+    SELECT.replace(
+        "FROM fencegate_refusals ORDER BY",
+        &format!(
+            "FROM fencegate_refusals WHERE {} ORDER BY",
+            filter_sql("at >= to_timestamp($6 / 1000.0)")
+        ),
+    )
+}
+
 impl RefusalStore for PgStore {
     async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError> {
         let mut conn = self.conns.take().await?;
@@ -42,24 +54,26 @@ impl RefusalStore for PgStore {
         Ok(())
     }
 
-    async fn prune_refusals(&self) -> Result<(), StoreError> {
+    async fn prune_refusals(&self, kept: i64) -> Result<(), StoreError> {
         let mut conn = self.conns.take().await?;
-        sqlx::query(
-            "DELETE FROM fencegate_refusals
-             WHERE at < now() - $1 * interval '1 day' OR id <= (SELECT max(id) FROM fencegate_refusals) - $2",
-        )
-        .bind(KEPT_DAYS)
-        .bind(KEPT)
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(&prune_sql("at < now() - $1 * interval '1 day'"))
+            .bind(KEPT_DAYS)
+            .bind(kept)
+            .execute(&mut *conn)
+            .await?;
         conn.done();
         Ok(())
     }
 
-    async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
+    async fn refusals(&self, filter: &RefusalFilter) -> Result<Vec<Value>, StoreError> {
         let mut conn = self.conns.take().await?;
-        let rows = sqlx::query(SELECT)
-            .bind(i64::from(limit))
+        let rows = sqlx::query(&select_filtered())
+            .bind(i64::from(filter.limit))
+            .bind(filter.key.as_deref())
+            .bind(filter.scope.as_deref())
+            .bind(filter.actor.as_deref())
+            .bind(filter.kind.as_deref())
+            .bind(filter.since_ms)
             .fetch_all(&mut *conn)
             .await?;
         conn.done();

@@ -155,6 +155,12 @@ pub(super) struct Statements {
     /// $1 keys, $2 values, $3 deleted flags, $4 tokens, $5 scopes: a coalesced round of scoped
     /// writes, each scope with one token.
     pub scoped_rows: String,
+    /// `put_scope` and `scoped_rows` as a coalescing worker runs them: they wait at most
+    /// [`BRIEF_LOCK_WAIT_MS`] for a row lock (then SQLSTATE 55P03, nothing written), so a fence
+    /// row held by another transaction never holds up the worker and the writes queued behind
+    /// it (`coalesce`: the writes under a held scope go on in a lane of their own).
+    pub put_scope_brief: String,
+    pub scoped_rows_brief: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 token, $5 scope: a scoped batch.
     pub batch_scope: String,
     /// $1 scope, $2 token: raises the scope's fence for `POST /v1/fences` and table writes.
@@ -192,6 +198,21 @@ fn write_claim_gate(checks: &Checks, key: &str, scope: &str, token: &str) -> Str
         "{} AND {}",
         kv_unbound(checks.scopes, key, scope),
         scope_gate(checks, scope, token)
+    )
+}
+
+/// The longest a coalesced scoped statement waits for a row lock, in milliseconds. A fence row
+/// that fencegate's own statements hold is free again within a commit; one held longer is held by
+/// another transaction (a SQL writer's after `fencegate.fence()`, or a lock grant's).
+pub(super) const BRIEF_LOCK_WAIT_MS: u64 = 20;
+
+/// A CTE `brief` that sets the transaction's `lock_timeout` to [`BRIEF_LOCK_WAIT_MS`]: a
+/// statement whose claim selects its rows `FROM brief` (directly or through a CTE that does)
+/// sets it before it takes its first lock. Local to the statement's own transaction: an
+/// autocommit statement leaves the session's `lock_timeout` as it was.
+fn brief_lock_wait_cte() -> String {
+    format!(
+        "brief AS MATERIALIZED (SELECT pg_catalog.set_config('lock_timeout', '{BRIEF_LOCK_WAIT_MS}ms', true))"
     )
 }
 
@@ -253,23 +274,30 @@ impl Statements {
         );
         // A scoped write leaves the key's own fence alone (key_fence 0 on insert, GREATEST on
         // update): tokens of different fences are never compared.
-        let put_scope = format!(
-            "WITH claim AS ({claim})
-             INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
-             SELECT $1, $2, $3, 0, $4, $5 FROM claim
-             {KV_ON_CONFLICT}
-             WHERE {scope_check}
-             RETURNING version",
-            claim = scope_claim_rows(
-                rule,
-                checks.jump,
-                &format!(
-                    "SELECT $5::text, $4::int8 WHERE {}",
-                    write_claim_gate(checks, "$1", "$5::text", "$4::int8")
+        let put_scope_with = |brief: bool| {
+            let (with, from) = if brief {
+                (format!("{}, ", brief_lock_wait_cte()), " FROM brief")
+            } else {
+                (String::new(), "")
+            };
+            format!(
+                "WITH {with}claim AS ({claim})
+                 INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
+                 SELECT $1, $2, $3, 0, $4, $5 FROM claim
+                 {KV_ON_CONFLICT}
+                 WHERE {scope_check}
+                 RETURNING version",
+                claim = scope_claim_rows(
+                    rule,
+                    checks.jump,
+                    &format!(
+                        "SELECT $5::text, $4::int8{from} WHERE {}",
+                        write_claim_gate(checks, "$1", "$5::text", "$4::int8")
+                    ),
+                    "version"
                 ),
-                "version"
-            ),
-        );
+            )
+        };
         // Runs in a transaction that is rolled back unless every key was written, so the claim
         // needs no binding gate: a refused key undoes it.
         let batch_scope = format!(
@@ -285,10 +313,12 @@ impl Statements {
         );
         Statements {
             put_key,
-            put_scope,
+            put_scope: put_scope_with(false),
+            put_scope_brief: put_scope_with(true),
             rows: upsert_rows(rule, checks, NewKeys::Trigger),
             batch_rows: upsert_rows(rule, checks, NewKeys::LookupThenTrigger),
-            scoped_rows: upsert_scoped_rows(rule, checks),
+            scoped_rows: upsert_scoped_rows(rule, checks, false),
+            scoped_rows_brief: upsert_scoped_rows(rule, checks, true),
             batch_scope,
             claim: scope_claim(rule, checks, "$1", "$2", true),
             grant_claim: scope_claim(rule, checks, "$1", "$2", false),
@@ -349,11 +379,17 @@ fn upsert_rows(rule: Rule, checks: &Checks, new_keys: NewKeys) -> String {
 /// statement that takes both kinds of lock also takes the fence first, so none can deadlock.
 /// A scope is claimed only for writes whose keys are not bound to another scope
 /// ([`kv_unbound`]): a round whose every write under a scope is refused for its scope leaves
-/// that fence alone.
-fn upsert_scoped_rows(rule: Rule, checks: &Checks) -> String {
+/// that fence alone. `brief`: the coalescing worker's form, which waits at most
+/// [`BRIEF_LOCK_WAIT_MS`] for a lock (`w` reads `brief` first).
+fn upsert_scoped_rows(rule: Rule, checks: &Checks, brief: bool) -> String {
+    let (with, from) = if brief {
+        (format!("{}, ", brief_lock_wait_cte()), "brief, ")
+    } else {
+        (String::new(), "")
+    };
     format!(
-        "WITH w AS (
-             SELECT * FROM unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
+        "WITH {with}w AS (
+             SELECT w.* FROM {from}unnest($1::text[], $2::jsonb[], $3::bool[], $4::int8[], $5::text[])
                  AS w(key, value, deleted, token, scope)
          ), claim AS ({claim})
          INSERT INTO fencegate_kv AS kv (key, value, deleted, key_fence, fence_token, scope)
@@ -435,7 +471,7 @@ pub(super) const RELEASE: &str = concat!(
 pub(super) fn entry_from(row: &sqlx::postgres::PgRow, first: usize) -> Result<Entry, StoreError> {
     let Json(value): Json<serde_json::Value> = row.try_get(first)?;
     Ok(Entry {
-        value,
+        value: std::sync::Arc::new(value),
         fence_token: token_from_db(row.try_get(first + 1)?)?,
         scope: row.try_get(first + 2)?,
         version: row.try_get(first + 3)?,

@@ -88,7 +88,7 @@ impl KvStore for SqliteStore {
         let value = serde_json::from_str(&text)
             .map_err(|e| StoreError::Corrupt(format!("stored value is not JSON: {e}")))?;
         Ok(Some(Entry {
-            value,
+            value: std::sync::Arc::new(value),
             fence_token: token_from_db(row.try_get(1)?)?,
             scope: row.try_get(2)?,
             version: row.try_get(3)?,

@@ -11,7 +11,7 @@ use crate::{
     store::{
         backend::RefusalStore,
         decode::refusal_json,
-        refusals::{bind, KEPT, KEPT_DAYS},
+        refusals::{bind, filter_sql, prune_sql, RefusalFilter, KEPT_DAYS},
         StoreError,
     },
 };
@@ -27,6 +27,18 @@ pub(super) const SELECT: &str = "SELECT id, at, uid, kind, op, route, key, resou
     current_token, keys, actor, request_id, detail, CAST(round((julianday(at) - 2440587.5) * 86400000) AS INTEGER)
     FROM fencegate_refusals ORDER BY id DESC LIMIT $1";
 
+/// As [`SELECT`], only the records the filter admits (`store::refusals::filter_sql`: `$2` key,
+/// `$3` scope, `$4` actor, `$5` kind, `$6` since, in milliseconds).
+fn select_filtered() -> String {
+    SELECT.replace(
+        "FROM fencegate_refusals ORDER BY",
+        &format!(
+            "FROM fencegate_refusals WHERE {} ORDER BY",
+            filter_sql("CAST(round((julianday(at) - 2440587.5) * 86400000) AS INTEGER) >= $6")
+        ),
+    )
+}
+
 impl RefusalStore for SqliteStore {
     async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -39,22 +51,25 @@ impl RefusalStore for SqliteStore {
         Ok(())
     }
 
-    async fn prune_refusals(&self) -> Result<(), StoreError> {
-        sqlx::query(
-            "DELETE FROM fencegate_refusals
-             WHERE at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || $1 || ' days')
-                OR id <= (SELECT max(id) FROM fencegate_refusals) - $2",
-        )
+    async fn prune_refusals(&self, kept: i64) -> Result<(), StoreError> {
+        sqlx::query(&prune_sql(
+            "at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || $1 || ' days')",
+        ))
         .bind(KEPT_DAYS)
-        .bind(KEPT)
+        .bind(kept)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
-    async fn refusals(&self, limit: u32) -> Result<Vec<Value>, StoreError> {
-        let rows = sqlx::query(SELECT)
-            .bind(i64::from(limit))
+    async fn refusals(&self, filter: &RefusalFilter) -> Result<Vec<Value>, StoreError> {
+        let rows = sqlx::query(&select_filtered())
+            .bind(i64::from(filter.limit))
+            .bind(filter.key.as_deref())
+            .bind(filter.scope.as_deref())
+            .bind(filter.actor.as_deref())
+            .bind(filter.kind.as_deref())
+            .bind(filter.since_ms)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(refusal_json).collect()
