@@ -128,6 +128,7 @@ mod tests {
 
     fn refusal(actor: &str, key: &str) -> Arc<Event> {
         let refused = Refused::Stale(vec![Stale {
+            row: None,
             fenced: Fenced::Key(Key::parse(key, 64).unwrap()),
             presented: FencingToken::from_db(1).unwrap(),
             current: FencingToken::from_db(2).unwrap(),
