@@ -11,7 +11,6 @@
 
 use sqlx::{Connection, PgPool, Row};
 
-use super::quote_ident;
 use crate::tables::Resource;
 
 /// The trigger's name on every guarded table.
@@ -335,42 +334,5 @@ pub async fn grant_guard_execute(
     exactly: bool,
 ) -> anyhow::Result<()> {
     let function = format!("\"{schema}\".fencegate_guard()");
-    let granted: Vec<(bool, String)> = sqlx::query_as(
-        "SELECT a.grantee = 0, COALESCE(r.rolname::text, '') FROM pg_proc p
-         CROSS JOIN LATERAL aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) AS a
-         LEFT JOIN pg_roles r ON r.oid = a.grantee
-         WHERE p.oid = $1::regprocedure AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner",
-    )
-    .bind(&function)
-    .fetch_all(&mut *conn)
-    .await?;
-    for (public, name) in granted {
-        if public {
-            super::run(
-                &mut *conn,
-                &format!("REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC"),
-            )
-            .await?;
-        } else if exactly && !owners.contains(&name) {
-            super::run(
-                &mut *conn,
-                &format!(
-                    "REVOKE EXECUTE ON FUNCTION {function} FROM {}",
-                    quote_ident(&name)
-                ),
-            )
-            .await?;
-        }
-    }
-    for owner in owners {
-        super::run(
-            &mut *conn,
-            &format!(
-                "GRANT EXECUTE ON FUNCTION {function} TO {}",
-                quote_ident(owner)
-            ),
-        )
-        .await?;
-    }
-    Ok(())
+    Ok(super::grant_execute(conn, &function, owners, exactly).await?)
 }

@@ -18,6 +18,8 @@ pub mod guards;
 
 use sqlx::{Connection, PgPool, Row};
 
+use super::tables::sql::quote_ident;
+
 use crate::store::{Checks, SqlWriters};
 
 pub use self::functions::REFUSALS;
@@ -128,57 +130,60 @@ async fn sync_roles(
             .execute(&mut *tx)
             .await?;
     }
-    // Every grantee of EXECUTE on fence() but its owner (0: PUBLIC).
     let fence = format!("\"{schema}\".fence(text, bigint)");
-    let granted = sqlx::query(
+    grant_execute(&mut *tx, &fence, &names, true)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("[[auth.roles]]: cannot grant EXECUTE on {fence} to {names:?}: {e}")
+        })?;
+    Ok(())
+}
+
+/// Grants EXECUTE on `function` (a signature, e.g. `"fencegate".fence(text, bigint)`) to each of
+/// `roles`; with `exactly`, revokes it from every other grantee but the owner, PUBLIC included.
+/// Role names come from the validated configuration or the catalog, never request text.
+pub(super) async fn grant_execute(
+    conn: &mut sqlx::PgConnection,
+    function: &str,
+    roles: &[String],
+    exactly: bool,
+) -> Result<(), sqlx::Error> {
+    // Every grantee of EXECUTE but the function's owner (0: PUBLIC).
+    let granted: Vec<(bool, String)> = sqlx::query_as(
         "SELECT a.grantee = 0, COALESCE(r.rolname::text, '') FROM pg_proc p
          CROSS JOIN LATERAL aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) AS a
          LEFT JOIN pg_roles r ON r.oid = a.grantee
          WHERE p.oid = $1::regprocedure AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner",
     )
-    .bind(&fence)
-    .fetch_all(&mut *tx)
+    .bind(function)
+    .fetch_all(&mut *conn)
     .await?;
-    for row in granted {
-        let (public, name): (bool, String) = (row.try_get(0)?, row.try_get(1)?);
-        if public {
-            run(
-                &mut *tx,
-                &format!("REVOKE EXECUTE ON FUNCTION {fence} FROM PUBLIC"),
-            )
-            .await?;
-        } else if !names.contains(&name) {
-            run(
-                &mut *tx,
-                &format!(
-                    "REVOKE EXECUTE ON FUNCTION {fence} FROM {}",
-                    quote_ident(&name)
-                ),
-            )
-            .await?;
-            tracing::info!(
-                role = name,
-                "fencegate.fence(): EXECUTE revoked (not in [[auth.roles]])"
-            );
-        }
-    }
-    for name in &names {
+    for (public, name) in granted {
+        let grantee = if public {
+            "PUBLIC".to_owned()
+        } else if exactly && !roles.contains(&name) {
+            quote_ident(&name)
+        } else {
+            continue;
+        };
         run(
-            &mut *tx,
-            &format!("GRANT EXECUTE ON FUNCTION {fence} TO {}", quote_ident(name)),
+            &mut *conn,
+            &format!("REVOKE EXECUTE ON FUNCTION {function} FROM {grantee}"),
         )
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!("[[auth.roles]] {name:?}: cannot grant EXECUTE on {fence}: {e}")
-        })?;
+        .await?;
+        tracing::info!(function, grantee, "EXECUTE revoked");
+    }
+    for role in roles {
+        run(
+            &mut *conn,
+            &format!(
+                "GRANT EXECUTE ON FUNCTION {function} TO {}",
+                quote_ident(role)
+            ),
+        )
+        .await?;
     }
     Ok(())
-}
-
-/// A PostgreSQL identifier, double-quoted (a role name from the validated configuration or the
-/// catalog, never request text).
-pub(super) fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// What SQL writers ran into, across every process serving the database.

@@ -19,7 +19,7 @@ mod batch;
 mod explain;
 mod keys;
 mod rows;
-mod sql;
+pub(super) mod sql;
 
 use serde_json::value::RawValue;
 use sqlx::{Connection, Row};
