@@ -34,6 +34,14 @@ async fn try_sql(conn: &mut PgConnection, statement: &str) -> Result<(), (String
     result
 }
 
+/// The SQLSTATE `statement` is refused with (it must be refused).
+async fn refused(conn: &mut PgConnection, statement: &str) -> String {
+    match try_sql(conn, statement).await {
+        Ok(()) => panic!("{statement}: committed"),
+        Err((code, _)) => code,
+    }
+}
+
 /// The guard of `jobs` in `mode` (none: no guard), with the app role allowed to fence `job`.
 fn jobs_guard(
     mode: Option<GuardMode>,
@@ -115,10 +123,10 @@ async fn a_guarded_table_survives_restarts_and_changes_mode_without_ddl_under_a_
     )
     .await;
     app.get("/readyz").await.expect(200);
-    let (code, _) = try_sql(&mut writer, "UPDATE jobs SET owner = 'x' WHERE id = 1")
-        .await
-        .unwrap_err();
-    assert_eq!(code, "FG428");
+    assert_eq!(
+        refused(&mut writer, "UPDATE jobs SET owner = 'x' WHERE id = 1").await,
+        "FG428"
+    );
     let token = grant(&app, "job", 60_000).await;
     fenced_tx(
         &mut writer,
@@ -146,10 +154,10 @@ async fn a_guarded_table_survives_restarts_and_changes_mode_without_ddl_under_a_
     )
     .await;
     app.get("/readyz").await.expect(200);
-    let (code, _) = try_sql(&mut writer, "DELETE FROM jobs WHERE id = 1")
-        .await
-        .unwrap_err();
-    assert_eq!(code, "FG428");
+    assert_eq!(
+        refused(&mut writer, "DELETE FROM jobs WHERE id = 1").await,
+        "FG428"
+    );
     drop(app);
     drop(writer);
     drop_roles(&mut admin, &roles).await;
@@ -292,13 +300,7 @@ async fn the_guard_cannot_be_walked_around() {
     app.get("/readyz").await.expect(200);
     let mut writer = PgConnection::connect(&app_url).await.unwrap();
     // A hand-set setting is no fence: only what fence() recorded counts.
-    let (code, _) = try_sql(
-        &mut writer,
-        "BEGIN; SELECT set_config('fencegate.fenced', '{\"job\": 999}', true); UPDATE jobs SET owner = 'forged' WHERE id = 1; COMMIT",
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code, "FG428", "a forged setting admitted a write");
+    assert_eq!(refused(&mut writer, "BEGIN; SELECT set_config('fencegate.fenced', '{\"job\": 999}', true); UPDATE jobs SET owner = 'forged' WHERE id = 1; COMMIT").await, "FG428", "a forged setting admitted a write");
     // Replica mode does not skip an ALWAYS trigger.
     sql(
         &mut admin,
@@ -308,13 +310,7 @@ async fn the_guard_cannot_be_walked_around() {
         ),
     )
     .await;
-    let (code, _) = try_sql(
-        &mut writer,
-        "BEGIN; SET LOCAL session_replication_role = replica; UPDATE jobs SET owner = 'replica' WHERE id = 1; COMMIT",
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code, "FG428", "replica mode skipped the guard");
+    assert_eq!(refused(&mut writer, "BEGIN; SET LOCAL session_replication_role = replica; UPDATE jobs SET owner = 'replica' WHERE id = 1; COMMIT").await, "FG428", "replica mode skipped the guard");
     // The guard's function is not anyone's to attach to a table of their own (and its counter
     // of unfenced writes cannot be grown for resources that do not exist).
     sql(
@@ -325,13 +321,7 @@ async fn the_guard_cannot_be_walked_around() {
         ),
     )
     .await;
-    let (code, _) = try_sql(
-        &mut writer,
-        "CREATE TRIGGER fake BEFORE INSERT ON mine FOR EACH ROW EXECUTE FUNCTION fencegate.fencegate_guard('mine')",
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code, "42501");
+    assert_eq!(refused(&mut writer, "CREATE TRIGGER fake BEFORE INSERT ON mine FOR EACH ROW EXECUTE FUNCTION fencegate.fencegate_guard('mine')").await, "42501");
     // Even attached by someone who may (a superuser), it does nothing for another table.
     sql(&mut admin, "CREATE TRIGGER fake BEFORE INSERT ON mine FOR EACH ROW EXECUTE FUNCTION fencegate.fencegate_guard('jobs')").await;
     try_sql(&mut writer, "INSERT INTO mine VALUES (1)")
