@@ -1,7 +1,7 @@
 //! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain; and on
 //! SIGHUP, reload the credentials and the TLS certificate (see [`reload`]).
 
-mod settings;
+pub mod settings;
 
 pub use settings::ServerSettings;
 
