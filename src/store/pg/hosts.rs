@@ -15,7 +15,9 @@
 //! failover the old primary's connections are lost or closed (`replication::keep_on_release`),
 //! and the new ones find the new primary. So `any` (libpq's default), `read-write` and `primary`
 //! all mean "the first host that takes writes" here; `standby`, `prefer-standby` and
-//! `read-only` are refused at start, since a session they pick can never take a write.
+//! `read-only` are refused at start, since a session they pick can never take a write. A
+//! primary with `default_transaction_read_only` on is used when no host takes writes: its reads
+//! are current, its writes fail with 503, and `/readyz` says why (`replication::READ_ONLY`).
 
 use std::{fmt, future::Future, io, pin::Pin, sync::Arc, time::Duration};
 
@@ -465,7 +467,10 @@ impl HostList {
             {
                 Ok((false, false)) => return Ok(conn),
                 Ok((in_recovery, _)) => {
-                    if or_standby && fallback.is_none() {
+                    // A read-only primary is still the primary: its reads are current, its
+                    // writes fail (503) and readiness says why; kept if no host takes writes.
+                    // A standby only for start-up's reads.
+                    if (or_standby || !in_recovery) && fallback.is_none() {
                         fallback = Some(conn);
                     } else {
                         let _ = conn.close().await;
