@@ -23,8 +23,7 @@ pub struct Haproxy {
 /// checks, up after 1 good one.
 pub fn config_text(port: u16, members: &[(String, u16, u16)]) -> String {
     let mut text = format!(
-        "# written by tests/fault/haproxy.rs
-global
+        "global
     maxconn 1000
 
 defaults

@@ -98,6 +98,11 @@ pub fn host_list_url(cluster: &PatroniCluster) -> String {
     )
 }
 
+/// fencegate's settings besides its database URL: answer 503 before the client gives up.
+pub fn fencegate_toml(request_timeout_ms: u64) -> String {
+    format!("[server]\nrequest_timeout_ms = {request_timeout_ms}\nshutdown_grace_ms = 1000\n")
+}
+
 /// What one route's run measured.
 pub struct Outcome {
     pub route: Route,
@@ -193,14 +198,8 @@ pub async fn run(cfg: &Config, route: Route, t0: u64) -> Outcome {
     say(&format!("fencegate's database: {db_url}"));
 
     let config = root.join("fencegate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "# written by tests/fault/patroni.rs\n[server]\nrequest_timeout_ms = {}\nshutdown_grace_ms = 1000\n",
-            cfg.request_timeout_ms
-        ),
-    )
-    .expect("write the fencegate config");
+    std::fs::write(&config, fencegate_toml(cfg.request_timeout_ms))
+        .expect("write the fencegate config");
     let mut nodes: Vec<Node> = (0..2)
         .map(|i| {
             Node::new(
@@ -542,5 +541,41 @@ impl Outcome {
         for v in &self.report.violations {
             println!("  {v}");
         }
+    }
+}
+
+/// docs/operations.md shows the configurations this run generates, as generated (with the
+/// example's ports and paths), so what it documents is what was tested.
+#[test]
+fn the_docs_show_the_tested_configs() {
+    let docs = include_str!("../../docs/operations.md");
+    let bindir = std::path::Path::new("/usr/lib/postgresql/15/bin");
+    let dir = std::path::Path::new("/var/lib/patroni/pg1");
+    let members = [
+        ("pg1".to_string(), 5432, 8008),
+        ("pg2".to_string(), 5433, 8009),
+    ];
+    for (what, text) in [
+        (
+            "Patroni's YAML",
+            crate::patroni_cluster::patroni_yaml("pg1", 8008, 5432, dir, bindir, 2379),
+        ),
+        (
+            "patronictl's YAML",
+            crate::patroni_cluster::patronictl_yaml(2379),
+        ),
+        ("haproxy.cfg", crate::haproxy::config_text(5000, &members)),
+        (
+            "fencegate's settings",
+            format!(
+                "[database]\nurl = \"postgres://postgres@127.0.0.1:5000/postgres\"\n\n{}",
+                fencegate_toml(3000)
+            ),
+        ),
+    ] {
+        assert!(
+            docs.contains(&format!("\n{text}```\n")),
+            "docs/operations.md (Patroni + HAProxy) must show {what} as the Patroni run generates it:\n{text}"
+        );
     }
 }

@@ -104,8 +104,7 @@ pub fn patroni_yaml(
     let dir = dir.display();
     let bindir = bindir.display();
     format!(
-        r#"# written by tests/fault/patroni_cluster.rs
-scope: {SCOPE}
+        r#"scope: {SCOPE}
 name: {name}
 restapi:
   listen: 127.0.0.1:{api_port}
@@ -125,8 +124,6 @@ bootstrap:
       parameters:
         wal_log_hints: 'on'
         max_connections: 200
-        fsync: 'off'
-        full_page_writes: 'off'
   initdb:
   - encoding: UTF8
   - locale: C
@@ -154,6 +151,11 @@ watchdog:
   mode: off
 "#
     )
+}
+
+/// patronictl's configuration (`patronictl -c FILE ...`): where the DCS is, and the cluster.
+pub fn patronictl_yaml(etcd_port: u16) -> String {
+    format!("scope: {SCOPE}\netcd3:\n  hosts: 127.0.0.1:{etcd_port}\n")
 }
 
 /// A member as `GET /cluster` reports it.
@@ -207,11 +209,7 @@ impl PatroniCluster {
         await_port(&mut etcd, etcd_port, Duration::from_secs(30)).await?;
 
         let ctl_config = scratch.join("patronictl.yml");
-        std::fs::write(
-            &ctl_config,
-            format!("# written by tests/fault/patroni_cluster.rs\nscope: {SCOPE}\netcd3:\n  hosts: 127.0.0.1:{etcd_port}\n"),
-        )
-        .map_err(|e| e.to_string())?;
+        std::fs::write(&ctl_config, patronictl_yaml(etcd_port)).map_err(|e| e.to_string())?;
 
         let mut cluster = PatroniCluster {
             nodes: Vec::new(),
