@@ -94,8 +94,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `cmd` (as the `postgres` user when `as_postgres` and running as root), output to
-    /// `<scratch>/<name>.log`.
+    /// Starts `cmd` (as the `postgres` user when `as_postgres` and running as root), output
+    /// appended to `<scratch>/<name>.log`.
     pub fn spawn(
         scratch: &Path,
         name: &str,
@@ -103,7 +103,12 @@ impl Daemon {
         as_postgres: bool,
     ) -> Result<Daemon, String> {
         let log = scratch.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        // Appended to: a restarted daemon keeps its earlier life's output.
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(out))

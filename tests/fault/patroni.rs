@@ -13,8 +13,9 @@
 //! the built-in lock and the nemesis's pause loop freezes lock holders; after `BEFORE`,
 //! `patronictl switchover` from the leader to its synchronous standby; once the old leader
 //! streams again as the synchronous standby (and at least `SETTLE` later), `kill -9` of the
-//! leader's Patroni and postmaster; `/readyz` must be 503 while no member leads; then the run
-//! goes on for `AFTER`. For each fault the run prints when writes resumed: the time from the
+//! leader's Patroni and postmaster; `/readyz` must be 503 while no member leads; then the killed
+//! member's Patroni is started again and must rejoin as the synchronous standby (pg_rewind),
+//! and the run goes on for at least `AFTER`. For each fault the run prints when writes resumed: the time from the
 //! fault to the acknowledged write that ended the outage it caused (the longest stretch without
 //! one; asserted below `RESUME_LIMIT`), and, from the moment a new leader answers `/primary`,
 //! the time until each fencegate is ready again (the checker holds it to `FAULT_RECOVERY_MS`).
@@ -363,7 +364,20 @@ pub async fn run(cfg: &Config, route: Route, t0: u64) -> Outcome {
             log.probes.extend(probes);
             log.recoveries.extend(recoveries);
         }
-        tokio::time::sleep(AFTER).await;
+        // 3. The killed member comes back and must rejoin as the synchronous standby (pg_rewind).
+        let after = Instant::now();
+        cluster
+            .restart(&leader2)
+            .unwrap_or_else(|e| panic!("restart {leader2}'s Patroni: {e}"));
+        let (leader3, sync3) = cluster
+            .await_healthy(Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("after {leader2} was restarted: {e}"));
+        say(&format!(
+            "{sync3} restarted and streams as {leader3}'s synchronous standby {} ms later",
+            after.elapsed().as_millis()
+        ));
+        tokio::time::sleep(AFTER.saturating_sub(after.elapsed())).await;
         new_leader
     };
     let ((), new_leader) = tokio::join!(pauses, faults);

@@ -35,6 +35,7 @@ pub struct PatroniNode {
     pub pg_port: u16,
     pub api_port: u16,
     dir: PathBuf,
+    patroni: PathBuf,
     daemon: Option<Daemon>,
 }
 
@@ -47,6 +48,17 @@ impl PatroniNode {
     /// Admin URL straight to this member's PostgreSQL.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg_port)
+    }
+
+    /// Starts Patroni on this member's config (`<dir>/patroni.yml`), output appended to
+    /// `<dir>/patroni.log`. After a `kill -9` Patroni finds the data directory and rejoins, as a
+    /// standby of the new leader (pg_rewind first if the timelines forked).
+    pub fn start(&mut self) -> Result<(), String> {
+        assert!(self.daemon.is_none(), "{}: Patroni is running", self.name);
+        let mut cmd = Command::new(&self.patroni);
+        cmd.arg(self.dir.join("patroni.yml")).env("HOME", &self.dir);
+        self.daemon = Some(Daemon::spawn(&self.dir, "patroni", cmd, true)?);
+        Ok(())
     }
 
     fn postmaster_pid_file(&self) -> PathBuf {
@@ -234,17 +246,16 @@ impl PatroniCluster {
             )
             .map_err(|e| e.to_string())?;
             daemon::give_to_postgres(&dir);
-            let mut cmd = Command::new(&patroni);
-            cmd.arg(&config).env("HOME", &dir);
-            // Patroni's output goes to <node dir>/patroni.log.
-            let daemon = Daemon::spawn(&dir, "patroni", cmd, true)?;
-            cluster.nodes.push(PatroniNode {
+            let mut node = PatroniNode {
                 name,
                 pg_port,
                 api_port,
                 dir,
-                daemon: Some(daemon),
-            });
+                patroni: patroni.clone(),
+                daemon: None,
+            };
+            node.start()?;
+            cluster.nodes.push(node);
             if i == 1 {
                 // The others clone the leader once it exists.
                 cluster
@@ -411,6 +422,15 @@ impl PatroniCluster {
             .iter_mut()
             .find(|n| n.name == name)
             .and_then(PatroniNode::kill9)
+    }
+
+    /// Starts `name`'s Patroni again (after [`PatroniCluster::kill9`]).
+    pub fn restart(&mut self, name: &str) -> Result<(), String> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .ok_or_else(|| format!("no Patroni node {name}"))?
+            .start()
     }
 
     /// The tail of every Patroni log and of etcd's, for a failure message.
