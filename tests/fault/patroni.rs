@@ -9,16 +9,18 @@
 //! - `hosts`: through a libpq host list,
 //!   `postgres://postgres@127.0.0.1:P1,127.0.0.1:P2/postgres?target_session_attrs=read-write`.
 //!
-//! The schedule (about 30 s per route): the main harness's workers increment the counter under
-//! the built-in lock and the nemesis's pause loop freezes lock holders; after `BEFORE`,
-//! `patronictl switchover` from the leader to its synchronous standby; once the old leader
-//! streams again as the synchronous standby (and at least `SETTLE` later), `kill -9` of the
-//! leader's Patroni and postmaster; `/readyz` must be 503 while no member leads; then the killed
-//! member's Patroni is started again and must rejoin as the synchronous standby (pg_rewind),
-//! and the run goes on for at least `AFTER`. For each fault the run prints when writes resumed: the time from the
-//! fault to the acknowledged write that ended the outage it caused (the longest stretch without
-//! one; asserted below `RESUME_LIMIT`), and, from the moment a new leader answers `/primary`,
-//! the time until each fencegate is ready again (the checker holds it to `FAULT_RECOVERY_MS`).
+//! The schedule (about 45 s per route, after 12-16 s of cluster start): the main harness's
+//! workers increment the counter under the built-in lock and the nemesis's pause loop freezes
+//! lock holders; after `BEFORE`, `patronictl switchover` from the leader to its synchronous
+//! standby; once the old leader streams again as the synchronous standby (and at least
+//! `SETTLE` later), `kill -9` of the leader's Patroni and postmaster; `/readyz` must be 503
+//! while no member leads; then the killed member's Patroni is started again and must rejoin as
+//! the synchronous standby (pg_rewind), and the run goes on for at least `AFTER`.
+//!
+//! For each fault the run prints when writes resumed: the time from the fault to the
+//! acknowledged write that ended the outage it caused (the longest stretch without one;
+//! asserted below `RESUME_LIMIT`), and, from the moment a new leader answers `/primary`, the
+//! time until each fencegate is ready again (the checker holds it to `FAULT_RECOVERY_MS`).
 //!
 //! Settings: main.rs's `FAULT_WORKERS`, `FAULT_LEASE_MS`, `FAULT_SEED`, `FAULT_CLIENT_TIMEOUT_MS`,
 //! `FAULT_REQUEST_TIMEOUT_MS`, `FAULT_RECOVERY_MS`, `FAULT_QUIET_SECONDS` and `FAULT_KEEP`
