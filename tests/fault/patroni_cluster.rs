@@ -356,7 +356,7 @@ impl PatroniCluster {
                 });
                 if let (Some(leader), Some(sync)) = (leader, sync) {
                     let states = self.replication_states(self.node(&leader.name)).await;
-                    if states.iter().any(|s| s == "streaming/sync") {
+                    if states.iter().any(|s| s.ends_with(":streaming/sync")) {
                         return Ok((leader.name.clone(), sync.name.clone()));
                     }
                     seen = format!("{members:?}; pg_stat_replication {states:?}");
@@ -374,15 +374,47 @@ impl PatroniCluster {
         }
     }
 
-    /// `state/sync_state` of each standby, as `node`'s PostgreSQL sees it.
+    /// Waits until the leader's PostgreSQL streams to member `name` (Patroni names each standby's
+    /// connection after its member); returns the leader and that standby's `sync_state`.
+    pub async fn await_streaming_to(
+        &self,
+        name: &str,
+        limit: Duration,
+    ) -> Result<(String, String), String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = String::new();
+        loop {
+            if let Ok(members) = self.members().await {
+                if let Some(leader) = members.iter().find(|m| m.role == "leader") {
+                    let states = self.replication_states(self.node(&leader.name)).await;
+                    let prefix = format!("{name}:streaming/");
+                    if let Some(state) = states.iter().find_map(|s| s.strip_prefix(&prefix)) {
+                        return Ok((leader.name.clone(), state.to_string()));
+                    }
+                    seen = format!("{members:?}; pg_stat_replication {states:?}");
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the leader does not stream to {name} after {limit:?} (last seen: {seen})\n{}",
+                    self.logs(25)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `application_name:state/sync_state` of each standby, as `node`'s PostgreSQL sees it.
     async fn replication_states(&self, node: &PatroniNode) -> Vec<String> {
         let Ok(mut conn) = sqlx::PgConnection::connect(&node.url()).await else {
             return Vec::new();
         };
-        let rows = sqlx::query_scalar("SELECT state || '/' || sync_state FROM pg_stat_replication")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap_or_default();
+        let rows = sqlx::query_scalar(
+            "SELECT application_name || ':' || state || '/' || sync_state FROM pg_stat_replication",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
         let _ = conn.close().await;
         rows
     }
