@@ -23,6 +23,7 @@ mod catalog;
 mod coalesce;
 mod connections;
 mod gates;
+mod hosts;
 mod kv;
 mod locks;
 mod overview;
@@ -83,10 +84,15 @@ pub(super) struct PgStore {
     checks: Checks,
     /// How to connect, for connections outside the pool (the reset listener).
     options: Arc<PgConnectOptions>,
+    /// The database URL's hosts, tried in order for every new connection (`hosts`).
+    hosts: Arc<hosts::HostList>,
     /// The database's role and replication, as seen (`replication`).
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
     schema: Arc<str>,
+    /// A statement in flight longer than this makes `/readyz` 503: longer than a healthy one
+    /// waits (a row lock at most `lock_timeout_ms`, then it fails), plus a second.
+    stuck_after: Duration,
     /// A serving process: it writes the guards' modes and checks their triggers at start
     /// (`sql_fence`); a one-off command does neither.
     serving: bool,
@@ -119,7 +125,9 @@ impl PgStore {
         // ends the connection (vendor/sqlx-core: a partition fails statements in seconds).
         sqlx_core::net::set_tcp_user_timeout(Duration::from_millis(settings.tcp_user_timeout_ms));
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
-        let (options, mut tls) = tls::options(url)?;
+        // A libpq host list: tls.rs reads the URL of its first host, `hosts` tries them all.
+        let (url, host_list, target, per_host) = hosts::split(url)?;
+        let (options, mut tls) = tls::options(&url)?;
         let options: PgConnectOptions = tls
             .resolve_allow(options)
             .await
@@ -137,6 +145,12 @@ impl PgStore {
                 ("lock_timeout", format!("{}ms", settings.lock_timeout_ms)),
             ]);
         let listener_options = options.clone().application_name("fencegate-listener");
+        let hosts = Arc::new(hosts::HostList::new(
+            host_list,
+            target,
+            per_host,
+            tls.clone(),
+        ));
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
@@ -149,21 +163,23 @@ impl PgStore {
             // Only on the pool's release path (errors, recycling), never per statement: a
             // connection to a server that is no longer primary is closed, not reused.
             .after_release(replication::keep_on_release)
-            .connect_with(options)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to PostgreSQL at {shown}: {}",
-                    tls.describe(&e, || format!(
-                        "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
-                    ))
-                )
-            })?;
+            // Every new connection: the URL's hosts in order, the first that takes writes.
+            .connector(hosts.connector())
+            .connect_lazy_with(options);
+        let at_start = hosts::at_start(&pool).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {shown}: {}",
+                tls.describe(&e, || format!(
+                    "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
+                ))
+            )
+        })?;
         let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
             settings.max_connections,
             Duration::from_millis(settings.acquire_timeout_ms),
+            settings.give_up_after(),
         ));
         let coalescer = (settings.coalesce_workers > 0).then(|| {
             Coalescer::start(
@@ -196,12 +212,14 @@ impl PgStore {
             coalescer,
             checks,
             options: Arc::new(listener_options),
+            hosts,
+            stuck_after: Duration::from_millis(settings.lock_timeout_ms) + Duration::from_secs(1),
             replication: Arc::default(),
             schema: settings.schema.as_str().into(),
             serving: settings.sql_writers.is_some(),
         };
         if settings.migrate_on_start {
-            store.migrate_unless_standby().await?;
+            store.migrate_unless_standby(at_start).await?;
         }
         Ok(store)
     }
@@ -252,7 +270,17 @@ impl Backend for PgStore {
     /// Ready = reachable, primary (not a standby), and every migration this binary knows is
     /// applied.
     async fn ready(&self) -> Result<(), StoreError> {
-        self.check_primary().await?;
+        // The write path first: connections waiting for answers that do not come (a cut
+        // network, a frozen server) take no writes, whatever a fresh connection says.
+        let stuck = self.conns.stuck(self.stuck_after);
+        if stuck > 0 {
+            return Err(StoreError::NotReady(format!(
+                "{stuck} database statement(s) have had no answer for more than {} ms: the network to the \
+                 database or the database itself is stuck; they are given up after server.request_timeout_ms",
+                self.stuck_after.as_millis()
+            )));
+        }
+        self.check_primary().await.map_err(hosts::readiness)?;
         let mut conn = self.conns.take().await?;
         let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED)
             .fetch_one(&mut *conn)
