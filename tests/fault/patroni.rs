@@ -25,7 +25,7 @@
 //!
 //! Settings: main.rs's `FAULT_WORKERS`, `FAULT_LEASE_MS`, `FAULT_SEED`, `FAULT_CLIENT_TIMEOUT_MS`,
 //! `FAULT_REQUEST_TIMEOUT_MS`, `FAULT_RECOVERY_MS`, `FAULT_QUIET_SECONDS` and `FAULT_KEEP`
-//! apply; `FAULT_PATRONI_ROUTES` (default `haproxy`): a comma list of `haproxy`, `hosts`;
+//! apply; `FAULT_PATRONI_ROUTES` (default `haproxy,hosts`): the routes to run, in order;
 //! `FAULT_PATRONI_MEMBERS` (default 2): Patroni nodes (one leader, one synchronous standby, the
 //! rest asynchronous replicas).
 
@@ -71,11 +71,11 @@ impl Route {
         }
     }
 
-    /// `FAULT_PATRONI_ROUTES` (default `haproxy`).
+    /// `FAULT_PATRONI_ROUTES` (default `haproxy,hosts`: both, one after the other).
     pub fn from_env() -> Vec<Route> {
         let list = std::env::var("FAULT_PATRONI_ROUTES").unwrap_or_default();
         let list = if list.trim().is_empty() {
-            "haproxy".to_string()
+            "haproxy,hosts".to_string()
         } else {
             list
         };
@@ -91,13 +91,9 @@ impl Route {
     }
 }
 
-/// The libpq host list of a cluster's members, asking for the read-write one.
-pub fn host_list_url(cluster: &PatroniCluster) -> String {
-    let hosts: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.pg_port))
-        .collect();
+/// The libpq host list of members listening on 127.0.0.1:`ports`, asking for the read-write one.
+pub fn host_list_url(ports: &[u16]) -> String {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     format!(
         "postgres://postgres@{}/postgres?target_session_attrs=read-write",
         hosts.join(",")
@@ -201,7 +197,9 @@ pub async fn run(cfg: &Config, route: Route, t0: u64) -> Outcome {
             haproxy = Some(proxy);
             url
         }
-        Route::HostList => host_list_url(&cluster),
+        Route::HostList => {
+            host_list_url(&cluster.nodes.iter().map(|n| n.pg_port).collect::<Vec<_>>())
+        }
     };
     say(&format!("fencegate's database: {db_url}"));
 
@@ -606,6 +604,10 @@ fn the_docs_show_the_tested_configs() {
                 "[database]\nurl = \"postgres://postgres@127.0.0.1:5000/postgres\"\n\n{}",
                 fencegate_toml(3000)
             ),
+        ),
+        (
+            "the host-list URL",
+            format!("[database]\nurl = \"{}\"\n", host_list_url(&[5432, 5433])),
         ),
     ] {
         assert!(
