@@ -226,7 +226,7 @@ pub async fn run(cfg: &Config, route: Route, t0: u64) -> Outcome {
 
     let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
     let start_us = now_us();
-    // The pauses run until here; the scripted faults normally end well before.
+    // The pauses run until here; the scripted faults take about as long.
     let end_us = start_us + 30_000_000;
     let job = Job {
         prefix: if route == Route::Haproxy { "ph" } else { "pl" },
