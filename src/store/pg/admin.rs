@@ -132,7 +132,7 @@ impl AdminStore for PgStore {
                     .max_connections(1)
                     // The URL's hosts in order, the first that takes writes (`hosts`): resets
                     // are NOTIFYed on the primary.
-                    .connector(hosts.connector())
+                    .connector(hosts.connector(false))
                     .connect_lazy_with(options.clone());
                 match sqlx::postgres::PgListener::connect_with(&pool).await {
                     Ok(mut listener) => {

@@ -15,7 +15,9 @@
 //! failover the old primary's connections are lost or closed (`replication::keep_on_release`),
 //! and the new ones find the new primary. So `any` (libpq's default), `read-write` and `primary`
 //! all mean "the first host that takes writes" here; `standby`, `prefer-standby` and
-//! `read-only` are refused at start, since a session they pick can never take a write.
+//! `read-only` are refused at start, since a session they pick can never take a write. A
+//! primary with `default_transaction_read_only` on is used when no host takes writes: its reads
+//! are current, its writes fail with 503, and `/readyz` says why (`replication::READ_ONLY`).
 
 use std::{fmt, future::Future, io, pin::Pin, sync::Arc, time::Duration};
 
@@ -156,8 +158,8 @@ impl fmt::Display for NoWritableHost {
 impl std::error::Error for NoWritableHost {}
 
 impl NoWritableHost {
-    /// Every host answered, and none can write: a standby, or a primary with writes switched
-    /// off. What readiness says then (the hosts go to the log only: `/readyz` is open).
+    /// Some host answered, and none can write: a standby, or a primary with writes switched
+    /// off (the others could not be reached). What readiness says then (the hosts go to the log only: `/readyz` is open).
     fn not_ready(&self) -> Option<String> {
         let standbys = self
             .tried
@@ -169,8 +171,8 @@ impl NoWritableHost {
             .iter()
             .filter(|(_, f)| *f == Found::ReadOnly)
             .count();
-        if standbys + read_only < self.tried.len() {
-            return None;
+        if standbys + read_only == 0 {
+            return None; // none answered: the database cannot be reached, not "not primary"
         }
         Some(match (standbys, read_only) {
             (_, 0) => replication::IN_RECOVERY.to_owned(),
@@ -182,9 +184,10 @@ impl NoWritableHost {
         })
     }
 
-    /// Every host answered, and every one is a standby (start-up then waits for a promotion).
+    /// No host that answered can write, and none of them is merely read-only: standbys only
+    /// (start-up then waits for a promotion).
     pub fn all_in_recovery(&self) -> bool {
-        self.tried.iter().all(|(_, f)| *f == Found::InRecovery)
+        !self.tried.iter().any(|(_, f)| *f == Found::ReadOnly)
     }
 }
 
@@ -213,7 +216,7 @@ pub enum AtStart {
     Writable,
     /// Every host is a standby: `serve` starts, not ready, and migrates once one is promoted.
     Standby,
-    /// Every host answered, none takes writes, not all standbys (`default_transaction_read_only`).
+    /// A host answered, none takes writes, not all standbys (`default_transaction_read_only`).
     ReadOnly,
 }
 
@@ -407,18 +410,28 @@ impl HostList {
     }
 
     /// The pool's connector: every new connection opens through [`HostList::open`].
-    pub fn connector(self: &Arc<Self>) -> impl for<'o> Fn(&'o PgConnectOptions) -> Opening<'o> {
+    /// `or_standby`: when no host takes writes, the first that answered is taken anyway (the
+    /// start-up pool, which only reads on a standby: catalog, guards; never a request's pool).
+    pub fn connector(
+        self: &Arc<Self>,
+        or_standby: bool,
+    ) -> impl for<'o> Fn(&'o PgConnectOptions) -> Opening<'o> {
         let hosts = self.clone();
         move |base| {
             let hosts = hosts.clone();
-            Box::pin(async move { hosts.open(base).await })
+            Box::pin(async move { hosts.open(base, or_standby).await })
         }
     }
 
     /// A connection to the first host, in order, whose session can write (module docs). With
     /// one host, a connection failure is sqlx's own error, as without a list.
-    pub async fn open(&self, base: &PgConnectOptions) -> Result<PgConnection, sqlx::Error> {
+    pub async fn open(
+        &self,
+        base: &PgConnectOptions,
+        or_standby: bool,
+    ) -> Result<PgConnection, sqlx::Error> {
         let mut tried = Vec::with_capacity(self.hosts.len());
+        let mut fallback = None;
         let mut all_refused = true;
         for host in &self.hosts {
             let opts = host.apply(base, base.get_ssl_mode());
@@ -454,7 +467,14 @@ impl HostList {
             {
                 Ok((false, false)) => return Ok(conn),
                 Ok((in_recovery, _)) => {
-                    let _ = conn.close().await;
+                    // A read-only primary is still the primary: its reads are current, its
+                    // writes fail (503) and readiness says why; kept if no host takes writes.
+                    // A standby only for start-up's reads.
+                    if (or_standby || !in_recovery) && fallback.is_none() {
+                        fallback = Some(conn);
+                    } else {
+                        let _ = conn.close().await;
+                    }
                     let found = if in_recovery {
                         Found::InRecovery
                     } else {
@@ -466,6 +486,9 @@ impl HostList {
                 Err(e) if self.hosts.len() == 1 => return Err(e),
                 Err(e) => tried.push((shown, Found::Failed(e.to_string()))),
             }
+        }
+        if let Some(conn) = fallback {
+            return Ok(conn);
         }
         let kind = if all_refused {
             // The pool retries these (a server starting up), as it does for one host.

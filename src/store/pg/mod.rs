@@ -72,6 +72,9 @@ pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
     /// catalog). Everything else takes its connection from `conns`.
     pool: PgPool,
+    /// Start-up's pool (migrations, catalog, guards, `fence()`'s rules): like `pool`, but takes
+    /// a standby when no host takes writes, to read there (see `hosts`).
+    startup: PgPool,
     conns: Arc<Connections>,
     sql: Arc<ByRule<Statements>>,
     /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
@@ -104,7 +107,7 @@ impl PgStore {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
         if let Some(writers) = &settings.sql_writers {
             sql_fence::sync(
-                &pg.pool,
+                &pg.startup,
                 sql_fence::Sync {
                     schema: &settings.schema,
                     checks: &settings.checks,
@@ -164,7 +167,17 @@ impl PgStore {
             // connection to a server that is no longer primary is closed, not reused.
             .after_release(replication::keep_on_release)
             // Every new connection: the URL's hosts in order, the first that takes writes.
-            .connector(hosts.connector())
+            .connector(hosts.connector(false))
+            .connect_lazy_with(options.clone());
+        // Start-up's reads (catalog, guards, fence() rules) work on a standby too, so start-up
+        // has a small pool of its own that takes one when no host takes writes.
+        let startup = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .idle_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .after_release(replication::keep_on_release)
+            .connector(hosts.connector(true))
             .connect_lazy_with(options);
         let at_start = hosts::at_start(&pool).await.map_err(|e| {
             anyhow::anyhow!(
@@ -203,6 +216,7 @@ impl PgStore {
         });
         let store = PgStore {
             pool,
+            startup,
             conns,
             reads,
             gates: Arc::new(ScopeGates::new(Duration::from_millis(
@@ -225,9 +239,9 @@ impl PgStore {
     }
 
     async fn migrate(&self) -> anyhow::Result<()> {
-        schema::prepare(&self.pool, &self.schema).await?;
+        schema::prepare(&self.startup, &self.schema).await?;
         // sqlx takes an advisory lock, so several fencegate processes may start at once.
-        MIGRATOR.run(&self.pool).await.map_err(|e| {
+        MIGRATOR.run(&self.startup).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
             let read_only = match &e {
                 Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),
