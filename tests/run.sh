@@ -35,6 +35,10 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The Patroni fault run (tests/fault/patroni.rs): Patroni 3 (with patronictl) over etcd
+# (etcd-server, above), behind HAProxy.
+command -v patroni >/dev/null 2>&1 || missing+=(patroni)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 # The partition test (tests/api/partition.rs) drops a throwaway cluster's packets with iptables.
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # The console's browser tests (tests/browser): a headless chromium driven through chromedriver.

@@ -720,9 +720,9 @@ pub fn check(input: &Input) -> Report {
     .unwrap();
 
     writeln!(s, "faults injected:").unwrap();
-    for kind in FaultKind::ALL.into_iter().chain([FaultKind::Failover]) {
+    for kind in FaultKind::ALL.into_iter().chain(FaultKind::HA) {
         let list: Vec<&Fault> = faults.iter().filter(|f| f.kind == kind).collect();
-        if kind == FaultKind::Failover && list.is_empty() {
+        if FaultKind::HA.contains(&kind) && list.is_empty() {
             continue;
         }
         let extra = match kind {
@@ -827,6 +827,8 @@ pub fn check(input: &Input) -> Report {
         FaultKind::ProxyStall,
         FaultKind::KillNode,
         FaultKind::Failover,
+        FaultKind::Switchover,
+        FaultKind::KillLeader,
     ] {
         let times: Vec<f64> = input
             .nemesis

@@ -29,17 +29,22 @@
 //! nemesis freezes lock holders. The checker MUST then report accepted zombie writes and lost
 //! updates; if it does not, the checker is blind and the test fails.
 //!
-//! The failover scenario (tests/fault/failover.rs) runs as a test of its own, after or before
-//! this one, never beside it.
+//! The failover scenario (tests/fault/failover.rs) and the Patroni scenario
+//! (tests/fault/patroni.rs) run as tests of their own, one after the other, never beside this
+//! one (`SERIAL`).
 //!
 //! Run: `cargo build --example fault_worker && cargo test --test fault -- --nocapture`.
 
 mod checker;
 mod cluster;
+mod daemon;
 mod failover;
+mod haproxy;
 mod history;
 mod nemesis;
 mod node;
+mod patroni;
+mod patroni_cluster;
 #[path = "../support/proxy.rs"]
 mod proxy;
 #[path = "../support/postgres.rs"]
@@ -766,4 +771,53 @@ async fn fences_survive_a_failover_to_a_synchronous_standby() {
          ({} acknowledged increments missing from the counter; rules {:?})",
         control.lost, control.report.rules
     );
+}
+
+/// A real Patroni cluster (etcd, `synchronous_mode`) under fenced load with zombies: a
+/// switchover and a `kill -9` of the leader lose no acknowledged write, admit no stale one, and
+/// writes resume within seconds; through HAProxy and through a host list
+/// (tests/fault/patroni.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fences_survive_patroni_switchover_and_leader_kill() {
+    let _serial = SERIAL.lock().await;
+    let cfg = Config::from_env();
+    let t0 = now_us();
+    let routes = patroni::Route::from_env();
+    println!(
+        "== Patroni: switchover and kill -9 of the leader under fenced load, routes {}; seed {} (replay: FAULT_SEED={}) ==",
+        routes.iter().map(|r| r.name()).collect::<Vec<_>>().join(", "),
+        cfg.seed,
+        cfg.seed
+    );
+    let mut outcomes = Vec::new();
+    for route in routes {
+        let outcome = patroni::run(&cfg, route, t0).await;
+        outcome.print();
+        outcomes.push(outcome);
+    }
+    for o in &outcomes {
+        assert!(
+            o.report.violations.is_empty(),
+            "Patroni through {}: {} violation(s) (seed {}):\n{}",
+            o.route.name(),
+            o.report.violations.len(),
+            cfg.seed,
+            o.report.violations.join("\n")
+        );
+        assert_eq!(o.resume_ms.len(), 2, "both faults were injected");
+        for (kind, ms) in &o.resume_ms {
+            assert!(
+                ms.is_some_and(|(ms, _)| ms <= patroni::RESUME_LIMIT.as_secs_f64() * 1000.0),
+                "Patroni through {}: no write acknowledged within {:?} of the {} (first after {ms:?} ms)",
+                o.route.name(),
+                patroni::RESUME_LIMIT,
+                kind.name()
+            );
+        }
+        assert!(
+            o.refused_stale > 0,
+            "Patroni through {}: no zombie write was refused: the run froze no lock holder past its lease, so it proves nothing about fencing",
+            o.route.name()
+        );
+    }
 }

@@ -34,6 +34,12 @@ pub enum FaultKind {
     /// The primary crashed, its standby was promoted, clients were switched to it
     /// (tests/fault/failover.rs; not one of the random faults).
     Failover,
+    /// `patronictl switchover`: Patroni demotes the leader and promotes its synchronous standby
+    /// (tests/fault/patroni.rs).
+    Switchover,
+    /// `kill -9` of the Patroni leader's postmaster and Patroni itself; the synchronous standby
+    /// takes over once the leader key expires (tests/fault/patroni.rs).
+    KillLeader,
 }
 
 impl FaultKind {
@@ -43,6 +49,13 @@ impl FaultKind {
         FaultKind::CrashPg,
         FaultKind::ProxyCut,
         FaultKind::ProxyStall,
+    ];
+
+    /// The scripted faults of a replicated database, listed in summaries only when they occur.
+    pub const HA: [FaultKind; 3] = [
+        FaultKind::Failover,
+        FaultKind::Switchover,
+        FaultKind::KillLeader,
     ];
 
     /// Parses `FAULT_KINDS` entries: pause, kill, crash, cut, stall.
@@ -65,6 +78,8 @@ impl FaultKind {
             FaultKind::ProxyCut => "cut-db-link",
             FaultKind::ProxyStall => "stall-db-link",
             FaultKind::Failover => "failover",
+            FaultKind::Switchover => "switchover",
+            FaultKind::KillLeader => "kill-9-leader",
         }
     }
 }
@@ -448,7 +463,10 @@ impl Infra<'_, '_> {
                 FaultKind::CrashPg => self.crash_pg().await,
                 FaultKind::ProxyCut => self.cut_link().await,
                 FaultKind::ProxyStall => self.stall_link().await,
-                FaultKind::Pause | FaultKind::Failover => unreachable!(),
+                FaultKind::Pause
+                | FaultKind::Failover
+                | FaultKind::Switchover
+                | FaultKind::KillLeader => unreachable!(),
             }
         }
     }
