@@ -88,7 +88,7 @@ async fn the_document_holds_against_schemathesis() {
             .current_dir(dir.path())
             .args(["--config-file", "schemathesis.toml", "--no-color", "run"])
             .arg(format!("{}/openapi.json", app.address))
-            .args(["--checks", CHECKS, "--seed", SEED, "-n", EXAMPLES, "-w", "2"])
+            .args(["--checks", CHECKS, "--seed", SEED, "-n", EXAMPLES, "-w", "1"])
             .args(["--generation-codec", "ascii", "--generation-allow-x00", "false"])
             .args(["--generation-database", "none", "--request-timeout", "30"])
             .args(["--exclude-path", "/v1/admin/events"])
