@@ -82,14 +82,24 @@ async fn the_document_holds_against_schemathesis() {
     std::fs::write(dir.path().join("schemathesis.toml"), CONFIG).unwrap();
     // Every operation with the admin key, then the data operations with the write key (whose
     // admin calls must be 403, which the document says too).
-    for (secret, only) in [(&admin, None), (&writer, Some("^/v1/(kv|batch|fences|locks)"))] {
+    for (secret, only) in [
+        (&admin, None),
+        (&writer, Some("^/v1/(kv|batch|fences|locks)")),
+    ] {
         let mut command = Command::new(&st);
         command
             .current_dir(dir.path())
             .args(["--config-file", "schemathesis.toml", "--no-color", "run"])
             .arg(format!("{}/openapi.json", app.address))
-            .args(["--checks", CHECKS, "--seed", SEED, "-n", EXAMPLES, "-w", "1"])
-            .args(["--generation-codec", "ascii", "--generation-allow-x00", "false"])
+            .args([
+                "--checks", CHECKS, "--seed", SEED, "-n", EXAMPLES, "-w", "1",
+            ])
+            .args([
+                "--generation-codec",
+                "ascii",
+                "--generation-allow-x00",
+                "false",
+            ])
             .args(["--generation-database", "none", "--request-timeout", "30"])
             .args(["--exclude-path", "/v1/admin/events"])
             .args(["-H", &format!("Authorization: Bearer {secret}")]);

@@ -120,7 +120,8 @@ pub fn apply(doc: &mut Value, bounds: &Bounds) {
         "At most {max} bytes of UTF-8 (kv.max_key_bytes; maxLength counts characters, so a name of \
          non-ASCII characters reaches the limit sooner), no control characters."
     );
-    let name = json!({"type": "string", "minLength": 1, "maxLength": max, "pattern": name_pattern()});
+    let name =
+        json!({"type": "string", "minLength": 1, "maxLength": max, "pattern": name_pattern()});
     parameters(doc, |location, param_name, schema, description| {
         match (location, param_name) {
             ("path", "key" | "scope" | "name") => {
@@ -202,7 +203,12 @@ pub fn apply(doc: &mut Value, bounds: &Bounds) {
         {"required": ["to"], "properties": {"to": token}},
         {"required": ["scope"]}
     ]);
-    request_body(doc, "/v1/admin/fences/{scope}/reset", "post", "FenceResetRequest");
+    request_body(
+        doc,
+        "/v1/admin/fences/{scope}/reset",
+        "post",
+        "FenceResetRequest",
+    );
 
     // One body for two rebinds: keys name a `prefix`; a table is rebound whole.
     let schemas = doc
@@ -228,7 +234,12 @@ pub fn apply(doc: &mut Value, bounds: &Bounds) {
     table_rebind["required"] = json!(["reason", "scope"]);
     schemas.insert("TableRebindRequest".into(), table_rebind);
     required(schemas, "RebindRequest", &["prefix", "reason", "scope"]);
-    request_body(doc, "/v1/admin/tables/{resource}/rebind", "post", "TableRebindRequest");
+    request_body(
+        doc,
+        "/v1/admin/tables/{resource}/rebind",
+        "post",
+        "TableRebindRequest",
+    );
 
     let schemas = doc
         .pointer_mut("/components/schemas")
@@ -285,10 +296,15 @@ fn merged(mut a: Value, b: Value) -> Value {
 
 /// Calls `f` with each parameter's location, name, schema and description, in every operation.
 fn parameters(doc: &mut Value, mut f: impl FnMut(&str, &str, &mut Value, &mut Value)) {
-    let paths = doc["paths"].as_object_mut().expect("the document has paths");
+    let paths = doc["paths"]
+        .as_object_mut()
+        .expect("the document has paths");
     for item in paths.values_mut() {
         for operation in item.as_object_mut().expect("a path item").values_mut() {
-            let Some(params) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
+            let Some(params) = operation
+                .get_mut("parameters")
+                .and_then(Value::as_array_mut)
+            else {
                 continue;
             };
             for param in params {
