@@ -20,7 +20,7 @@ use crate::{
     fence::{Bindings, KvSettings, ScopeBinding},
     locks::LockSettings,
     redact::redact_url,
-    server::ServerSettings,
+    server::settings::ServerSettings,
     telemetry::LogSettings,
 };
 

@@ -96,17 +96,8 @@ impl Scratch {
 
     async fn remove(&self) {
         if let (Some(url), Some(schema)) = (&self.url, &self.schema) {
-            match <sqlx::PgConnection as sqlx::Connection>::connect(url).await {
-                Ok(mut conn) => {
-                    if let Err(err) =
-                        sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                            .execute(&mut conn)
-                            .await
-                    {
-                        eprintln!("could not drop the demo's scratch schema {schema}: {err}");
-                    }
-                }
-                Err(err) => eprintln!("could not drop the demo's scratch schema {schema}: {err}"),
+            if let Err(err) = crate::store::unfenced::drop_scratch_schema(url, schema).await {
+                eprintln!("could not drop the demo's scratch schema {schema}: {err}");
             }
         }
         if let Some(dir) = &self.dir {

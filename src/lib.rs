@@ -8,7 +8,6 @@
 //! - [`tables`]: legacy PostgreSQL tables fenced in place (no SQL, no HTTP in there).
 //! - [`locks`]: the built-in lease service (domain rules; its SQL is in `store`).
 //! - [`demo`]: the zombie demo (real processes, a real SIGSTOP).
-//! - [`client`]: fencegate as its own client (`kv`, `fence`, `lock -- CMD`), over HTTP.
 //! - [`auth`]: credentials (API keys, JWTs, client certificates) and rights. No HTTP, no SQL.
 //! - [`tls`]: HTTPS on the listener (rustls), and what a client certificate names.
 //! - [`config`]: settings from file, environment and flags: loading, layering, and the checks
@@ -23,7 +22,6 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod client;
 pub mod config;
 pub mod conn;
 pub mod demo;

@@ -12,6 +12,26 @@ pub enum Right {
     Admin,
 }
 
+/// The kind of name a right is checked on (a 403 names it, in the problem's field of that name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    Key,
+    Scope,
+    Lock,
+    Resource,
+}
+
+impl Named {
+    pub fn field(self) -> &'static str {
+        match self {
+            Named::Key => "key",
+            Named::Scope => "scope",
+            Named::Lock => "lock",
+            Named::Resource => "resource",
+        }
+    }
+}
+
 impl Right {
     pub const ALL: [Right; 5] = [
         Right::Read,

@@ -30,7 +30,7 @@ mod keys;
 mod settings;
 
 pub use certs::ClientCert;
-pub use grant::{Actor, Grant, Right};
+pub use grant::{Actor, Grant, Named, Right};
 pub use keys::{digest_hex, key_block, new_key, parse_digest};
 pub use settings::{ApiKeySettings, AuthSettings, CertSettings, JwtSettings, RoleSettings};
 

@@ -18,25 +18,9 @@ use axum::{
 use super::{problem::ApiError, routes::Credential, AppState};
 use crate::auth::{Actor, Authenticator, ClientCert, Right, Unauthenticated};
 
-/// The kind of name a 403 refused: the problem's field holding it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Named {
-    Key,
-    Scope,
-    Lock,
-    Resource,
-}
-
-impl Named {
-    pub fn field(self) -> &'static str {
-        match self {
-            Named::Key => "key",
-            Named::Scope => "scope",
-            Named::Lock => "lock",
-            Named::Resource => "resource",
-        }
-    }
-}
+// The kind of name a right is checked on lives with the rights (both this module and
+// `problem` name it; neither owns it).
+pub use crate::auth::Named;
 
 /// 401 unless the request carries a valid credential; 403 if `need` is the admin right and
 /// the credential lacks it. The actor goes into the request's extensions, for the handler, and

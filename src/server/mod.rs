@@ -1,7 +1,7 @@
 //! Start-up and shutdown: connect, migrate, serve on an already-bound listener, drain; and on
 //! SIGHUP, reload the credentials and the TLS certificate (see [`reload`]).
 
-mod settings;
+pub mod settings;
 
 pub use settings::ServerSettings;
 
@@ -29,6 +29,10 @@ pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
     store_settings.sql_writers = None;
     Store::open(&store_settings).await
 }
+
+/// How much longer than `server.request_timeout_ms` database work may go unanswered before it
+/// is given up and its connection closed.
+const GIVE_UP_MARGIN_MS: u64 = 2_000;
 
 /// What the store needs from the configuration (the store does not read it itself).
 fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings> {
@@ -72,6 +76,9 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
             idle_timeout_ms: db.sql_fence_idle_timeout_ms,
         }),
         fence_cache_capacity: settings.kv.fence_cache_capacity,
+        // Past the request timeout the client has its 503; a margin lets a statement that is
+        // merely slow finish (docs/operations.md, When the network to PostgreSQL fails).
+        give_up_after_ms: settings.server.request_timeout_ms + GIVE_UP_MARGIN_MS,
     })
 }
 

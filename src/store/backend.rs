@@ -60,7 +60,10 @@ macro_rules! on_backend {
 macro_rules! detached {
     ($self:ident, $b:ident => $call:expr) => {{
         let backend = $self.backend.clone();
-        $crate::store::run_detached(async move { on_backend!(&backend, $b => $call) }).await
+        $crate::store::run_detached($self.give_up_after, async move {
+            on_backend!(&backend, $b => $call)
+        })
+        .await
     }};
 }
 

@@ -66,6 +66,8 @@ pub struct Store {
     sql_seen: Arc<std::sync::Mutex<SqlSeen>>,
     /// What the verdict checks besides the rule (the backends build their SQL from the same).
     checks: Arc<Checks>,
+    /// Database work with no answer after this long is given up ([`give_up`]).
+    give_up_after: Option<std::time::Duration>,
 }
 
 /// Runs database work to completion on its own task, whatever happens to the request that
@@ -76,16 +78,61 @@ pub struct Store {
 /// the work always ends in COMMIT or ROLLBACK and the connection goes back clean; the caller
 /// that went away just never hears the outcome (which is "unknown" for it, as with any 503).
 async fn run_detached<T, E>(
+    give_up_after: Option<std::time::Duration>,
     work: impl std::future::Future<Output = Result<T, E>> + Send + 'static,
 ) -> Result<T, E>
 where
     T: Send + 'static,
     E: From<StoreError> + Send + 'static,
 {
-    match tokio::spawn(work).await {
+    match tokio::spawn(give_up(give_up_after, work)).await {
         Ok(result) => result,
         Err(err) => Err(StoreError::Task(err.to_string()).into()),
     }
+}
+
+tokio::task_local! {
+    /// Set while [`give_up`] drops work whose statement got no answer in time.
+    static GIVEN_UP: std::cell::Cell<bool>;
+}
+
+/// Runs `work` for at most `limit` (`Settings::give_up_after_ms`), then drops it: 503, outcome
+/// unknown. A statement that never gets an answer (a partition that drops packets, a frozen
+/// server) would otherwise hold its connection, and the writes queued behind it, until TCP
+/// gives up. Every connection the dropped work held is closed, never reused: its transaction
+/// may have been cut anywhere, even inside `BEGIN` (`pg::connections`, [`given_up`]).
+pub(crate) async fn give_up<T, E>(
+    limit: Option<std::time::Duration>,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E>
+where
+    E: From<StoreError>,
+{
+    let Some(limit) = limit else {
+        return work.await;
+    };
+    GIVEN_UP
+        .scope(std::cell::Cell::new(false), async move {
+            let work = std::pin::pin!(work);
+            match tokio::time::timeout(limit, work).await {
+                Ok(result) => result,
+                Err(_) => {
+                    // The work is dropped as this block ends, still inside the scope, so its
+                    // connections see the flag when they are dropped.
+                    GIVEN_UP.with(|given_up| given_up.set(true));
+                    Err(StoreError::unavailable(
+                        "the database did not answer in time; the statement was given up and its outcome is unknown",
+                    )
+                    .into())
+                }
+            }
+        })
+        .await
+}
+
+/// Whether the work running now is being dropped by [`give_up`].
+pub(crate) fn given_up() -> bool {
+    GIVEN_UP.try_with(std::cell::Cell::get).unwrap_or(false)
 }
 
 /// What a refused key looked like when the refusal was explained: the scope of its last
@@ -188,6 +235,7 @@ impl Store {
             pressure: Arc::default(),
             overview: Arc::default(),
             sql_seen: Arc::default(),
+            give_up_after: settings.give_up_after(),
         })
     }
 

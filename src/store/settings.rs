@@ -41,6 +41,9 @@ pub struct Settings {
     pub sql_writers: Option<SqlWriters>,
     /// Fences kept in the reject-only cache (0 disables it).
     pub fence_cache_capacity: usize,
+    /// Database work with no answer after this long is given up and its connections closed
+    /// (`server.request_timeout_ms` plus a margin; 0: never).
+    pub give_up_after_ms: u64,
 }
 
 /// What `fencegate.fence()` and the guard triggers need from the configuration (PostgreSQL).
@@ -58,6 +61,11 @@ pub struct SqlWriters {
 }
 
 impl Settings {
+    /// `give_up_after_ms`, `None` for 0.
+    pub fn give_up_after(&self) -> Option<std::time::Duration> {
+        (self.give_up_after_ms > 0).then(|| std::time::Duration::from_millis(self.give_up_after_ms))
+    }
+
     /// The embedded backend is chosen by the URL's scheme.
     pub fn is_sqlite(&self) -> bool {
         self.url.starts_with("sqlite:")

@@ -42,3 +42,8 @@ impl Unfenced {
         }
     }
 }
+
+/// Removes the demo's scratch schema on PostgreSQL (a name the demo made, never input).
+pub async fn drop_scratch_schema(url: &str, schema: &str) -> anyhow::Result<()> {
+    pg::unfenced::drop_scratch_schema(url, schema).await
+}

@@ -31,6 +31,7 @@ mod dropin;
 mod edge;
 mod errors;
 mod held;
+mod hosts;
 mod http2;
 mod kv;
 mod limits;

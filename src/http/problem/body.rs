@@ -148,7 +148,7 @@ impl ApiError {
             ApiError::Forbidden { right, refused } => {
                 body.right = Some(right.as_str());
                 if let Some((named, name)) = refused {
-                    use super::super::auth::Named;
+                    use crate::auth::Named;
                     match named {
                         Named::Key => body.key = Some(name),
                         Named::Scope => body.scope = Some(Some(name)),

@@ -100,7 +100,7 @@ pub enum ApiError {
     #[error("forbidden")]
     Forbidden {
         right: crate::auth::Right,
-        refused: Option<(super::auth::Named, String)>,
+        refused: Option<(crate::auth::Named, String)>,
     },
     /// A renew or release of the live lease of `lock`, which another actor took (auth on).
     #[error("the lease of lock {0:?} was taken by another actor; only that actor (or an admin) may renew or release it; nothing was changed")]
@@ -221,7 +221,7 @@ impl IntoResponse for ApiError {
         );
         // A 401 or 403 ends its connection too: a client without a (good enough) credential
         // must not keep a connection, and the cap's slot it holds, by sending nothing more
-        // (DESIGN: unauthenticated connections never hold the cap).
+        // (docs/security.md: unauthenticated connections never hold the cap).
         let refused_caller = status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN;
         if body_unread || refused_caller {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));

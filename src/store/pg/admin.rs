@@ -125,10 +125,14 @@ impl AdminStore for PgStore {
     /// notification and whenever the connection was lost (a notification may have been).
     fn listen_resets(&self, high_water: Arc<HighWater>) -> Option<tokio::task::JoinHandle<()>> {
         let options = self.listener_options();
+        let hosts = self.hosts.clone();
         Some(tokio::spawn(async move {
             loop {
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(1)
+                    // The URL's hosts in order, the first that takes writes (`hosts`): resets
+                    // are NOTIFYed on the primary.
+                    .connector(hosts.connector(false))
                     .connect_lazy_with(options.clone());
                 match sqlx::postgres::PgListener::connect_with(&pool).await {
                     Ok(mut listener) => {

@@ -412,10 +412,17 @@ async fn apply(
             _ => return Err(lanes::held_too_long()),
         },
     };
-    let mut conn = conns.take().await?;
-    let applied = apply_on(&mut conn, sql, rounds, wait, left).await?;
-    conn.done();
-    Ok(applied)
+    // A held scope's lane may wait for its locks until its deadline: given that, then the margin.
+    let limit = conns
+        .give_up_after()
+        .map(|limit| left.map_or(limit, |left| limit.max(left + limit / 2)));
+    crate::store::give_up(limit, async {
+        let mut conn = conns.take().await?;
+        let applied = apply_on(&mut conn, sql, rounds, wait, left).await?;
+        conn.done();
+        Ok(applied)
+    })
+    .await
 }
 
 async fn apply_on(

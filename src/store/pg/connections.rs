@@ -18,11 +18,21 @@
 //! the ROLLBACK of a dropped transaction and closes a broken connection: errors pay the
 //! ping, the common path does not. What that check cannot see, a BEGIN abandoned half-way,
 //! cannot happen: transactions run on detached tasks or coalescer workers, which always
-//! finish them (see `store::run_detached`).
+//! finish them (see `store::run_detached`), or are given up whole after
+//! `Settings::give_up_after_ms` (`store::give_up`): a connection dropped that way is closed at
+//! once, never returned, since its transaction may have been cut anywhere.
+//!
+//! The connections in use are known with the time they were taken, so readiness can say when
+//! statements are stuck ([`Connections::stuck`]): a pool whose connections wait for answers that
+//! do not come cannot take writes, however well a fresh connection answers.
 
 use std::{
+    collections::HashMap,
     ops::{Deref, DerefMut},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -47,6 +57,11 @@ pub(in crate::store) struct Connections {
     /// as soon as a connection on its way back to it (an error's, an old one's) arrives.
     permits: Arc<Semaphore>,
     acquire_timeout: Duration,
+    /// `Settings::give_up_after_ms`, for the coalescer's and readers' statements.
+    give_up_after: Option<Duration>,
+    /// When each connection in use was taken, by borrow number.
+    busy: Mutex<HashMap<u64, Instant>>,
+    next_borrow: AtomicU64,
 }
 
 struct Held {
@@ -66,6 +81,8 @@ pub(in crate::store) struct Borrowed<'a> {
     conns: &'a Connections,
     held: Option<Held>,
     clean: bool,
+    /// Its entry in `Connections::busy`.
+    borrow: u64,
     /// Released after `drop` put the connection back (fields drop after `Drop::drop`).
     _permit: OwnedSemaphorePermit,
 }
@@ -75,13 +92,31 @@ impl Connections {
         pool: PgPool,
         max_connections: u32,
         acquire_timeout: Duration,
+        give_up_after: Option<Duration>,
     ) -> Self {
         Connections {
             pool,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(max_connections.max(1) as usize)),
             acquire_timeout,
+            give_up_after,
+            busy: Mutex::new(HashMap::new()),
+            next_borrow: AtomicU64::new(0),
         }
+    }
+
+    /// `Settings::give_up_after_ms` (see `store::give_up`).
+    pub(in crate::store) fn give_up_after(&self) -> Option<Duration> {
+        self.give_up_after
+    }
+
+    /// How many connections have been in use for longer than `after` (waiting for an answer,
+    /// as a statement never does for that long when the database and the network are well).
+    pub(in crate::store) fn stuck(&self, after: Duration) -> usize {
+        let busy = self.busy.lock().expect("busy connections lock");
+        busy.values()
+            .filter(|since| since.elapsed() > after)
+            .count()
     }
 
     /// The most recently used idle connection if it is still young, else one from the pool.
@@ -123,10 +158,16 @@ impl Connections {
                 }
             }
         };
+        let borrow = self.next_borrow.fetch_add(1, Ordering::Relaxed);
+        self.busy
+            .lock()
+            .expect("busy connections lock")
+            .insert(borrow, Instant::now());
         Ok(Borrowed {
             conns: self,
             held: Some(held),
             clean: false,
+            borrow,
             _permit: permit,
         })
     }
@@ -179,9 +220,18 @@ impl Borrowed<'_> {
 
 impl Drop for Borrowed<'_> {
     fn drop(&mut self) {
+        self.conns
+            .busy
+            .lock()
+            .expect("busy connections lock")
+            .remove(&self.borrow);
         if let Some(held) = self.held.take() {
             if self.clean {
                 self.conns.put_back(held);
+            } else if crate::store::given_up() {
+                // Cut off mid-statement (`store::give_up`): closed now, without a word to a
+                // server that is not answering; the pool opens a replacement.
+                drop(held.conn.detach());
             }
             // else: dropped here, back to the pool and its release check (module docs).
         }

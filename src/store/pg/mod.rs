@@ -24,6 +24,7 @@ mod coalesce;
 mod connections;
 pub(super) mod errors;
 mod gates;
+mod hosts;
 mod kv;
 mod locks;
 mod overview;
@@ -71,6 +72,9 @@ pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
     /// catalog). Everything else takes its connection from `conns`.
     pool: PgPool,
+    /// Start-up's pool (migrations, catalog, guards, `fence()`'s rules): like `pool`, but takes
+    /// a standby when no host takes writes, to read there (see `hosts`).
+    startup: PgPool,
     conns: Arc<Connections>,
     sql: Arc<ByRule<Statements>>,
     /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
@@ -83,10 +87,15 @@ pub(super) struct PgStore {
     checks: Checks,
     /// How to connect, for connections outside the pool (the reset listener).
     options: Arc<PgConnectOptions>,
+    /// The database URL's hosts, tried in order for every new connection (`hosts`).
+    hosts: Arc<hosts::HostList>,
     /// The database's role and replication, as seen (`replication`).
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
     schema: Arc<str>,
+    /// A statement in flight longer than this makes `/readyz` 503: longer than a healthy one
+    /// waits (a row lock at most `lock_timeout_ms`, then it fails), plus a second.
+    stuck_after: Duration,
     /// A serving process: it writes the guards' modes and checks their triggers at start
     /// (`sql_fence`); a one-off command does neither.
     serving: bool,
@@ -98,7 +107,7 @@ impl PgStore {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
         if let Some(writers) = &settings.sql_writers {
             sql_fence::sync(
-                &pg.pool,
+                &pg.startup,
                 sql_fence::Sync {
                     schema: &settings.schema,
                     checks: &settings.checks,
@@ -119,7 +128,9 @@ impl PgStore {
         // ends the connection (vendor/sqlx-core: a partition fails statements in seconds).
         sqlx_core::net::set_tcp_user_timeout(Duration::from_millis(settings.tcp_user_timeout_ms));
         // sslmode, sslrootcert, sslcert, sslkey as libpq has them; their files checked first.
-        let (options, mut tls) = tls::options(url)?;
+        // A libpq host list: tls.rs reads the URL of its first host, `hosts` tries them all.
+        let (url, host_list, target, per_host) = hosts::split(url)?;
+        let (options, mut tls) = tls::options(&url)?;
         let options: PgConnectOptions = tls
             .resolve_allow(options)
             .await
@@ -137,6 +148,12 @@ impl PgStore {
                 ("lock_timeout", format!("{}ms", settings.lock_timeout_ms)),
             ]);
         let listener_options = options.clone().application_name("fencegate-listener");
+        let hosts = Arc::new(hosts::HostList::new(
+            host_list,
+            target,
+            per_host,
+            tls.clone(),
+        ));
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
@@ -149,21 +166,33 @@ impl PgStore {
             // Only on the pool's release path (errors, recycling), never per statement: a
             // connection to a server that is no longer primary is closed, not reused.
             .after_release(replication::keep_on_release)
-            .connect_with(options)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot connect to PostgreSQL at {shown}: {}",
-                    tls.describe(&e, || format!(
-                        "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
-                    ))
-                )
-            })?;
+            // Every new connection: the URL's hosts in order, the first that takes writes.
+            .connector(hosts.connector(false))
+            .connect_lazy_with(options.clone());
+        // Start-up's reads (catalog, guards, fence() rules) work on a standby too, so start-up
+        // has a small pool of its own that takes one when no host takes writes.
+        let startup = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
+            .idle_timeout(Duration::from_secs(10))
+            .test_before_acquire(false)
+            .after_release(replication::keep_on_release)
+            .connector(hosts.connector(true))
+            .connect_lazy_with(options);
+        let at_start = hosts::at_start(&pool).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot connect to PostgreSQL at {shown}: {}",
+                tls.describe(&e, || format!(
+                    "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
+                ))
+            )
+        })?;
         let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
             settings.max_connections,
             Duration::from_millis(settings.acquire_timeout_ms),
+            settings.give_up_after(),
         ));
         let coalescer = (settings.coalesce_workers > 0).then(|| {
             Coalescer::start(
@@ -187,6 +216,7 @@ impl PgStore {
         });
         let store = PgStore {
             pool,
+            startup,
             conns,
             reads,
             gates: Arc::new(ScopeGates::new(Duration::from_millis(
@@ -196,20 +226,22 @@ impl PgStore {
             coalescer,
             checks,
             options: Arc::new(listener_options),
+            hosts,
+            stuck_after: Duration::from_millis(settings.lock_timeout_ms) + Duration::from_secs(1),
             replication: Arc::default(),
             schema: settings.schema.as_str().into(),
             serving: settings.sql_writers.is_some(),
         };
         if settings.migrate_on_start {
-            store.migrate_unless_standby().await?;
+            store.migrate_unless_standby(at_start).await?;
         }
         Ok(store)
     }
 
     async fn migrate(&self) -> anyhow::Result<()> {
-        schema::prepare(&self.pool, &self.schema).await?;
+        schema::prepare(&self.startup, &self.schema).await?;
         // sqlx takes an advisory lock, so several fencegate processes may start at once.
-        MIGRATOR.run(&self.pool).await.map_err(|e| {
+        MIGRATOR.run(&self.startup).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
             let read_only = match &e {
                 Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),
@@ -252,7 +284,17 @@ impl Backend for PgStore {
     /// Ready = reachable, primary (not a standby), and every migration this binary knows is
     /// applied.
     async fn ready(&self) -> Result<(), StoreError> {
-        self.check_primary().await?;
+        // The write path first: connections waiting for answers that do not come (a cut
+        // network, a frozen server) take no writes, whatever a fresh connection says.
+        let stuck = self.conns.stuck(self.stuck_after);
+        if stuck > 0 {
+            return Err(StoreError::NotReady(format!(
+                "{stuck} database statement(s) have had no answer for more than {} ms: the network to the \
+                 database or the database itself is stuck; they are given up after server.request_timeout_ms",
+                self.stuck_after.as_millis()
+            )));
+        }
+        self.check_primary().await.map_err(hosts::readiness)?;
         let mut conn = self.conns.take().await?;
         let applied: i64 = sqlx::query_scalar(super::sql::MIGRATIONS_APPLIED)
             .fetch_one(&mut *conn)

@@ -80,10 +80,13 @@ async fn answer(conns: &Connections, jobs: Vec<ReadJob>) {
 type Found = HashMap<String, Result<Entry, StoreError>>;
 
 async fn fetch(conns: &Connections, jobs: &[ReadJob]) -> Result<Found, StoreError> {
-    let mut conn = conns.take().await?;
-    let found = fetch_on(&mut conn, jobs).await?;
-    conn.done();
-    Ok(found)
+    crate::store::give_up(conns.give_up_after(), async {
+        let mut conn = conns.take().await?;
+        let found = fetch_on(&mut conn, jobs).await?;
+        conn.done();
+        Ok(found)
+    })
+    .await
 }
 
 async fn fetch_on(conn: &mut PgConnection, jobs: &[ReadJob]) -> Result<Found, StoreError> {

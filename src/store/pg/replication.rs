@@ -26,7 +26,7 @@ use std::{
 
 use sqlx::{pool::PoolConnectionMetadata, PgConnection};
 
-use super::PgStore;
+use super::{hosts::AtStart, PgStore};
 use crate::store::{backend::HighAvailability, StoreError};
 
 /// What `/readyz` says while the database is a standby.
@@ -43,9 +43,11 @@ pub(super) const READ_ONLY: &str =
 /// always are, and so are a primary's when `default_transaction_read_only` is set for the
 /// database or role (a maintenance switch, or a read-only endpoint of a managed service). Either
 /// way every write fails with 25006.
-const WRITABLE: &str =
+pub(super) const WRITABLE: &str =
     "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
 
+/// How long the release check waits for its answer before closing the connection.
+const RELEASE_CHECK_WITHIN: Duration = Duration::from_secs(2);
 /// How often a process that started against a standby checks whether it is primary now.
 const PROMOTION_POLL: Duration = Duration::from_secs(1);
 /// How often the replication of the primary's commits is checked.
@@ -145,8 +147,19 @@ pub(super) fn keep_on_release(
     _meta: PoolConnectionMetadata,
 ) -> Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
     Box::pin(async move {
-        let (in_recovery, read_only): (bool, bool) =
-            sqlx::query_as(WRITABLE).fetch_one(conn).await?;
+        // A connection whose statement never got an answer (a stalled network) would wait here
+        // as long: after this long it is closed instead of kept.
+        let (in_recovery, read_only): (bool, bool) = tokio::time::timeout(
+            RELEASE_CHECK_WITHIN,
+            sqlx::query_as(WRITABLE).fetch_one(conn),
+        )
+        .await
+        .map_err(|_| {
+            sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer to the release check",
+            ))
+        })??;
         if in_recovery || read_only {
             // Debug: against a standby this is every returned connection, until promotion.
             tracing::debug!(
@@ -197,20 +210,23 @@ impl PgStore {
     /// then it is owed until the database is primary, and `serve` starts anyway, not ready.
     /// A primary with `default_transaction_read_only` on fails the migration, and `serve` with
     /// it, saying so: its tables may not exist yet, and nothing could create them.
-    pub(super) async fn migrate_unless_standby(&self) -> anyhow::Result<()> {
-        let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot ask the database whether it is a standby: {e}"))?;
-        if in_recovery {
-            self.replication.owed.store(true, Ordering::Release);
-            tracing::warn!(
-                "the database is in recovery (a standby): not migrating now; /readyz is 503 until it is promoted \
-                 or the database URL routes to the primary"
-            );
-            return Ok(());
+    pub(super) async fn migrate_unless_standby(&self, found: AtStart) -> anyhow::Result<()> {
+        match found {
+            AtStart::Writable => self.migrate().await,
+            AtStart::Standby => {
+                self.replication.owed.store(true, Ordering::Release);
+                tracing::warn!(
+                    "the database is in recovery (a standby): not migrating now; /readyz is 503 until it is promoted \
+                     or the database URL routes to the primary"
+                );
+                Ok(())
+            }
+            AtStart::ReadOnly => anyhow::bail!(
+                "applying migrations failed: the database refuses writes (is default_transaction_read_only on for \
+                 fencegate's database or role?). Turn it off, or, if the schema is already migrated, set \
+                 database.migrate_on_start = false: fencegate then starts, not ready until the database takes writes"
+            ),
         }
-        self.migrate().await
     }
 
     /// `Ok` if the database is primary and takes writes (running the migrations owed, if
@@ -220,7 +236,8 @@ impl PgStore {
         let (in_recovery, read_only): (bool, bool) =
             sqlx::query_as(WRITABLE).fetch_one(&mut *conn).await?;
         if in_recovery {
-            conn.done();
+            // Not `done`: a session on a standby is never used again (the release check
+            // closes it); new connections find the primary through the URL's hosts.
             return Err(StoreError::NotReady(IN_RECOVERY.into()));
         }
         if read_only {

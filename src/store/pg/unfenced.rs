@@ -5,6 +5,19 @@ use sqlx::{types::Json, Connection, PgConnection};
 
 pub struct Writer(PgConnection);
 
+/// Removes the demo's scratch schema and everything in it (the demo's own tables, and
+/// fencegate's when the demo started it there).
+pub async fn drop_scratch_schema(url: &str, schema: &str) -> anyhow::Result<()> {
+    let (options, mut tls) = super::tls::options(url)?;
+    let options = tls.resolve_allow(options).await;
+    let mut conn = PgConnection::connect_with(&options).await?;
+    let schema = super::tables::sql::quote_ident(schema);
+    sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&mut conn)
+        .await?;
+    Ok(())
+}
+
 impl Writer {
     /// `schema`: the demo's scratch schema (a name the demo made, never input).
     pub async fn connect(url: &str, schema: Option<&str>) -> anyhow::Result<Self> {

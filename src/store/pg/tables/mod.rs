@@ -54,8 +54,8 @@ impl PgStore {
                 anyhow::bail!("no resource {name:?} in [[resources]] of the config file");
             }
         }
-        let resources = catalog::load(&self.pool, self.schema(), settings).await?;
-        let mut conn = self.pool.acquire().await?;
+        let resources = catalog::load(&self.startup, self.schema(), settings).await?;
+        let mut conn = self.startup.acquire().await?;
         let mut out = String::new();
         let mut owners = Vec::new();
         for resource in resources.iter() {
@@ -124,10 +124,10 @@ impl PgStore {
 
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
-        let resources = catalog::load(&self.pool, self.schema(), settings).await?;
+        let resources = catalog::load(&self.startup, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
         if self.serving {
-            sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
+            sql_fence::guards::check(&self.startup, self.schema(), &all).await?;
         }
         Ok(resources)
     }

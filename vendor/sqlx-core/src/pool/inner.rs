@@ -343,7 +343,12 @@ impl<DB: Database> PoolInner<DB> {
 
             // result here is `Result<Result<C, Error>, TimeoutError>`
             // if this block does not return, sleep for the backoff timeout and try again
-            match crate::rt::timeout(timeout, connect_options.connect()).await {
+            // fencegate: a connector of its own (a host list) opens the connection if set.
+            let connecting = match &self.options.connector {
+                Some(connector) => connector(&connect_options),
+                None => connect_options.connect(),
+            };
+            match crate::rt::timeout(timeout, connecting).await {
                 // successfully established connection
                 Ok(Ok(mut raw)) => {
                     // See comment on `PoolOptions::after_connect`

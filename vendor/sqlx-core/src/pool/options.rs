@@ -74,6 +74,17 @@ pub struct PoolOptions<DB: Database> {
                 + Sync,
         >,
     >,
+    /// fencegate: opens a connection instead of `ConnectOptions::connect` (a host list).
+    pub(crate) connector: Option<
+        Arc<
+            dyn for<'o> Fn(
+                    &'o <DB::Connection as Connection>::Options,
+                ) -> BoxFuture<'o, Result<DB::Connection, Error>>
+                + 'static
+                + Send
+                + Sync,
+        >,
+    >,
     pub(crate) max_connections: u32,
     pub(crate) acquire_time_level: LevelFilter,
     pub(crate) acquire_slow_level: LevelFilter,
@@ -97,6 +108,7 @@ impl<DB: Database> Clone for PoolOptions<DB> {
             after_connect: self.after_connect.clone(),
             before_acquire: self.before_acquire.clone(),
             after_release: self.after_release.clone(),
+            connector: self.connector.clone(),
             max_connections: self.max_connections,
             acquire_time_level: self.acquire_time_level,
             acquire_slow_threshold: self.acquire_slow_threshold,
@@ -146,6 +158,7 @@ impl<DB: Database> PoolOptions<DB> {
             after_connect: None,
             before_acquire: None,
             after_release: None,
+            connector: None,
             test_before_acquire: true,
             // A production application will want to set a higher limit than this.
             max_connections: 10,
@@ -387,6 +400,21 @@ impl<DB: Database> PoolOptions<DB> {
             + Sync,
     {
         self.after_connect = Some(Arc::new(callback));
+        self
+    }
+
+    /// fencegate: open every new connection with `connector` (given the pool's current connect
+    /// options) instead of `ConnectOptions::connect`; `after_connect` still runs after it.
+    pub fn connector<F>(mut self, connector: F) -> Self
+    where
+        for<'o> F: Fn(
+                &'o <DB::Connection as Connection>::Options,
+            ) -> BoxFuture<'o, Result<DB::Connection, Error>>
+            + 'static
+            + Send
+            + Sync,
+    {
+        self.connector = Some(Arc::new(connector));
         self
     }
 

@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(segment("a/b c%"), "a%2Fb%20c%25");
         assert_eq!(segment("café"), "caf%C3%A9");
         assert_eq!(
-            crate::percent::decode_strict(segment("a/b c%é").as_bytes()).unwrap(),
+            fencegate::percent::decode_strict(segment("a/b c%é").as_bytes()).unwrap(),
             "a/b c%é"
         );
     }
