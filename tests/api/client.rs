@@ -270,14 +270,22 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
         .env("K", &key)
         .stderr(Stdio::piped());
     let mut one = one.spawn().unwrap();
-    eventually(
-        "job 1's first accepted write",
-        // A deadline, not a guess: the wrapper starts a process that starts the job, which
-        // took over 20 s on a loaded 2-core machine (3.4 s when quiet).
-        Duration::from_secs(90),
-        || read(&log1).lines().any(|l| l.ends_with(" 0")),
-    )
-    .await;
+    // A deadline, not a guess: the wrapper starts a process that starts the job, which took
+    // over 20 s on a loaded 2-core machine (3.4 s when quiet).
+    let give_up = Instant::now() + Duration::from_secs(90);
+    while !read(&log1).lines().any(|l| l.ends_with(" 0")) {
+        if Instant::now() > give_up || one.try_wait().unwrap().is_some() {
+            let _ = one.start_kill();
+            let out = one.wait_with_output().await.unwrap();
+            panic!(
+                "no accepted write of job 1 (wrapper: {:?}, {}); its log:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                read(&log1)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let token1: u64 = app.kv_get(&enc(&key)).await.expect(200)["fence_token"]
         .as_str()
         .unwrap()
