@@ -118,6 +118,7 @@ pub struct AcquireRequest {
     pub owner: String,
     /// 1..=locks.max_ttl_ms.
     #[schema(minimum = 1)]
+    #[serde(deserialize_with = "whole_number")]
     pub ttl_ms: u64,
 }
 
@@ -127,7 +128,27 @@ pub struct AcquireRequest {
 pub struct RenewRequest {
     /// 1..=locks.max_ttl_ms.
     #[schema(minimum = 1)]
+    #[serde(deserialize_with = "whole_number")]
     pub ttl_ms: u64,
+}
+
+/// A JSON number that is a whole number, spelled as JSON Schema's `integer` allows: `1500`,
+/// and also `1500.0` or `1.5e3` (the OpenAPI document says `integer`, so a client generated
+/// from it may send either).
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(d)?;
+    if let Some(n) = number.as_u64() {
+        return Ok(n);
+    }
+    number
+        .as_f64()
+        .filter(|f| f.fract() == 0.0 && (0.0..=u64::MAX as f64).contains(f))
+        .map(|f| f as u64)
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "ttl_ms must be a whole number of milliseconds, got {number}"
+            ))
+        })
 }
 
 /// A lease duration within `1..=max_ttl_ms`.

@@ -78,6 +78,14 @@ if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
     || python3 -m pip install --quiet --break-system-packages openapi-spec-validator
 fi
 
+# The document is held to the server by schemathesis (tests/api/schemathesis.rs): from PyPI,
+# into a venv under target/ when pip refuses to install into the system's Python.
+if ! command -v st >/dev/null 2>&1 && [ ! -x target/schemathesis-venv/bin/st ]; then
+  log "installing schemathesis"
+  python3 -m pip install --quiet schemathesis \
+    || { python3 -m venv target/schemathesis-venv && target/schemathesis-venv/bin/pip install --quiet schemathesis; }
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust (https://rustup.rs) and rerun" >&2
   exit 1

@@ -544,6 +544,10 @@ pub async fn refusals(
             return Err(ApiError::InvalidRequest(format!("{name} is too long")));
         }
     }
+    // A time after the year 9999 selects what 9999 does (nothing: refusals carry the
+    // database's clock), and every backend can compare with it.
+    const LAST_MS: i64 = 253_402_300_799_999;
+    let since_ms = since_ms.map(|ms| ms.min(LAST_MS));
     let filter = RefusalFilter {
         limit,
         key: query.key,

@@ -77,6 +77,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Proof {
                 issuer: "-".into(),
                 why: "the X-Fencing-Proof header appears more than once; send exactly one",
             })),
+            // base64url without padding, as the document's pattern says: checked on every
+            // write that sends one (not only under an issuer), so an empty or garbled header
+            // is refused rather than ignored.
+            Header::One(raw)
+                if raw.is_empty()
+                    || !raw
+                        .iter()
+                        .all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') =>
+            {
+                Err(ApiError::Proof(crate::issuers::ProofError::Invalid {
+                    issuer: "-".into(),
+                    why: "the X-Fencing-Proof header must be non-empty base64url without padding                           (A-Z a-z 0-9 - _); send the issuer's signature, or no header",
+                }))
+            }
             Header::One(raw) => Ok(Proof(Some(raw.to_vec()))),
         }
     }

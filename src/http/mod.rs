@@ -149,10 +149,13 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
 /// The whole application as a `Router`; tests build exactly this.
 pub fn app(state: AppState, limits: Limits) -> Router {
     let (described, rest, doc) = routers();
-    let served = openapi::Served(
-        doc.to_pretty_json()
-            .expect("the document serializes")
-            .into(),
+    let served = openapi::Served::new(
+        &doc,
+        &openapi::Bounds {
+            max_key_bytes: state.kv.max_key_bytes,
+            max_batch_ops: state.kv.max_batch_ops,
+            max_ttl_ms: state.locks.max_ttl_ms,
+        },
     );
     let edge = edge::Edge {
         body_limit: limits.body_bytes,

@@ -47,7 +47,8 @@ use tracing::Instrument;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// What a 5xx response's handler knew about the failure, for the log line only.
+/// What a 5xx response's handler knew about the failure, or what the database said when it
+/// refused a 4xx request's data: for the log line only.
 #[derive(Clone, Debug)]
 pub struct ServerFailure(pub String);
 
@@ -144,25 +145,22 @@ where
             let Ok(mut response) = inner.call(req).instrument(span.clone()).await;
             let status = response.status();
             let elapsed = started.elapsed();
-            if status.is_server_error() {
-                let detail = response
-                    .extensions()
-                    .get::<ServerFailure>()
-                    .map_or("", |f| f.0.as_str());
+            let failure = response.extensions().get::<ServerFailure>();
+            if status.is_server_error() || failure.is_some() {
+                let detail = failure.map_or("", |f| f.0.as_str());
                 let actor = response
                     .extensions()
                     .get::<crate::auth::Actor>()
                     .and_then(|a| a.name())
                     .unwrap_or("");
-                tracing::error!(
-                    request_id = %String::from_utf8_lossy(id.as_bytes()),
-                    method,
-                    route,
-                    actor,
-                    status = status.as_u16(),
-                    error = detail,
-                    "request failed"
-                );
+                let request_id = String::from_utf8_lossy(id.as_bytes());
+                if status.is_server_error() {
+                    tracing::error!(%request_id, method, route, actor, status = status.as_u16(), error = detail, "request failed");
+                } else {
+                    // A 4xx the database refused (a value it cannot store): the client was told
+                    // what in fencegate's words; the database's own are here only.
+                    tracing::warn!(%request_id, method, route, actor, status = status.as_u16(), error = detail, "the database refused the request's data");
+                }
             }
             span.in_scope(|| {
                 tracing::debug!(

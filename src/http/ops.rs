@@ -67,10 +67,12 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
                 }
                 // Says why (a standby, migrations owed): fencegate's own words, safe to send.
                 StoreError::NotReady(why) => ApiError::Store(StoreError::NotReady(why)),
-                StoreError::Corrupt(msg)
-                | StoreError::Task(msg)
-                | StoreError::Refused(msg)
-                | StoreError::Raced(msg) => ApiError::Store(StoreError::unavailable(msg)),
+                StoreError::Refused { cause, .. } | StoreError::KeyJump { cause, .. } => {
+                    ApiError::Store(StoreError::Unavailable(cause))
+                }
+                StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Raced(msg) => {
+                    ApiError::Store(StoreError::unavailable(msg))
+                }
             };
             err.into_response()
         }

@@ -18,6 +18,7 @@
 #[macro_use]
 mod backend;
 pub mod admin;
+mod classify;
 mod decode;
 mod errors;
 mod kv;
@@ -42,7 +43,7 @@ use crate::{
 pub(crate) use crate::fence::Refusal;
 use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _};
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
-pub use errors::{Cause, StoreError};
+pub use errors::{Cause, DbKind, Jumper, Lack, StoreError, Unstorable};
 pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use refusals::RefusalFilter;

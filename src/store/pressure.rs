@@ -1,7 +1,7 @@
 //! Writes the database refused for lack of resources, remembered for readiness.
 //!
-//! A primary that is up, writable and migrated can still refuse every write: a full disk
-//! (SQLSTATE 53100 "could not extend file"), no memory (53200), too many connections (53300).
+//! A primary that is up, writable and migrated can still refuse every write: a full disk, no
+//! memory, too many connections (the backends sort these into [`DbKind::Lacks`]).
 //! No cheap query tells that in advance (free disk space is not visible to a plain role), so
 //! readiness learns it from the writes themselves: for [`REMEMBERED`] after such a refusal,
 //! `/readyz` says 503 and why; a write the database takes clears it at once.
@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Cause, StoreError};
+use super::{errors::DbKind, StoreError};
 
 /// How long a refusal for lack of resources keeps the server not ready (unless a write succeeds).
 pub const REMEMBERED: Duration = Duration::from_secs(10);
@@ -29,7 +29,7 @@ pub(crate) struct Pressure {
 }
 
 impl Pressure {
-    /// Learns from the outcome of a write: a refusal of SQLSTATE class 53 is remembered, a
+    /// Learns from the outcome of a write: a refusal for lack of resources is remembered, a
     /// success forgets.
     pub fn observe<T, E: AsStoreError>(&self, result: &Result<T, E>) {
         match result {
@@ -63,19 +63,12 @@ impl Pressure {
     }
 }
 
-/// The database's own words for a class-53 refusal.
+/// What the database lacked, in fencegate's words (its own message is in the request's log line).
 fn lack_of_resources(err: &StoreError) -> Option<String> {
-    let (StoreError::Unavailable(Cause::Database(err))
-    | StoreError::Internal(Cause::Database(err))) = err
-    else {
-        return None;
-    };
-    let sqlx::Error::Database(db) = &**err else {
-        return None;
-    };
-    let code = db.code()?;
-    code.starts_with("53")
-        .then(|| format!("SQLSTATE {code}: {}", db.message()))
+    match err.db_kind()? {
+        DbKind::Lacks(lack) => Some(lack.words().to_owned()),
+        _ => None,
+    }
 }
 
 /// The store error inside a store call's error type.

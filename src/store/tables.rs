@@ -84,10 +84,11 @@ impl Store {
         op: &TableOp,
         guard: &Guard,
     ) -> Result<Outcome<RowWritten>, TableError> {
+        let resource = op.resource.clone();
         let (op, guard) = (op.clone(), guard.clone());
         let written = detached!(self, b => b.table_write(&op, &guard).await);
         self.pressure.observe(&written);
-        written
+        written.map_err(|err| missing_table(err, [&*resource]))
     }
 
     /// Applies every kv write and table op or none, under one token. A refused row names
@@ -99,10 +100,19 @@ impl Store {
         ops: &[BatchOp],
         guard: &Guard,
     ) -> Result<Outcome<BatchWritten>, TableError> {
+        let all = ops;
         let (ops, guard) = (ops.to_vec(), guard.clone());
         let written = detached!(self, b => b.batch_tables(&ops, &guard).await);
         self.pressure.observe(&written);
-        written
+        written.map_err(|err| {
+            missing_table(
+                err,
+                all.iter().filter_map(|op| match op {
+                    BatchOp::Row(op) => Some(&*op.resource),
+                    _ => None,
+                }),
+            )
+        })
     }
 
     pub async fn table_get(
@@ -110,7 +120,34 @@ impl Store {
         resource: &Arc<Resource>,
         key: &RowKey,
     ) -> Result<Option<RowEntry>, TableError> {
+        let named = resource.clone();
         let (resource, key) = (resource.clone(), key.clone());
         detached!(self, b => b.table_get(&resource, &key).await)
+            .map_err(|err| missing_table(err, [&*named]))
     }
+}
+
+/// A table the statement needed does not exist: with legacy tables in it, name them (their
+/// names come from the configuration, never from the database's message) and what to do.
+fn missing_table<'a>(
+    err: TableError,
+    resources: impl IntoIterator<Item = &'a Resource>,
+) -> TableError {
+    let TableError::Store(store) = &err else {
+        return err;
+    };
+    if store.db_kind() != Some(super::DbKind::MissingTable) {
+        return err;
+    }
+    let mut names: Vec<&str> = resources.into_iter().map(|r| r.relation.as_str()).collect();
+    names.dedup();
+    if names.is_empty() {
+        return err;
+    }
+    TableError::Store(StoreError::NotReady(format!(
+        "a table this request needs does not exist: the legacy table {} (or one of fencegate's own) was dropped or \
+         renamed after fencegate started: restore it, or change the configuration and restart (if fencegate's own \
+         tables are missing, the database is not migrated yet: `fencegate migrate`)",
+        names.join(" or ")
+    )))
 }

@@ -32,11 +32,14 @@ pub enum RowError {
         detail: String,
     },
     /// PostgreSQL refused a value: a type error, NOT NULL, CHECK, foreign or unique key.
+    /// `detail` is fencegate's words; `said` is the database's own message, for the request's
+    /// log line only (never sent).
     #[error("{detail}")]
     Value {
         column: Option<String>,
         constraint: Option<String>,
         detail: String,
+        said: Option<String>,
     },
     /// PATCH of a row that does not exist.
     #[error("{0}")]
@@ -80,10 +83,12 @@ impl RowError {
                 column,
                 constraint,
                 detail,
+                said,
             } => RowError::Value {
                 column,
                 constraint,
                 detail: at(detail),
+                said,
             },
             RowError::NoRow(detail) => RowError::NoRow(at(detail)),
             RowError::Token(detail) => RowError::Token(at(detail)),

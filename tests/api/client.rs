@@ -270,14 +270,22 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
         .env("K", &key)
         .stderr(Stdio::piped());
     let mut one = one.spawn().unwrap();
-    eventually(
-        "job 1's first accepted write",
-        // A deadline, not a guess: the wrapper starts a process that starts the job, which
-        // took over 20 s on a loaded 2-core machine (3.4 s when quiet).
-        Duration::from_secs(90),
-        || read(&log1).lines().any(|l| l.ends_with(" 0")),
-    )
-    .await;
+    // A deadline, not a guess: the wrapper starts a process that starts the job, which took
+    // over 20 s on a loaded 2-core machine (3.4 s when quiet).
+    let give_up = Instant::now() + Duration::from_secs(90);
+    while !read(&log1).lines().any(|l| l.ends_with(" 0")) {
+        if Instant::now() > give_up || one.try_wait().unwrap().is_some() {
+            let _ = one.start_kill();
+            let out = one.wait_with_output().await.unwrap();
+            panic!(
+                "no accepted write of job 1 (wrapper: {:?}, {}); its log:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                read(&log1)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let token1: u64 = app.kv_get(&enc(&key)).await.expect(200)["fence_token"]
         .as_str()
         .unwrap()
@@ -295,7 +303,8 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
             "--ttl-ms",
             "1000",
             "--wait-ms",
-            "10000",
+            // A deadline for the takeover (lease 1 lapses after 1 s), generous for a loaded machine.
+            "60000",
             "--",
             "sh",
             "-c",
@@ -311,7 +320,8 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
     );
 
     // While wrapper 1 was frozen, job 1 went on writing: refused (412, exit 4) since the takeover.
-    eventually("a refused write of job 1", Duration::from_secs(5), || {
+    // Each of job 1's writes starts a process: seconds apart on a loaded machine.
+    eventually("a refused write of job 1", Duration::from_secs(60), || {
         read(&log1).lines().any(|l| l.ends_with(" 4"))
     })
     .await;
@@ -322,7 +332,7 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
 
     // Wrapper 1 wakes up, finds its lease gone before doing anything else, and stops job 1.
     signal(&one, Signal::SIGCONT);
-    let status = wait_exit(&mut one, Duration::from_secs(10)).await;
+    let status = wait_exit(&mut one, Duration::from_secs(60)).await;
     let mut stderr = String::new();
     use tokio::io::AsyncReadExt;
     one.stderr
@@ -477,12 +487,12 @@ async fn sigterm_to_the_wrapper_reaches_the_command_and_the_lock_is_released() {
     );
     command.env("D", dir.path());
     let mut wrapper = command.spawn().unwrap();
-    eventually("the job to start", Duration::from_secs(20), || {
+    eventually("the job to start", Duration::from_secs(90), || {
         dir.path().join("ready").exists()
     })
     .await;
     signal(&wrapper, Signal::SIGTERM);
-    let status = wait_exit(&mut wrapper, Duration::from_secs(10)).await;
+    let status = wait_exit(&mut wrapper, Duration::from_secs(60)).await;
     assert_eq!(
         status.code(),
         Some(3),
@@ -518,7 +528,7 @@ async fn the_command_is_killed_before_the_lease_can_pass_on_when_the_server_dies
     );
     command.env("D", dir.path()).stderr(Stdio::piped());
     let mut wrapper = command.spawn().unwrap();
-    eventually("the job to start", Duration::from_secs(20), || {
+    eventually("the job to start", Duration::from_secs(90), || {
         dir.path().join("pid").exists()
     })
     .await;

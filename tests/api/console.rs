@@ -196,7 +196,7 @@ async fn the_overview_shows_locks_fences_refusals_and_counters() {
     )
     .await
     .expect(200);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let o = loop {
         let o = overview(&app).await;
         if o["locks"]
@@ -209,7 +209,7 @@ async fn the_overview_shows_locks_fences_refusals_and_counters() {
         }
         assert!(
             Instant::now() < deadline,
-            "the released lock is still listed after 3 s: {o}"
+            "the released lock is still listed after 60 s: {o}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -408,7 +408,7 @@ async fn a_stream_that_goes_away_is_forgotten_and_past_the_cap_the_slowest_is_ev
     let stream = Stream::open(&app, None).await;
     assert_eq!(overview(&app).await["counters"]["subscribers"], 1);
     drop(stream);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let n = overview(&app).await["counters"]["subscribers"]
             .as_u64()
@@ -418,7 +418,7 @@ async fn a_stream_that_goes_away_is_forgotten_and_past_the_cap_the_slowest_is_ev
         }
         assert!(
             Instant::now() < deadline,
-            "the closed stream is still counted after 5 s"
+            "the closed stream is still counted after 60 s"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

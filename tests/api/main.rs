@@ -45,6 +45,7 @@ mod partition;
 mod poison;
 mod reload;
 mod restart;
+mod schemathesis;
 mod scopes;
 mod sources;
 mod sql_writers;

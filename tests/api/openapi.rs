@@ -4,7 +4,7 @@
 
 use base64::Engine as _;
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{json, Value};
 use sha2::Digest as _;
 
 use crate::helpers::{spawn_app, spawn_app_with, TestApp};
@@ -208,4 +208,158 @@ async fn the_page_loads_nothing_from_elsewhere() {
         "{csp}"
     );
     assert_eq!(page.matches("<script").count(), 1, "one script, inline");
+}
+
+/// Which of `samples` Python's `re` (what schemathesis generates from) finds matching `pattern`.
+fn python_matches(pattern: &str, samples: &[String]) -> Vec<bool> {
+    let input = serde_json::to_string(&json!({"pattern": pattern, "samples": samples})).unwrap();
+    let script = "import json, re, sys\n\
+                  d = json.load(sys.stdin)\n\
+                  print(json.dumps([re.search(d['pattern'], s) is not None for s in d['samples']]))\n";
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs (install python3)");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python3 failed on {pattern}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The patterns the document states are the server's validators, sample by sample: what a
+/// pattern allows, the validator takes, and what it forbids, the validator refuses.
+#[tokio::test]
+async fn the_documents_patterns_are_the_validators() {
+    let app = spawn_app().await;
+    let (_, doc) = document(&app).await;
+    let put = &doc["paths"]["/v1/kv/{key}"]["put"]["parameters"];
+    let param = |name: &str| {
+        put.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no parameter {name}: {put}"))["schema"]["pattern"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let check = |what: &str, pattern: &str, samples: &[&str], valid: &dyn Fn(&str) -> bool| {
+        let samples: Vec<String> = samples.iter().map(|s| s.to_string()).collect();
+        for (sample, matched) in samples.iter().zip(python_matches(pattern, &samples)) {
+            assert_eq!(
+                matched,
+                valid(sample),
+                "{what}: {sample:?} matches the document's pattern: {matched}"
+            );
+        }
+    };
+    check(
+        "a token",
+        &param("X-Fencing-Token"),
+        &[
+            "0",
+            "1",
+            "9",
+            "10",
+            "01",
+            "00",
+            "",
+            "-1",
+            "+1",
+            "1 ",
+            "999999999999999999",
+            "1000000000000000000",
+            "8999999999999999999",
+            "9223372036854765807",
+            "9223372036854775799",
+            "9223372036854775806",
+            "9223372036854775807",
+            "9223372036854775808",
+            "9223372036854775810",
+            "9300000000000000000",
+            "9999999999999999999",
+            "10000000000000000000",
+        ],
+        &|s| fencegate::fence::FencingToken::parse(s.as_bytes()).is_ok(),
+    );
+    check(
+        "a key",
+        &param("key"),
+        &[
+            "a",
+            "a/b ✓ 日本",
+            " ",
+            "a\u{a0}b",
+            "",
+            "a\0b",
+            "a\nb",
+            "a\u{7f}",
+            "a\u{85}",
+            "\u{9f}",
+        ],
+        &|s| fencegate::fence::Key::parse(s, 512).is_ok(),
+    );
+    check(
+        "a scope header",
+        &param("X-Fencing-Scope"),
+        &[
+            "a",
+            "a b",
+            "caf%C3%A9",
+            "%20a",
+            "%e2%9c%93",
+            "%F0%9F%98%80",
+            "x%7e",
+            "",
+            " a",
+            "a ",
+            "%",
+            "%2",
+            "%zz",
+            "%00",
+            "%7F",
+            "%C2%85",
+            "%C3",
+            "%ED%A0%80",
+            "é",
+            "a%0A",
+        ],
+        // As sent: HTTP trims white space at the ends, then the value is percent-decoded.
+        &|s| {
+            s.trim() == s
+                && s.is_ascii()
+                && fencegate::percent::decode_strict(s.as_bytes())
+                    .is_ok_and(|text| fencegate::fence::Scope::parse(&text, 512).is_ok())
+        },
+    );
+    let reason = doc["components"]["schemas"]["RetireRequest"]["properties"]["reason"]["pattern"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    check(
+        "a reason",
+        &reason,
+        &[
+            "why",
+            " why ",
+            "a b",
+            "\u{3000}x",
+            "\u{feff}",
+            " ",
+            "\u{3000}",
+            "\u{2003} ",
+            "",
+            "a\tb",
+            "a\u{85}",
+        ],
+        &|s| fencegate::store::admin::validate_reason(s).is_ok(),
+    );
 }

@@ -2256,3 +2256,189 @@ async fn a_jump_over_a_row_without_a_token_is_422() {
     .await
     .expect(200);
 }
+
+/// Every refusal PostgreSQL makes of a request is answered in fencegate's words: what happened
+/// and what to do, the column or constraint in fields of their own, and none of PostgreSQL's
+/// text (its message goes to the request's log line). Each case is provoked for real: a value
+/// too large for its column, a NULL where none is allowed, a CHECK, a UNIQUE key of a legacy
+/// table, a number beyond PostgreSQL's numeric range, a table trigger's own exception, a
+/// read-only transaction, and a row lock held past `database.lock_timeout_ms`.
+#[tokio::test]
+async fn database_refusals_are_answered_in_fencegates_words_only() {
+    let (url, db) = legacy_database().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION legacy.no_bob() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+             IF NEW.holder = 'bob' THEN
+                 RAISE EXCEPTION 'new row for relation \"tickets\" violates policy: secret internals';
+             END IF;
+             IF NEW.holder = 'standby' THEN
+                 RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = 'read_only_sql_transaction';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER no_bob BEFORE INSERT OR UPDATE ON legacy.tickets
+             FOR EACH ROW EXECUTE FUNCTION legacy.no_bob();",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let app = spawn_app_on(url, |s| {
+        s.resources = vec![orders(), accounts(), tickets_strict()];
+        s.database.max_connections = 4;
+        s.database.lock_timeout_ms = 300;
+        // Past the edge's own bound, so that PostgreSQL's numeric range is what refuses.
+        s.kv.max_number_digits = 200_000;
+    })
+    .await;
+    // PostgreSQL's words and codes that must not reach a client (the codes of the refusals
+    // provoked here, and the phrases of their messages).
+    let forbidden = [
+        "violates",
+        "relation",
+        "duplicate key",
+        "null value",
+        "value too long",
+        "overflow",
+        "invalid input",
+        "read-only transaction",
+        "lock timeout",
+        "canceling",
+        "SQLSTATE",
+        "ERROR",
+        "DETAIL",
+        "secret internals",
+        "22001",
+        "22003",
+        "23502",
+        "23505",
+        "23514",
+        "P0001",
+        "25006",
+        "55P03",
+    ];
+    let check = |what: &str, body: &Value| {
+        let text = body.to_string();
+        for word in forbidden {
+            assert!(
+                !text.contains(word),
+                "{what}: {word:?} reached the client: {body}"
+            );
+        }
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(!detail.contains("column"), "{what}: {body}");
+        assert!(
+            detail.len() > 20,
+            "{what}: the detail says what happened: {body}"
+        );
+    };
+
+    let cases = [
+        (
+            "a value too long",
+            json!({"note": "x".repeat(41)}),
+            Some("note"),
+            None,
+        ),
+        (
+            "a null where none is allowed",
+            json!({"status": null}),
+            Some("status"),
+            None,
+        ),
+        (
+            "a check",
+            json!({"amount": -1}),
+            None,
+            Some("amount_not_negative"),
+        ),
+        (
+            "a number beyond the column",
+            json!({"amount": 1e12}),
+            Some("amount"),
+            None,
+        ),
+    ];
+    for (what, row, column, constraint) in cases {
+        let body = put(&app, "orders", "acme,7", "5", &row)
+            .await
+            .problem(422, "invalid-value");
+        check(what, &body);
+        if let Some(column) = column {
+            assert_eq!(body["column"], json!(column), "{what}: {body}");
+        }
+        if let Some(constraint) = constraint {
+            assert_eq!(body["constraint"], json!(constraint), "{what}: {body}");
+        }
+    }
+
+    // A UNIQUE key of a legacy table, taken by another row.
+    let other = "0b1c2b7e-3f5d-4c1a-9a6e-2d7b8c9d0e1f";
+    put(
+        &app,
+        "accounts",
+        ACCOUNT,
+        "1",
+        &json!({"email": "a@example.com"}),
+    )
+    .await
+    .expect(201);
+    let body = put(
+        &app,
+        "accounts",
+        other,
+        "1",
+        &json!({"email": "a@example.com"}),
+    )
+    .await
+    .problem(422, "invalid-value");
+    check("a unique key", &body);
+    assert_eq!(body["constraint"], json!("accounts_email_key"), "{body}");
+
+    // The table's own trigger: its message is the application's, and stays in the log.
+    let body = put(&app, "tickets", "1", "1", &json!({"holder": "bob"}))
+        .await
+        .problem(422, "invalid-value");
+    check("a trigger's exception", &body);
+
+    // A read-only transaction (what a standby answers): 503, retry.
+    let body = put(&app, "tickets", "2", "1", &json!({"holder": "standby"}))
+        .await
+        .problem(503, "unavailable");
+    check("a read-only transaction", &body);
+    assert!(
+        body["detail"].as_str().unwrap().contains("takes no writes"),
+        "{body}"
+    );
+
+    // A row lock held by another transaction past database.lock_timeout_ms: 503, retry.
+    put(&app, "tickets", "3", "1", &json!({"holder": "a"}))
+        .await
+        .expect(201);
+    let mut holder = db.begin().await.unwrap();
+    sqlx::query("SELECT * FROM legacy.tickets WHERE id = 3 FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let body = put(&app, "tickets", "3", "2", &json!({"holder": "b"}))
+        .await
+        .problem(503, "unavailable");
+    check("a lock timeout", &body);
+    assert!(
+        body["detail"].as_str().unwrap().contains("locked"),
+        "{body}"
+    );
+    holder.rollback().await.unwrap();
+
+    // A number beyond PostgreSQL's numeric range in a kv value: 400, nothing written.
+    let body = app
+        .send(
+            app.req(Method::PUT, "/v1/kv/huge")
+                .header(TOKEN, "1")
+                .header("content-type", "application/json")
+                .body("1e140000"),
+        )
+        .await
+        .problem(400, "invalid-json");
+    check("a number beyond the numeric range", &body);
+    app.assert_absent("huge").await;
+}

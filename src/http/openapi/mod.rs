@@ -9,6 +9,7 @@
 
 mod params;
 mod problems;
+mod rules;
 mod token;
 
 use std::sync::OnceLock;
@@ -86,6 +87,22 @@ impl Modify for Security {
 /// The document as served: built once per router, shared by every request.
 #[derive(Clone)]
 pub struct Served(pub axum::body::Bytes);
+
+pub use rules::Bounds;
+
+impl Served {
+    /// The document with what the server enforces written in (`rules`): the validators'
+    /// patterns and the configured bounds.
+    pub fn new(doc: &utoipa::openapi::OpenApi, bounds: &Bounds) -> Self {
+        let mut value = serde_json::to_value(doc).expect("the document serializes");
+        rules::apply(&mut value, bounds);
+        Served(
+            serde_json::to_vec_pretty(&value)
+                .expect("the document serializes")
+                .into(),
+        )
+    }
+}
 
 #[utoipa::path(
     operation_id = "openapi_json",

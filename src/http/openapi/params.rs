@@ -82,7 +82,7 @@ impl IntoParams for Proof {
             ObjectBuilder::new().schema_type(Type::String).pattern(Some("^[A-Za-z0-9_-]+$")),
             "Required under a scope an [[issuers]] entry covers: base64url (no padding) of the issuer's \
              signature over \"fencegate-token-v1\\n{scope}\\n{token}\". Missing: 422 missing-token-proof; \
-             wrong: 422 invalid-token-proof.",
+             wrong: 422 invalid-token-proof, also on any write when it is empty or not base64url.",
         )]
     }
 }

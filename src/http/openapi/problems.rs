@@ -115,10 +115,13 @@ macro_rules! problems {
 }
 
 problems! {
-    /// Anything the edge refuses on any route (Host check, overload, failure). The credential's
-    /// refusals (401, 403) are added from the route's access by [`describe_access`].
-    Edge: [MISDIRECTED_REQUEST, METHOD_NOT_ALLOWED, UNAVAILABLE, INTERNAL];
-    /// A route with a JSON body.
+    /// Anything the edge refuses on any route (`edge::admit`: two Host headers or a bad
+    /// Content-Length, the Host check, a transfer coding, a body it cannot take, overload,
+    /// failure): a body sent to a route that takes none is read and checked like any other.
+    /// The credential's refusals (401, 403) are added from the route's access by
+    /// [`describe_access`].
+    Edge: [INVALID_REQUEST, MISDIRECTED_REQUEST, METHOD_NOT_ALLOWED, UNAVAILABLE, INTERNAL] + Body;
+    /// What the edge refuses of a body, on any route.
     Body: [INVALID_JSON, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, UNSUPPORTED_TRANSFER_CODING, BODY_TIMEOUT];
     /// A fenced write's refusals (nothing is written).
     Fenced: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED,

@@ -13,14 +13,13 @@ use utoipa::{
 
 use crate::fence::FencingToken;
 
-/// `^(0|[1-9][0-9]*)$`, at most 9223372036854775807 (PostgreSQL `bigint`).
-const TOKEN_PATTERN: &str = "^(0|[1-9][0-9]*)$";
-
 impl PartialSchema for FencingToken {
     fn schema() -> RefOr<Schema> {
         ObjectBuilder::new()
             .schema_type(Type::String)
-            .pattern(Some(TOKEN_PATTERN))
+            // A canonical decimal at most 9223372036854775807 (PostgreSQL `bigint`), exactly
+            // as `FencingToken::parse` takes it.
+            .pattern(Some(super::rules::token_pattern()))
             .max_length(Some(19))
             .description(Some(
                 "A fencing token: a canonical decimal in 0..=9223372036854775807, as a string.",

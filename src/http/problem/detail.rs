@@ -38,12 +38,10 @@ impl ApiError {
             ),
             ApiError::Timeout => "the request took too long; retry it with the same token (a retry is safe)".into(),
             ApiError::Overloaded => "too many requests in flight (server.max_in_flight); retry shortly".into(),
-            ApiError::Store(StoreError::Refused(why)) => {
-                format!("the value cannot be stored ({why}); nothing was written")
+            ApiError::Store(StoreError::Refused { what, .. }) => {
+                format!("the value cannot be stored: it holds {what}; nothing was written")
             }
-            ApiError::Store(StoreError::Unavailable(_)) => {
-                "the database is unreachable or overloaded; retry with the same token (a retry is safe)".into()
-            }
+            ApiError::Store(err @ StoreError::Unavailable(_)) => err.unavailable_words().into(),
             ApiError::Store(StoreError::Raced(why)) => format!("{why}; retry with the same token (a retry is safe)"),
             ApiError::Store(StoreError::NotReady(why)) => format!("{why}; retry later"),
             // Never leak internals; the log has them, under the request id.

@@ -124,7 +124,7 @@ impl ApiError {
             MalformedToken(_) => kinds::MALFORMED_TOKEN,
             InvalidKey(_) => kinds::INVALID_KEY,
             InvalidScope(_) => kinds::INVALID_SCOPE,
-            InvalidJson(_) | Store(StoreError::Refused(_)) => kinds::INVALID_JSON,
+            InvalidJson(_) | Store(StoreError::Refused { .. }) => kinds::INVALID_JSON,
             InvalidBatch(_) => kinds::INVALID_BATCH,
             PayloadTooLarge { .. } => kinds::PAYLOAD_TOO_LARGE,
             UnsupportedMediaType(_) => kinds::UNSUPPORTED_MEDIA_TYPE,
@@ -169,16 +169,22 @@ impl IntoResponse for ApiError {
         let kind = self.kind();
         let status = StatusCode::from_u16(kind.status).expect("problem statuses are valid");
         // Never sent: the request's log line (`observe`) carries it, under the request id.
-        let failure = status.is_server_error().then(|| {
+        let failure = if status.is_server_error() {
             let text = self.to_string();
             // The source's text, unless the message already quotes it (most do).
-            match std::error::Error::source(&self).map(|source| source.to_string()) {
-                Some(source) if !text.contains(&source) => {
-                    super::ServerFailure(format!("{text}: {source}"))
-                }
-                _ => super::ServerFailure(text),
-            }
-        });
+            Some(
+                match std::error::Error::source(&self).map(|source| source.to_string()) {
+                    Some(source) if !text.contains(&source) => {
+                        super::ServerFailure(format!("{text}: {source}"))
+                    }
+                    _ => super::ServerFailure(text),
+                },
+            )
+        } else {
+            // A value the database refused: the client is told what, in fencegate's words;
+            // the database's own message is for the log line.
+            self.database_said().map(super::ServerFailure)
+        };
         match &self {
             ApiError::Unauthenticated(why) => {
                 metrics::counter!("fencegate_auth_failures_total", "reason" => why.reason())
@@ -234,6 +240,17 @@ impl IntoResponse for ApiError {
 }
 
 impl ApiError {
+    /// What the database said when it refused a value of a 4xx request (never sent).
+    fn database_said(&self) -> Option<String> {
+        match self {
+            ApiError::Store(StoreError::Refused { cause, .. }) => Some(cause.to_string()),
+            ApiError::Row(RowError::Value {
+                said: Some(said), ..
+            }) => Some(said.clone()),
+            _ => None,
+        }
+    }
+
     /// The fencing refusal this error answers, if it is one.
     fn refused(self) -> Option<crate::events::Refused> {
         use crate::{events::Refused, issuers::ProofError};

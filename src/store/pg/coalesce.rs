@@ -366,9 +366,9 @@ async fn settle(shared: &Arc<Shared>, rounds: Vec<Round>, wait: Wait) {
     }
 }
 
-/// Splits off the writes a key-jump refusal names (the trigger's DETAIL: the token, a space, the
-/// key): the write of that key with that token, in every round it is in. `None` if the detail
-/// names none of them (it could not be read).
+/// Splits off the writes a key-jump refusal names (its token and key, read from the error's
+/// own fields): the write of that key with that token, in every round it is in. `None` if it
+/// names none of them (or none could be read).
 fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
     let (token, key) = err.key_jump_detail()?;
     let mut refused = Vec::new();
@@ -390,7 +390,7 @@ fn take_jumper(rounds: &mut Vec<Round>, err: &StoreError) -> Option<Vec<Job>> {
 fn refused_whole(err: &StoreError) -> bool {
     match err {
         StoreError::Internal(cause) => cause.is_database_refusal(),
-        StoreError::Refused(_) => true,
+        StoreError::Refused { .. } => true,
         _ => false,
     }
 }

@@ -202,7 +202,7 @@ pub fn no_writable_host(err: &sqlx::Error) -> Option<&NoWritableHost> {
 /// For readiness: a connection error that means "every host answered, none takes writes"
 /// becomes `NotReady` with fencegate's own words; anything else is kept.
 pub fn readiness(err: StoreError) -> StoreError {
-    if let StoreError::Unavailable(Cause::Database(db)) = &err {
+    if let StoreError::Unavailable(Cause::Database { err: db, .. }) = &err {
         if let Some(why) = no_writable_host(db).and_then(NoWritableHost::not_ready) {
             tracing::warn!(error = %db, "not ready");
             return StoreError::NotReady(why);

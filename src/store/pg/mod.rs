@@ -22,6 +22,7 @@ mod batching;
 mod catalog;
 mod coalesce;
 mod connections;
+pub(super) mod errors;
 mod gates;
 mod hosts;
 mod kv;
@@ -45,7 +46,6 @@ use sqlx::{
 };
 
 use self::replication::Replication;
-pub(super) use self::sql::KEY_JUMP_SQLSTATE;
 pub use self::sql::KV_GET;
 use self::{
     coalesce::Coalescer, connections::Connections, gates::ScopeGates, reads::Reads, sql::Statements,

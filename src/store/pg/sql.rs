@@ -25,13 +25,14 @@
 //! database's one write lock from before it reads anything, so its snapshot is the locked row.
 //!
 //! A key's own jump cap is checked on the row as locked (`DO UPDATE .. WHERE`) and, for a key
-//! the write creates, by the trigger `fencegate_kv_created` (migration `kv_jump_on_insert`):
+//! the write creates, by the trigger `fencegate_kv_created` (migrations `kv_jump_on_insert`, `kv_jump_typed`):
 //! a new key's fence counts as 0, so its token may not exceed the cap. The statement tells the
 //! trigger the cap (the setting `fencegate.kv_jump_cap`, transaction-local, set in the
 //! statement itself so that a pooler cannot lose it, and only if the trigger is there and
 //! enabled: otherwise the statement writes nothing; without a cap, set to nothing, so that a
 //! value left on the role or database never applies), and the trigger refuses with SQLSTATE
-//! [`KEY_JUMP_SQLSTATE`] (DETAIL: the token, a space, the key), which aborts the statement:
+//! [`KEY_JUMP_SQLSTATE`](super::errors::KEY_JUMP_SQLSTATE) (the token and the key in the error's
+//! own fields: `pg/errors.rs`), which aborts the statement:
 //! nothing of it is committed; the coalescer answers that write and applies the others again.
 //! Checking new keys in the row to insert instead would look every key up once more before the
 //! upsert's own lookup, and that was most of what the cap cost a coalesced write (one index
@@ -146,7 +147,7 @@ pub(super) struct Statements {
     pub put_scope: String,
     /// $1 keys, $2 values, $3 deleted flags, $4 tokens: unscoped writes, each with its own
     /// token (a coalesced round). A key it would create above the jump cap aborts it (SQLSTATE
-    /// [`KEY_JUMP_SQLSTATE`]).
+    /// [`KEY_JUMP_SQLSTATE`](super::errors::KEY_JUMP_SQLSTATE)).
     pub rows: String,
     /// As `rows`, for an unscoped batch (one token for every row): a key it would create above
     /// the jump cap is left out (a missing row), and the transaction stays usable; unless the
@@ -215,10 +216,6 @@ fn brief_lock_wait_cte() -> String {
         "brief AS MATERIALIZED (SELECT pg_catalog.set_config('lock_timeout', '{BRIEF_LOCK_WAIT_MS}ms', true))"
     )
 }
-
-/// The SQLSTATE of the trigger's refusal: a write would create a key with a token above the
-/// jump cap. Nothing of the statement is committed; the write is refused as a jump.
-pub(crate) const KEY_JUMP_SQLSTATE: &str = "FGJMP";
 
 /// The `pg_catalog.pg_trigger` row of the trigger that applies the jump cap to new keys: read by
 /// every unscoped statement with a cap ([`key_jump_cte`]) and by [`NEW_KEY_TRIGGER_STATE`].

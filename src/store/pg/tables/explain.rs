@@ -2,19 +2,25 @@
 //! store's.
 
 use serde_json::value::RawValue;
-use sqlx::postgres::PgDatabaseError;
 
 use super::{sql::Sql, TableError};
 use crate::{
     fence::FencingToken,
-    store::{pg::PgStore, StoreError},
+    store::{
+        pg::{
+            errors::{row_refusal, Refused, RowRefusal},
+            PgStore,
+        },
+        StoreError, Unstorable,
+    },
     tables::{Fence, Resource, RowError, RowWrite},
 };
 
 /// Why a statement on a legacy table failed.
 pub(super) enum Failure {
-    /// PostgreSQL refused a value without saying which column (type errors): find it.
-    Data(String),
+    /// PostgreSQL refused a value without saying which column (type errors): find it. The
+    /// database's message is kept for the log line.
+    Data(Unstorable, String),
     Row(RowError),
     Store(StoreError),
 }
@@ -25,45 +31,62 @@ impl From<sqlx::Error> for Failure {
     }
 }
 
-/// Sorts PostgreSQL errors into the client's fault (400/422 naming what to fix) and ours.
+/// Sorts PostgreSQL's errors into the client's fault (400/422 naming what to fix, in
+/// fencegate's words: `errors::row_refusal`) and ours.
 pub(super) fn classify(err: sqlx::Error) -> Failure {
-    let sqlx::Error::Database(db) = &err else {
+    let Some(refused) = row_refusal(&err) else {
         return Failure::Store(err.into());
     };
-    let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-    let message = db.message().to_owned();
-    let column = db
-        .try_downcast_ref::<PgDatabaseError>()
-        .and_then(PgDatabaseError::column)
-        .map(str::to_owned);
-    let constraint = db.constraint().map(str::to_owned);
-    match code.as_str() {
-        // 22: data exceptions (bad input syntax, out of range, too long, bad enum label...).
-        c if c.starts_with("22") => Failure::Data(message),
-        // NOT NULL on a column names it; a NOT NULL domain does not.
-        "23502" if column.is_none() => Failure::Data(message),
-        // Integrity constraints, and exceptions raised by the table's own triggers (class P0).
-        "23502" | "23503" | "23505" | "23514" | "23P01" => Failure::Row(RowError::Value {
-            column,
-            constraint,
-            detail: message,
-        }),
-        c if c.starts_with("P0") => Failure::Row(RowError::Value {
-            column,
-            constraint,
-            detail: message,
-        }),
-        _ => Failure::Store(err.into()),
-    }
+    let Refused {
+        kind,
+        column,
+        constraint,
+        message,
+    } = refused;
+    let named = |what: &str| match &constraint {
+        Some(name) => format!("{what} {name:?}"),
+        None => what.to_owned(),
+    };
+    let detail = match (&kind, &column) {
+        (RowRefusal::Data(what), _) => return Failure::Data(*what, message),
+        // NOT NULL on a column names it; a NOT NULL domain does not: find the value.
+        (RowRefusal::NotNull, None) => return Failure::Data(Unstorable::Null, message),
+        (RowRefusal::NotNull, Some(column)) => {
+            format!("{column:?} needs a value: the table allows no null there")
+        }
+        (RowRefusal::ForeignKey, _) => format!(
+            "the row refers to a row that does not exist, or rows refer to it ({})",
+            named("foreign key")
+        ),
+        (RowRefusal::Unique, _) => format!(
+            "another row already has this value ({})",
+            named("unique key")
+        ),
+        (RowRefusal::Check, _) => format!("the row fails the table's {}", named("check")),
+        (RowRefusal::Exclusion, _) => format!(
+            "the row conflicts with another row ({})",
+            named("exclusion constraint")
+        ),
+        (RowRefusal::Trigger, _) => {
+            "a trigger of the table refused the row (the server log has its message)".to_owned()
+        }
+    };
+    Failure::Row(RowError::Value {
+        column,
+        constraint,
+        detail,
+        said: Some(message),
+    })
 }
 
 impl From<Failure> for TableError {
     fn from(failure: Failure) -> Self {
         match failure {
-            Failure::Data(detail) => TableError::Row(RowError::Value {
+            Failure::Data(what, said) => TableError::Row(RowError::Value {
                 column: None,
                 constraint: None,
-                detail,
+                detail: format!("the row holds {what}"),
+                said: Some(said),
             }),
             Failure::Row(err) => TableError::Row(err),
             Failure::Store(err) => TableError::Store(err),
@@ -85,21 +108,19 @@ impl PgStore {
         resource: &Resource,
         write: &RowWrite,
     ) -> TableError {
-        let Failure::Data(message) = failure else {
+        let Failure::Data(_, said) = &failure else {
             return failure.into();
         };
         if let RowWrite::Put(values) | RowWrite::Patch(values) = write {
             for (index, value) in &values.set {
                 match self.refuses(resource, *index, value).await {
-                    Ok(Some(detail)) => {
+                    Ok(Some(what)) => {
                         let column = &resource.columns[*index];
                         return TableError::Row(RowError::Value {
                             column: Some(column.name.clone()),
                             constraint: None,
-                            detail: format!(
-                                "column {:?} ({}): {detail}",
-                                column.name, column.sql_type
-                            ),
+                            detail: format!("{:?} ({}): {what}", column.name, column.sql_type),
+                            said: Some(said.clone()),
                         });
                     }
                     Ok(None) => {}
@@ -107,14 +128,11 @@ impl PgStore {
                 }
             }
         }
-        TableError::Row(RowError::Value {
-            column: None,
-            constraint: None,
-            detail: message,
-        })
+        failure.into()
     }
 
-    /// Whether PostgreSQL refuses `value` for column `index` on its own, and why.
+    /// Whether PostgreSQL refuses `value` for column `index` on its own, and why (in
+    /// fencegate's words).
     pub(in crate::store) async fn refuses(
         &self,
         resource: &Resource,
@@ -143,9 +161,8 @@ impl PgStore {
         match result {
             Ok(_) => Ok(None),
             Err(err) => match classify(err) {
-                Failure::Data(detail) | Failure::Row(RowError::Value { detail, .. }) => {
-                    Ok(Some(detail))
-                }
+                Failure::Data(what, _) => Ok(Some(what.to_string())),
+                Failure::Row(RowError::Value { detail, .. }) => Ok(Some(detail)),
                 Failure::Row(_) => Ok(None),
                 Failure::Store(err) => Err(err),
             },

@@ -88,12 +88,8 @@ impl PgStore {
             Err(err) => {
                 drop(conn); // before explaining, which needs a connection of its own
                 return Err(match classify(err) {
-                    Failure::Data(message)
-                    | Failure::Row(RowError::Value {
-                        detail: message, ..
-                    }) => {
-                        self.key_culprit(resource, &url, echo.as_ref(), message)
-                            .await?
+                    Failure::Data(..) | Failure::Row(RowError::Value { .. }) => {
+                        self.key_culprit(resource, &url, echo.as_ref()).await?
                     }
                     Failure::Row(err) => TableError::Row(err),
                     Failure::Store(err) => TableError::Store(err),
@@ -155,7 +151,6 @@ impl PgStore {
         resource: &Resource,
         url: &serde_json::Map<String, serde_json::Value>,
         echo: Option<&serde_json::Map<String, serde_json::Value>>,
-        message: String,
     ) -> Result<TableError, StoreError> {
         for (from_url, object) in std::iter::once((true, url)).chain(echo.map(|e| (false, e))) {
             for &index in &resource.key {
@@ -163,7 +158,7 @@ impl PgStore {
                 let value = json_text(object[&column.name].as_str().unwrap_or_default());
                 if let Some(detail) = self.refuses(resource, index, &value).await? {
                     let detail = format!(
-                        "key column {:?} ({}): {detail}",
+                        "the key's {:?} ({}): {detail}",
                         column.name, column.sql_type
                     );
                     let column = Some(column.name.clone());
@@ -177,7 +172,7 @@ impl PgStore {
         }
         Ok(TableError::Row(RowError::Key {
             column: None,
-            detail: message,
+            detail: "the key does not read as the key columns' types".into(),
         }))
     }
 }
