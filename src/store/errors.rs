@@ -81,7 +81,7 @@ pub enum DbKind {
     Shutdown,
     /// The server lacks a resource.
     Lacks(Lack),
-    /// A table the statement names does not exist (not migrated, or dropped under us).
+    /// A table or column the statement names does not exist (not migrated, or dropped under us).
     MissingTable,
     /// The database refused the statement for a reason not listed here.
     Refused,
@@ -233,7 +233,7 @@ impl StoreError {
                 "the database is out of memory; nothing was written; retry shortly"
             }
             Some(DbKind::MissingTable) => {
-                "a table this request needs does not exist: the database is not migrated yet (`fencegate migrate`, \
+                "a table or column this request needs does not exist: the database is not migrated yet (`fencegate migrate`, \
                  or wait for the standby to be promoted), or a legacy table of [[resources]] was dropped or renamed \
                  (the server log names it); retry later"
             }

@@ -145,8 +145,8 @@ fn missing_table<'a>(
         return err;
     }
     TableError::Store(StoreError::NotReady(format!(
-        "a table this request needs does not exist: the legacy table {} (or one of fencegate's own) was dropped or \
-         renamed after fencegate started: restore it, or change the configuration and restart (if fencegate's own \
+        "a table this request needs does not exist: the legacy table {} (or a column of it, or one of fencegate's \
+         own tables) was dropped or renamed after fencegate started: restore it, or change the configuration and restart (if fencegate's own \
          tables are missing, the database is not migrated yet: `fencegate migrate`)",
         names.join(" or ")
     )))

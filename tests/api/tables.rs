@@ -268,6 +268,28 @@ async fn a_legacy_table_dropped_under_a_running_server_is_503_naming_it() {
         .expect(200);
 }
 
+/// A column of a legacy table dropped under a running server (or a schema half-way through a
+/// migration): 503 naming the table, never a 500.
+#[tokio::test]
+async fn a_legacy_tables_column_dropped_under_a_running_server_is_503() {
+    let Legacy { app, db } = spawn_legacy().await;
+    put(&app, "tickets", "1", "5", &json!({"holder": "a"}))
+        .await
+        .expect_any(&[200, 201]);
+    sqlx::raw_sql("ALTER TABLE legacy.tickets DROP COLUMN holder")
+        .execute(&db)
+        .await
+        .expect("drop the column");
+    let r = put(&app, "tickets", "1", "6", &json!({"holder": "b"})).await;
+    let problem = r.problem(503, "unavailable");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("legacy.tickets"), "{detail}");
+    assert!(
+        !detail.contains("does not exist\""),
+        "database words: {detail}"
+    );
+}
+
 #[tokio::test]
 async fn a_row_that_predates_fencegate_is_read_and_then_fenced() {
     let Legacy { app, db } = spawn_legacy().await;

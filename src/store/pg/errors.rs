@@ -103,6 +103,10 @@ fn transient(code: &str) -> Option<DbKind> {
         // a standby of an unmigrated primary, before its promotion) or a legacy table of
         // [[resources]] dropped or renamed under a running server. Nothing was written.
         "42P01" => DbKind::MissingTable,
+        // 42703: a column does not exist: the same cases, half-way (a migration running on
+        // the primary while this process already serves, or a legacy table's column dropped).
+        // Answered 503 like a missing table, never 500 (seen in the Patroni run).
+        "42703" => DbKind::MissingTable,
         "53100" => DbKind::Lacks(Lack::Disk),
         "53200" => DbKind::Lacks(Lack::Memory),
         "53300" => DbKind::Lacks(Lack::Connections),
