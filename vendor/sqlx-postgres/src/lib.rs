@@ -1,3 +1,5 @@
+// Vendored (FENCEGATE.md): compiled as a dependency, so its warnings are not fencegate's to fix.
+#![allow(warnings)]
 //! **PostgreSQL** database driver.
 
 #[macro_use]

@@ -149,6 +149,10 @@ impl PgConnection {
                 cache_type_info: HashMap::new(),
                 cache_elem_type_to_array: HashMap::new(),
                 log_settings: options.log_settings.clone(),
+                // FENCEGATE: see FENCEGATE.md.
+                unnamed_statements: options.unnamed_statements,
+                cache_unnamed: StatementCache::new(options.statement_cache_capacity.max(1)),
+                local_settings: options.local_settings.clone(),
             }),
         })
     }

@@ -48,6 +48,9 @@ async fn prepare(
     // flush and wait until we are re-ready
     conn.wait_until_ready().await?;
 
+    // FENCEGATE: names in the statement resolve with the connection's settings (search_path).
+    let skip = conn.write_local_settings()?;
+
     // next we send the PARSE command to the server
     conn.inner.stream.write_msg(Parse {
         param_types: &param_types,
@@ -65,6 +68,8 @@ async fn prepare(
     // we ask for the server to immediately send us the result of the PARSE command
     conn.write_sync();
     conn.inner.stream.flush().await?;
+
+    conn.recv_skipped_results(skip).await?;
 
     // indicates that the SQL query string is now successfully parsed and has semantic validity
     conn.inner.stream.recv_expect::<ParseComplete>().await?;
@@ -127,6 +132,26 @@ async fn recv_desc_rows(conn: &mut PgConnection) -> Result<Option<RowDescription
 }
 
 impl PgConnection {
+    /// FENCEGATE: reads past the results of the settings' statement (`write_local_settings`).
+    async fn recv_skipped_results(&mut self, mut skip: usize) -> Result<(), Error> {
+        while skip > 0 {
+            let message = self.inner.stream.recv().await?;
+            match message.format {
+                BackendMessageFormat::CommandComplete => skip -= 1,
+                BackendMessageFormat::ParseComplete
+                | BackendMessageFormat::BindComplete
+                | BackendMessageFormat::DataRow => {}
+                format => {
+                    return Err(err_protocol!(
+                        "expecting the results of the local settings but received {:?}",
+                        format
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     // wait for CloseComplete to indicate a statement was closed
     pub(super) async fn wait_for_close_complete(&mut self, mut count: usize) -> Result<(), Error> {
         // we need to wait for the [CloseComplete] to be returned from the server
@@ -174,6 +199,20 @@ impl PgConnection {
         // a statement object
         metadata: Option<Arc<PgStatementMetadata>>,
     ) -> Result<(StatementId, Arc<PgStatementMetadata>), Error> {
+        if self.inner.unnamed_statements {
+            // FENCEGATE: learn the metadata once (Parse + Describe + Sync of the unnamed
+            // statement), never name a statement: `run` parses it again with each Bind.
+            if let Some(metadata) = metadata {
+                return Ok((StatementId::UNNAMED, metadata));
+            }
+            if let Some(metadata) = self.inner.cache_unnamed.get_mut(sql) {
+                return Ok((StatementId::UNNAMED, Arc::clone(metadata)));
+            }
+            let (_, metadata) = prepare(self, sql, parameters, None, false).await?;
+            self.inner.cache_unnamed.insert(sql, Arc::clone(&metadata));
+            return Ok((StatementId::UNNAMED, metadata));
+        }
+
         if let Some(statement) = self.inner.cache_statement.get_mut(sql) {
             return Ok((*statement).clone());
         }
@@ -208,6 +247,8 @@ impl PgConnection {
         self.wait_until_ready().await?;
 
         let mut metadata: Arc<PgStatementMetadata>;
+        // FENCEGATE: result sets of the local settings, read past before the query's own.
+        let mut skip = 0;
 
         let format = if let Some(mut arguments) = arguments {
             // Check this before we write anything to the stream.
@@ -234,8 +275,27 @@ impl PgConnection {
             // patch holes created during encoding
             arguments.apply_patches(self, &metadata.parameters).await?;
 
+            // FENCEGATE: the parameter types of the Parse sent with the Bind, as `prepare` sends.
+            let mut param_types = Vec::new();
+            if self.inner.unnamed_statements {
+                for ty in &arguments.types {
+                    param_types.push(self.resolve_type_id(&ty.0).await?);
+                }
+            }
+
             // consume messages till `ReadyForQuery` before bind and execute
             self.wait_until_ready().await?;
+
+            // FENCEGATE: settings first, then (unnamed) Parse + Bind + Execute + Close + Sync
+            // in one flush: one implicit transaction, one round trip.
+            skip = self.write_local_settings()?;
+            if self.inner.unnamed_statements {
+                self.inner.stream.write_msg(Parse {
+                    param_types: &param_types,
+                    query,
+                    statement: StatementId::UNNAMED,
+                })?;
+            }
 
             // bind to attach the arguments to the statement and create a portal
             self.inner.stream.write_msg(Bind {
@@ -278,9 +338,8 @@ impl PgConnection {
             // prepared statements are binary
             PgValueFormat::Binary
         } else {
-            // Query will trigger a ReadyForQuery
-            self.inner.stream.write_msg(Query(query))?;
-            self.inner.pending_ready_for_query_count += 1;
+            // Query will trigger a ReadyForQuery (FENCEGATE: after the settings, if any)
+            skip = self.queue_simple_query(query)?;
 
             // metadata starts out as "nothing"
             metadata = Arc::new(PgStatementMetadata::default());
@@ -294,6 +353,20 @@ impl PgConnection {
         Ok(try_stream! {
             loop {
                 let message = self.inner.stream.recv().await?;
+
+                // FENCEGATE: the settings' rows and completion are not the query's.
+                if skip > 0 {
+                    match message.format {
+                        BackendMessageFormat::CommandComplete => {
+                            skip -= 1;
+                            continue;
+                        }
+                        BackendMessageFormat::DataRow | BackendMessageFormat::RowDescription => {
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
 
                 match message.format {
                     BackendMessageFormat::BindComplete

@@ -73,6 +73,12 @@ pub struct PgConnectionInner {
     pub(crate) transaction_depth: usize,
 
     log_settings: LogSettings,
+
+    // FENCEGATE (FENCEGATE.md): statements are never named, their metadata is cached here by SQL
+    // text; and the settings every transaction starts with.
+    pub(crate) unnamed_statements: bool,
+    cache_unnamed: StatementCache<Arc<PgStatementMetadata>>,
+    pub(crate) local_settings: Option<Arc<str>>,
 }
 
 impl PgConnection {
@@ -124,11 +130,58 @@ impl PgConnection {
     ///
     /// Used for rolling back transactions and releasing advisory locks.
     #[inline(always)]
-    pub(crate) fn queue_simple_query(&mut self, query: &str) -> Result<(), Error> {
-        self.inner.stream.write_msg(Query(query))?;
+    /// Returns how many result sets (the settings' `SELECT`) precede the query's own.
+    pub(crate) fn queue_simple_query(&mut self, query: &str) -> Result<usize, Error> {
+        // FENCEGATE: outside a transaction, the settings go first in the same Query message: the
+        // statements of one Query form one implicit transaction, and a `BEGIN` in it turns that
+        // into the explicit transaction, which keeps them.
+        let skip = match &self.inner.local_settings {
+            Some(settings) if matches!(self.inner.transaction_status, TransactionStatus::Idle) => {
+                let query = format!("{settings}; {query}");
+                self.inner.stream.write_msg(Query(&query))?;
+                1
+            }
+            _ => {
+                self.inner.stream.write_msg(Query(query))?;
+                0
+            }
+        };
         self.inner.pending_ready_for_query_count += 1;
 
-        Ok(())
+        Ok(skip)
+    }
+
+    /// FENCEGATE: writes the settings' Parse + Bind + Execute (unnamed statement and portal)
+    /// when no explicit transaction is open, so they are the first statement of the implicit
+    /// transaction the following messages run in up to their Sync. Returns the number of result
+    /// sets to skip (0 or 1).
+    pub(crate) fn write_local_settings(&mut self) -> Result<usize, Error> {
+        use crate::io::PortalId;
+        use crate::message::{Bind, Execute, Parse};
+        let Some(settings) = self.inner.local_settings.clone() else {
+            return Ok(0);
+        };
+        if !matches!(self.inner.transaction_status, TransactionStatus::Idle) {
+            return Ok(0);
+        }
+        self.inner.stream.write_msg(Parse {
+            statement: StatementId::UNNAMED,
+            query: &settings,
+            param_types: &[],
+        })?;
+        self.inner.stream.write_msg(Bind {
+            portal: PortalId::UNNAMED,
+            statement: StatementId::UNNAMED,
+            formats: &[],
+            num_params: 0,
+            params: &[],
+            result_formats: &[],
+        })?;
+        self.inner.stream.write_msg(Execute {
+            portal: PortalId::UNNAMED,
+            limit: 0,
+        })?;
+        Ok(1)
     }
 
     pub(crate) fn in_transaction(&self) -> bool {

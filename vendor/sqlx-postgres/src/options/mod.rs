@@ -30,6 +30,9 @@ pub struct PgConnectOptions {
     pub(crate) log_settings: LogSettings,
     pub(crate) extra_float_digits: Option<Cow<'static, str>>,
     pub(crate) options: Option<String>,
+    // FENCEGATE: see FENCEGATE.md.
+    pub(crate) unnamed_statements: bool,
+    pub(crate) local_settings: Option<std::sync::Arc<str>>,
 }
 
 impl Default for PgConnectOptions {
@@ -90,6 +93,8 @@ impl PgConnectOptions {
             extra_float_digits: Some("2".into()),
             log_settings: Default::default(),
             options: var("PGOPTIONS").ok(),
+            unnamed_statements: false,
+            local_settings: None,
         }
     }
 
@@ -423,6 +428,52 @@ impl PgConnectOptions {
     /// let options = PgConnectOptions::new()
     ///     .options([("geqo", "off"), ("statement_timeout", "5min")]);
     /// ```
+    /// FENCEGATE: send no `options` startup parameter (PgBouncer refuses it), even when
+    /// `PGOPTIONS` or the URL set one.
+    pub fn without_startup_options(mut self) -> Self {
+        self.options = None;
+        self
+    }
+
+    /// FENCEGATE: every extended-protocol statement uses the unnamed statement and is sent as
+    /// Parse + Bind + Execute + Close + Sync in one flush; its metadata is learned once per SQL
+    /// text (Parse + Describe + Sync, then discarded) and cached on the connection. No named
+    /// prepared statement is ever created, so a pooler in transaction mode may hand the server
+    /// connection to another client after any Sync.
+    pub fn unnamed_statements(mut self, on: bool) -> Self {
+        self.unnamed_statements = on;
+        self
+    }
+
+    /// FENCEGATE: settings applied with `set_config(name, value, true)` at the start of every
+    /// transaction this connection starts (each Sync group outside an explicit transaction, and
+    /// each `BEGIN`), in the same round trip, instead of once per session. Behind a pooler that
+    /// drops the `options` startup parameter and hands out server connections per transaction.
+    pub fn local_settings<K, V, I>(mut self, settings: I) -> Self
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+        I: IntoIterator<Item = (K, V)>,
+    {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        let calls: Vec<String> = settings
+            .into_iter()
+            .map(|(k, v)| {
+                format!(
+                    "set_config({}, {}, true)",
+                    quote(k.as_ref()),
+                    quote(v.as_ref())
+                )
+            })
+            .collect();
+        self.local_settings = if calls.is_empty() {
+            None
+        } else {
+            Some(format!("SELECT {}", calls.join(", ")).into())
+        };
+        self
+    }
+
     pub fn options<K, V, I>(mut self, options: I) -> Self
     where
         K: Display,
