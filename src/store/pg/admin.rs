@@ -124,7 +124,8 @@ impl AdminStore for PgStore {
     /// `fencegate-listener`, outside `max_connections`), forgetting cached fences on every
     /// notification and whenever the connection was lost (a notification may have been).
     fn listen_resets(&self, high_water: Arc<HighWater>) -> Option<tokio::task::JoinHandle<()>> {
-        let options = self.listener_options();
+        // None: resets reach this process through the audit-log poll alone (`pooler`).
+        let options = self.listener_options()?;
         Some(tokio::spawn(async move {
             loop {
                 let pool = sqlx::postgres::PgPoolOptions::new()

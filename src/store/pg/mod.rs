@@ -12,7 +12,7 @@
 //!   on the work queue of [`batching`];
 //! - [`connections`]: the connections every call takes (cheaper than the sqlx pool's);
 //! - [`replication`]: primary or standby, and how commits are replicated; [`tls`]: libpq's
-//!   TLS settings; [`schema`]: fencegate's own schema;
+//!   TLS settings; [`schema`]: fencegate's own schema; [`pooler`]: behind PgBouncer;
 //! - [`tables`] (legacy tables, `[[resources]]`), validated against the [`catalog`], and
 //!   [`sql_fence`]: SQL writers fenced by `fencegate.fence()` and guard triggers;
 //! - [`unfenced`]: the demo's unfenced writer.
@@ -26,6 +26,7 @@ mod gates;
 mod kv;
 mod locks;
 mod overview;
+mod pooler;
 mod reads;
 mod refusals;
 mod replication;
@@ -66,6 +67,9 @@ pub fn kv_put_scoped_sql(rule: Rule, checks: &Checks) -> String {
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// The transaction-scoped advisory lock processes take while they migrate ("fgmigrat").
+const MIGRATE_LOCK: i64 = 0x6667_6d69_6772_6174;
+
 #[derive(Clone)]
 pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
@@ -81,8 +85,12 @@ pub(super) struct PgStore {
     gates: Arc<ScopeGates>,
     /// Built into the statements; needed again to explain a refusal.
     checks: Checks,
-    /// How to connect, for connections outside the pool (the reset listener).
+    /// How to connect, for connections outside the pool (the start-up lock of `pooler`).
     options: Arc<PgConnectOptions>,
+    /// How the reset listener connects; `None`: no listener (`pooler`).
+    listener: Option<Arc<PgConnectOptions>>,
+    /// `database.pooler`: names the setting in errors that look like a pooler's.
+    pooler: super::Pooler,
     /// The database's role and replication, as seen (`replication`).
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
@@ -125,18 +133,20 @@ impl PgStore {
             .await
             // Statements are logged by our own spans; sqlx's per-statement logs are noise.
             .log_statements(tracing::log::LevelFilter::Trace)
-            .application_name("fencegate")
-            // Defence in depth: no fencegate transaction is ever idle for long, so a session
-            // stuck idle in one (a bug) is ended by the server instead of holding row locks.
-            // A SQL writer's transaction that called fencegate.fence() holds the fence row until
-            // it ends: fencegate's statements wait for a row lock at most this long (then 503,
-            // retry), instead of holding a connection for as long as that transaction lasts.
-            .options([
-                ("idle_in_transaction_session_timeout", "30s".to_owned()),
-                ("search_path", settings.schema.clone()),
-                ("lock_timeout", format!("{}ms", settings.lock_timeout_ms)),
-            ]);
-        let listener_options = options.clone().application_name("fencegate-listener");
+            .application_name("fencegate");
+        // Defence in depth: no fencegate transaction is ever idle for long, so a session
+        // stuck idle in one (a bug) is ended by the server instead of holding row locks.
+        // A SQL writer's transaction that called fencegate.fence() holds the fence row until
+        // it ends: fencegate's statements wait for a row lock at most this long (then 503,
+        // retry), instead of holding a connection for as long as that transaction lasts.
+        // In the startup packet, or per transaction behind a pooler (`pooler`).
+        let options = pooler::apply(
+            options,
+            settings.pooler,
+            &settings.schema,
+            settings.lock_timeout_ms,
+        );
+        let listener = pooler::listener_options(settings, &options).await?;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .min_connections(settings.min_connections)
@@ -149,16 +159,20 @@ impl PgStore {
             // Only on the pool's release path (errors, recycling), never per statement: a
             // connection to a server that is no longer primary is closed, not reused.
             .after_release(replication::keep_on_release)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(|e| {
                 anyhow::anyhow!(
                     "cannot connect to PostgreSQL at {shown}: {}",
-                    tls.describe(&e, || format!(
-                        "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
-                    ))
+                    tls.describe(&e, || match pooler::hint(&e, settings.pooler) {
+                        Some(hint) => format!("{e}: {hint}"),
+                        None => format!(
+                            "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
+                        ),
+                    })
                 )
             })?;
+        let options = options.application_name("fencegate-startup");
         let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
@@ -195,7 +209,9 @@ impl PgStore {
             sql,
             coalescer,
             checks,
-            options: Arc::new(listener_options),
+            options: Arc::new(options),
+            listener: listener.map(Arc::new),
+            pooler: settings.pooler,
             replication: Arc::default(),
             schema: settings.schema.as_str().into(),
             serving: settings.sql_writers.is_some(),
@@ -207,9 +223,23 @@ impl PgStore {
     }
 
     async fn migrate(&self) -> anyhow::Result<()> {
+        // Several fencegate processes may start at once: they migrate one at a time, under a
+        // transaction-scoped lock (sqlx's own is a session lock, which a pooler in transaction
+        // mode cannot hold).
+        pooler::exclusively(&self.options, MIGRATE_LOCK, self.migrate_locked()).await
+    }
+
+    async fn migrate_locked(&self) -> anyhow::Result<()> {
         schema::prepare(&self.pool, &self.schema).await?;
-        // sqlx takes an advisory lock, so several fencegate processes may start at once.
-        MIGRATOR.run(&self.pool).await.map_err(|e| {
+        pooler::check_schema(&self.pool, &self.schema).await?;
+        let migrator = sqlx::migrate::Migrator {
+            migrations: MIGRATOR.migrations.clone(),
+            ignore_missing: MIGRATOR.ignore_missing,
+            locking: false,
+            no_tx: MIGRATOR.no_tx,
+        };
+        let pooler = self.pooler;
+        migrator.run(&self.pool).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
             let read_only = match &e {
                 Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),
@@ -221,6 +251,11 @@ impl PgStore {
                      fencegate's database or role?). Turn it off, or, if the schema is already migrated, set \
                      database.migrate_on_start = false: fencegate then starts, not ready until the database takes writes ({e})"
                 )
+            } else if let Some(hint) = match &e {
+                Execute(err) | ExecuteMigration(err, _) => pooler::hint(err, pooler),
+                _ => None,
+            } {
+                anyhow::anyhow!("applying migrations failed: {e}: {hint}")
             } else {
                 anyhow::anyhow!("applying migrations failed: {e}")
             }
@@ -228,9 +263,15 @@ impl PgStore {
     }
 
     /// Options for a connection of its own, outside the pool and `max_connections` (the reset
-    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`.
-    fn listener_options(&self) -> PgConnectOptions {
-        (*self.options).clone()
+    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`; `None` behind a
+    /// pooler in transaction mode without `database.listen_url`.
+    fn listener_options(&self) -> Option<PgConnectOptions> {
+        self.listener.as_deref().cloned()
+    }
+
+    /// Options for a connection outside the pool that holds a start-up lock (`pooler`).
+    fn side_options(&self) -> &PgConnectOptions {
+        &self.options
     }
 
     /// fencegate's own schema.

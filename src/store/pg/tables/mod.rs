@@ -127,7 +127,7 @@ impl TableStore for PgStore {
         let resources = catalog::load(&self.pool, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
         if self.serving {
-            sql_fence::guards::check(&self.pool, self.schema(), &all).await?;
+            sql_fence::guards::check(&self.pool, self.side_options(), self.schema(), &all).await?;
         }
         Ok(resources)
     }

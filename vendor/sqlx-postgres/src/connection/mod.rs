@@ -78,7 +78,7 @@ pub struct PgConnectionInner {
     // text; and the settings every transaction starts with.
     pub(crate) unnamed_statements: bool,
     cache_unnamed: StatementCache<Arc<PgStatementMetadata>>,
-    pub(crate) local_settings: Option<Arc<str>>,
+    pub(crate) local_settings: Option<Arc<crate::options::LocalSettings>>,
 }
 
 impl PgConnection {
@@ -130,16 +130,19 @@ impl PgConnection {
     ///
     /// Used for rolling back transactions and releasing advisory locks.
     #[inline(always)]
-    /// Returns how many result sets (the settings' `SELECT`) precede the query's own.
+    /// Returns how many result sets (the settings' `SET LOCAL`s) precede the query's own.
     pub(crate) fn queue_simple_query(&mut self, query: &str) -> Result<usize, Error> {
         // FENCEGATE: outside a transaction, the settings go first in the same Query message: the
         // statements of one Query form one implicit transaction, and a `BEGIN` in it turns that
         // into the explicit transaction, which keeps them.
         let skip = match &self.inner.local_settings {
-            Some(settings) if matches!(self.inner.transaction_status, TransactionStatus::Idle) => {
-                let query = format!("{settings}; {query}");
+            Some(settings)
+                if settings.count > 0
+                    && matches!(self.inner.transaction_status, TransactionStatus::Idle) =>
+            {
+                let query = format!("{}; {query}", settings.set_local);
                 self.inner.stream.write_msg(Query(&query))?;
-                1
+                settings.count
             }
             _ => {
                 self.inner.stream.write_msg(Query(query))?;
@@ -166,7 +169,7 @@ impl PgConnection {
         }
         self.inner.stream.write_msg(Parse {
             statement: StatementId::UNNAMED,
-            query: &settings,
+            query: &settings.select,
             param_types: &[],
         })?;
         self.inner.stream.write_msg(Bind {

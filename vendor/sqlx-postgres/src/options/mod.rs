@@ -32,7 +32,45 @@ pub struct PgConnectOptions {
     pub(crate) options: Option<String>,
     // FENCEGATE: see FENCEGATE.md.
     pub(crate) unnamed_statements: bool,
-    pub(crate) local_settings: Option<std::sync::Arc<str>>,
+    pub(crate) local_settings: Option<std::sync::Arc<LocalSettings>>,
+}
+
+/// FENCEGATE: the settings of `local_settings`, spelled for each protocol.
+#[derive(Debug)]
+pub(crate) struct LocalSettings {
+    /// One statement, for the extended protocol (one Parse each): takes a snapshot, so it is
+    /// sent only before statements that run in their own implicit transaction.
+    pub(crate) select: String,
+    /// `SET LOCAL` statements to put before a simple query; no snapshot, so a
+    /// `BEGIN; SET TRANSACTION ISOLATION LEVEL ..` after them still works.
+    pub(crate) set_local: String,
+    /// How many statements `set_local` holds (each answers one CommandComplete).
+    pub(crate) count: usize,
+}
+
+impl LocalSettings {
+    fn new(settings: &[(String, String)]) -> Option<Self> {
+        if settings.is_empty() {
+            return None;
+        }
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        let calls: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| format!("set_config({}, {}, true)", quote(k), quote(v)))
+            .collect();
+        // Names are the caller's (fencegate's configuration keys), never user input: checked
+        // to be plain identifiers all the same, since SET takes no parameter.
+        let sets: Vec<String> = settings
+            .iter()
+            .filter(|(k, _)| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .map(|(k, v)| format!("SET LOCAL {k} = {}", quote(v)))
+            .collect();
+        Some(LocalSettings {
+            select: format!("SELECT {}", calls.join(", ")),
+            count: sets.len(),
+            set_local: sets.join("; "),
+        })
+    }
 }
 
 impl Default for PgConnectOptions {
@@ -455,22 +493,11 @@ impl PgConnectOptions {
         V: AsRef<str>,
         I: IntoIterator<Item = (K, V)>,
     {
-        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
-        let calls: Vec<String> = settings
+        let settings: Vec<(String, String)> = settings
             .into_iter()
-            .map(|(k, v)| {
-                format!(
-                    "set_config({}, {}, true)",
-                    quote(k.as_ref()),
-                    quote(v.as_ref())
-                )
-            })
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        self.local_settings = if calls.is_empty() {
-            None
-        } else {
-            Some(format!("SELECT {}", calls.join(", ")).into())
-        };
+        self.local_settings = LocalSettings::new(&settings).map(std::sync::Arc::new);
         self
     }
 
