@@ -179,6 +179,43 @@ async fn without_the_setting_the_error_says_to_set_database_pooler() {
     );
 }
 
+/// A pooler that silently drops `options` (PgBouncer with `ignore_startup_parameters`) takes
+/// fencegate's `search_path` away: without `database.pooler` it refuses to start rather than
+/// create anything in `public`, and says what to set.
+#[tokio::test]
+async fn a_pooler_that_drops_search_path_is_refused_before_anything_lands_in_public() {
+    let db = crate::pg::fresh_database().await;
+    let bouncer = PgBouncer::start_with(
+        &db,
+        PoolMode::Session,
+        20,
+        "ignore_startup_parameters = extra_float_digits,options\n",
+    );
+    let mut settings = fencegate::config::Settings::default();
+    settings.database.url = Some(bouncer.url(&db));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let served = tokio::time::timeout(
+        Duration::from_secs(60),
+        fencegate::serve(settings, listener, std::future::pending()),
+    )
+    .await
+    .expect("start-up neither failed nor served within 60 s");
+    let err = format!("{:#}", served.expect_err("started without its search_path"));
+    assert!(
+        err.contains("current_schema") || err.contains("not in database.schema"),
+        "{err}"
+    );
+    assert!(err.contains("set database.pooler"), "{err}");
+    let mut conn = PgConnection::connect(&db).await.unwrap();
+    let in_public: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(in_public, 0, "objects landed in public");
+}
+
 /// A row locked by a SQL transaction makes a fencegate write wait at most
 /// `database.lock_timeout_ms` (set per transaction behind the pooler), then 503.
 #[tokio::test]

@@ -77,6 +77,12 @@ impl PgBouncer {
     /// Starts PgBouncer in front of the server of `db_url` and waits (generously) until it
     /// accepts connections. Panics with what to install when PgBouncer is missing.
     pub fn start(db_url: &str, mode: PoolMode, pool_size: u32) -> PgBouncer {
+        PgBouncer::start_with(db_url, mode, pool_size, "")
+    }
+
+    /// As `start`, with more lines for the `[pgbouncer]` section (e.g. a pooler that silently
+    /// drops the startup parameters it does not know: `ignore_startup_parameters = ...`).
+    pub fn start_with(db_url: &str, mode: PoolMode, pool_size: u32, extra: &str) -> PgBouncer {
         assert!(
             Path::new(BINARY).is_file(),
             "{BINARY} is missing: install PgBouncer (Debian: apt-get install pgbouncer; tests/run.sh does)"
@@ -95,7 +101,7 @@ impl PgBouncer {
         let ini = dir.path().join("pgbouncer.ini");
         std::fs::write(
             &ini,
-            config(dir.path(), &host, &port, listen_port, mode, pool_size),
+            config(dir.path(), &host, &port, listen_port, mode, pool_size) + extra,
         )
         .expect("write pgbouncer.ini");
         std::fs::write(
