@@ -428,6 +428,40 @@ mod tests {
     }
 
     #[test]
+    fn the_pgbouncer_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/pgbouncer.example.toml");
+        let settings = Settings::from_file(&path).unwrap();
+        settings.validate().unwrap();
+        assert_eq!(settings.database.pooler, crate::store::Pooler::Transaction);
+        assert!(settings.database.listen_url.is_some());
+    }
+
+    #[test]
+    fn the_pooler_comes_from_the_environment_and_is_validated() {
+        let env = |k: &str| match k {
+            "FENCEGATE_DATABASE_POOLER" => Some("session".to_string()),
+            "FENCEGATE_DATABASE_LISTEN_URL" => Some("postgres://direct/db".to_string()),
+            "DATABASE_URL" => Some("postgres://pooler/db".to_string()),
+            _ => None,
+        };
+        let s = Settings::load(None, env, Overrides::default()).unwrap();
+        assert_eq!(s.database.pooler, crate::store::Pooler::Session);
+        assert_eq!(
+            s.database.listen_url.as_deref(),
+            Some("postgres://direct/db")
+        );
+
+        let bad = |k: &str| (k == "FENCEGATE_DATABASE_POOLER").then(|| "statement".to_string());
+        let err = Settings::load(None, bad, Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("\"transaction\""), "{err}");
+        // SQLite has no pooler: refused, not ignored.
+        let sqlite =
+            |k: &str| (k == "FENCEGATE_DATABASE_POOLER").then(|| "transaction".to_string());
+        let err = Settings::load(None, sqlite, Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("PostgreSQL only"), "{err}");
+    }
+
+    #[test]
     fn precedence_is_file_then_env_then_cli() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
