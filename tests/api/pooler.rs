@@ -365,3 +365,59 @@ async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode
         reset_at.elapsed()
     );
 }
+
+/// The reset listener (`LISTEN`) connects to `database.listen_url` when set, directly; in
+/// transaction mode without it there is none at all (the audit-log poll carries resets).
+#[tokio::test]
+async fn the_reset_listener_uses_listen_url_and_is_absent_without_it_in_transaction_mode() {
+    let (db, bouncer) = behind(PoolMode::Transaction, 4).await;
+    let name = db.rsplit('/').next().unwrap().to_owned();
+    let listeners = || async {
+        let mut conn = PgConnection::connect(&db).await.unwrap();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'fencegate-listener'",
+        )
+        .bind(&name)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        let _ = conn.close().await;
+        n
+    };
+    let with = spawn_app_on(bouncer.url(&db), |s| {
+        s.database.pooler = Pooler::Transaction;
+        s.database.listen_url = Some(db.clone());
+    })
+    .await;
+    with.get("/readyz").await.expect(200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listeners().await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "no reset listener on database.listen_url after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(with);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listeners().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the listener outlived its server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let without = spawn_app_on(bouncer.url(&db), |s| {
+        s.database.pooler = Pooler::Transaction
+    })
+    .await;
+    without.get("/readyz").await.expect(200);
+    // Long enough for a listener to have connected (it does within a poll period).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        listeners().await,
+        0,
+        "a listener connected through the transaction pool"
+    );
+}
