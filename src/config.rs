@@ -82,6 +82,15 @@ pub struct DatabaseSettings {
     /// that silently drops packets fails statements within seconds instead of TCP's backoff,
     /// and the pool is fresh when the network heals (0: the system's default).
     pub tcp_user_timeout_ms: u64,
+    /// PostgreSQL: the connection pooler in front of the server: `none`, `session` or
+    /// `transaction` (PgBouncer's `pool_mode`; `FENCEGATE_DATABASE_POOLER`). Behind a pooler
+    /// fencegate sends no startup parameter it refuses and sets its settings per transaction;
+    /// in transaction mode it also names no prepared statement (docs/operations.md).
+    pub pooler: crate::store::Pooler,
+    /// PostgreSQL: where the reset listener (`LISTEN`) connects, a direct or session-pool URL
+    /// (`FENCEGATE_DATABASE_LISTEN_URL`). Unset: `url`, except with `pooler = "transaction"`,
+    /// where resets reach other processes through the audit-log poll (within a second).
+    pub listen_url: Option<String>,
     /// Refused writes kept in the database (`GET /v1/admin/refusals`), at most; fair per actor
     /// (`store::refusals`).
     pub refusals_kept: u32,
@@ -121,6 +130,17 @@ impl DatabaseSettings {
             bail!("database.sqlite_path must not be empty (or set database.url / DATABASE_URL)");
         }
         validate_schema(&self.schema).map_err(|e| anyhow::anyhow!(e))?;
+        if self.is_sqlite() && self.pooler != crate::store::Pooler::None {
+            bail!("database.pooler applies to PostgreSQL only: remove it, or set database.url to a postgres:// URL");
+        }
+        if let Some(url) = &self.listen_url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                bail!(
+                    "database.listen_url {:?} must be a postgres:// URL (a direct or session-pool connection for LISTEN)",
+                    redact_url(url)
+                );
+            }
+        }
         if self.lock_timeout_ms == 0 {
             bail!("database.lock_timeout_ms must be at least 1");
         }
@@ -178,6 +198,8 @@ impl Default for DatabaseSettings {
             lock_timeout_ms: 5_000,
             sql_fence_idle_timeout_ms: 30_000,
             tcp_user_timeout_ms: 10_000,
+            pooler: crate::store::Pooler::None,
+            listen_url: None,
             refusals_kept: 10_000,
         }
     }
@@ -200,6 +222,8 @@ impl fmt::Debug for DatabaseSettings {
             .field("lock_timeout_ms", &self.lock_timeout_ms)
             .field("sql_fence_idle_timeout_ms", &self.sql_fence_idle_timeout_ms)
             .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
+            .field("pooler", &self.pooler)
+            .field("listen_url", &self.listen_url.as_deref().map(redact_url))
             .field("refusals_kept", &self.refusals_kept)
             .finish()
     }
@@ -233,7 +257,7 @@ pub struct Overrides {
 impl Settings {
     /// Builds settings in precedence order: defaults, then the file (if any), then environment
     /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_LOG_FORMAT`,
-    /// `FENCEGATE_DATABASE_SCHEMA`), then
+    /// `FENCEGATE_DATABASE_SCHEMA`, `FENCEGATE_DATABASE_POOLER`, `FENCEGATE_DATABASE_LISTEN_URL`), then
     /// command-line flags.
     pub fn load(
         file: Option<&Path>,
@@ -258,6 +282,13 @@ impl Settings {
         }
         if let Some(schema) = env("FENCEGATE_DATABASE_SCHEMA").filter(|v| !v.is_empty()) {
             settings.database.schema = schema;
+        }
+        if let Some(pooler) = env("FENCEGATE_DATABASE_POOLER").filter(|v| !v.is_empty()) {
+            settings.database.pooler = crate::store::Pooler::parse(&pooler)
+                .map_err(|e| anyhow::anyhow!("FENCEGATE_DATABASE_POOLER: {e}"))?;
+        }
+        if let Some(url) = env("FENCEGATE_DATABASE_LISTEN_URL").filter(|v| !v.is_empty()) {
+            settings.database.listen_url = Some(url);
         }
         if let Some(url) = cli.database_url {
             settings.database.url = Some(url);
@@ -394,6 +425,40 @@ mod tests {
         let settings = Settings::from_file(&path).unwrap();
         assert_eq!(settings.resources.len(), 3);
         crate::tables::validate(&settings.resources, true, 512).unwrap();
+    }
+
+    #[test]
+    fn the_pgbouncer_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/pgbouncer.example.toml");
+        let settings = Settings::from_file(&path).unwrap();
+        settings.validate().unwrap();
+        assert_eq!(settings.database.pooler, crate::store::Pooler::Transaction);
+        assert!(settings.database.listen_url.is_some());
+    }
+
+    #[test]
+    fn the_pooler_comes_from_the_environment_and_is_validated() {
+        let env = |k: &str| match k {
+            "FENCEGATE_DATABASE_POOLER" => Some("session".to_string()),
+            "FENCEGATE_DATABASE_LISTEN_URL" => Some("postgres://direct/db".to_string()),
+            "DATABASE_URL" => Some("postgres://pooler/db".to_string()),
+            _ => None,
+        };
+        let s = Settings::load(None, env, Overrides::default()).unwrap();
+        assert_eq!(s.database.pooler, crate::store::Pooler::Session);
+        assert_eq!(
+            s.database.listen_url.as_deref(),
+            Some("postgres://direct/db")
+        );
+
+        let bad = |k: &str| (k == "FENCEGATE_DATABASE_POOLER").then(|| "statement".to_string());
+        let err = Settings::load(None, bad, Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("\"transaction\""), "{err}");
+        // SQLite has no pooler: refused, not ignored.
+        let sqlite =
+            |k: &str| (k == "FENCEGATE_DATABASE_POOLER").then(|| "transaction".to_string());
+        let err = Settings::load(None, sqlite, Overrides::default()).unwrap_err();
+        assert!(err.to_string().contains("PostgreSQL only"), "{err}");
     }
 
     #[test]

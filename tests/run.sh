@@ -34,6 +34,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v jq >/dev/null 2>&1 || missing+=(jq)
+# tests/api/pooler.rs: fencegate behind PgBouncer (Debian's, at /usr/sbin/pgbouncer).
+[ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 # The Patroni fault run (tests/fault/patroni.rs): Patroni 3 (with patronictl) over etcd
 # (etcd-server, above), behind HAProxy.

@@ -50,6 +50,11 @@ mod steps;
 // One copy of the URL helper, shared with the test binaries.
 #[path = "../../tests/support/db_url.rs"]
 mod db_url;
+// PgBouncer in front of fencegate's database (BENCH_PGBOUNCER), as the pooler tests start it.
+#[path = "../../tests/support/pgbouncer.rs"]
+mod pgbouncer;
+#[path = "../../tests/support/postgres.rs"]
+mod support_pg;
 
 use std::time::Duration;
 
@@ -159,11 +164,23 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     );
     println!("  files    {}", s.out_dir.display());
 
-    let fg = start_fencegate(db_url, &s.out_dir, 0).await?;
+    // BENCH_PGBOUNCER=transaction|session: fencegate (not pgbench) goes through PgBouncer 1.18
+    // with default_pool_size 16 (fencegate's pool size), to measure what the pooler costs.
+    let bouncer = server::pgbouncer();
+    let fg_url = bouncer
+        .as_ref()
+        .map_or(db_url.to_owned(), |b| b.url(db_url));
+    if let Some(b) = &bouncer {
+        println!(
+            "  pgbouncer 127.0.0.1:{} in front of fencegate (BENCH_PGBOUNCER)",
+            b.port
+        );
+    }
+    let fg = start_fencegate(&fg_url, &s.out_dir, 0).await?;
     println!("  fencegate pid {} listening on {}", fg.pid, fg.addr);
     let mut more = Vec::new();
     for i in 1..s.processes {
-        let other = start_fencegate(db_url, &s.out_dir, i).await?;
+        let other = start_fencegate(&fg_url, &s.out_dir, i).await?;
         println!(
             "  fencegate pid {} listening on {} (BENCH_PROCESSES)",
             other.pid, other.addr

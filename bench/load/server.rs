@@ -99,6 +99,23 @@ pub fn fencegate_binary() -> String {
     std::env::var("BENCH_FENCEGATE").unwrap_or_else(|_| env!("CARGO_BIN_EXE_fencegate").to_owned())
 }
 
+/// `BENCH_PGBOUNCER`: `transaction` or `session` puts PgBouncer in front of fencegate.
+fn pgbouncer_mode() -> Option<crate::pgbouncer::PoolMode> {
+    match std::env::var("BENCH_PGBOUNCER").ok()?.as_str() {
+        "transaction" => Some(crate::pgbouncer::PoolMode::Transaction),
+        "session" => Some(crate::pgbouncer::PoolMode::Session),
+        other => panic!("BENCH_PGBOUNCER={other:?}: use transaction or session"),
+    }
+}
+
+/// PgBouncer in front of the bench database's server when `BENCH_PGBOUNCER` asks for it
+/// (stopped when dropped).
+pub fn pgbouncer() -> Option<crate::pgbouncer::PgBouncer> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    pgbouncer_mode().map(|mode| crate::pgbouncer::PgBouncer::start(&url, mode, 16))
+}
+
 /// Starts fencegate process number `index` (0: the one whose memory is reported).
 pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Result<Fencegate> {
     let bin = fencegate_binary();
@@ -122,6 +139,9 @@ pub async fn start_fencegate(db_url: &str, out_dir: &Path, index: usize) -> Resu
             "[kv]\nsticky_scope = {}\nmax_token_jump = {}\n",
             kv.sticky_scope, kv.max_token_jump
         ));
+    }
+    if let Some(mode) = pgbouncer_mode() {
+        config_text.push_str(&format!("[database]\npooler = \"{}\"\n", mode.as_str()));
     }
     // More configuration for the measured server, as TOML (e.g. "[database]\ncoalesce_workers = 2"):
     // to compare settings with one harness.

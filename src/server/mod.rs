@@ -49,6 +49,8 @@ fn store_settings(settings: &Settings) -> anyhow::Result<crate::store::Settings>
         schema: db.schema.clone(),
         lock_timeout_ms: db.lock_timeout_ms,
         tcp_user_timeout_ms: db.tcp_user_timeout_ms,
+        pooler: db.pooler,
+        listen_url: db.listen_url.clone(),
         checks: crate::store::Checks {
             reserved: settings.locks.reserved()?,
             ..settings.kv.checks()

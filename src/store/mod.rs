@@ -47,7 +47,7 @@ pub use errors::{Cause, DbKind, Jumper, Lack, StoreError, Unstorable};
 pub use kv::{check_storable, Claimed, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use refusals::RefusalFilter;
-pub use settings::{Settings, SqlWriters};
+pub use settings::{Pooler, Settings, SqlWriters};
 pub use sql::Checks;
 pub(crate) use sql::SCOPE_STATE;
 pub use sql_writers::SqlSeen;

@@ -29,6 +29,11 @@ pub struct Settings {
     pub lock_timeout_ms: u64,
     /// PostgreSQL over TCP: `TCP_USER_TIMEOUT` of every connection (0: the system's default).
     pub tcp_user_timeout_ms: u64,
+    /// PostgreSQL: the connection pooler between fencegate and the server, if any.
+    pub pooler: Pooler,
+    /// PostgreSQL: where the reset listener (`LISTEN`) connects instead of `url` (a direct or
+    /// session-pool URL). May carry a password.
+    pub listen_url: Option<String>,
     /// The checks every fenced statement makes besides the accept rule.
     pub checks: Checks,
     /// PostgreSQL: the scopes `[[issuers]]` sign tokens for, which `fencegate.fence()` (SQL
@@ -44,6 +49,46 @@ pub struct Settings {
     /// Database work with no answer after this long is given up and its connections closed
     /// (`server.request_timeout_ms` plus a margin; 0: never).
     pub give_up_after_ms: u64,
+}
+
+/// `database.pooler`: what sits between fencegate and PostgreSQL, and so what a connection may
+/// rely on (`store::pg::pooler`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooler {
+    /// A direct connection (or a pooler that passes every startup parameter through): session
+    /// settings in the startup packet, named prepared statements.
+    #[default]
+    None,
+    /// A pooler in session mode (PgBouncer `pool_mode = session`): no startup parameter a
+    /// pooler refuses; settings per transaction.
+    Session,
+    /// A pooler in transaction mode: as `Session`, and no named prepared statement, no session
+    /// advisory lock, no `LISTEN` except on `listen_url`.
+    Transaction,
+}
+
+impl Pooler {
+    /// The configuration's spelling (`none`, `session`, `transaction`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooler::None => "none",
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        }
+    }
+
+    /// Parses the configuration's spelling (`FENCEGATE_DATABASE_POOLER`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "none" => Ok(Pooler::None),
+            "session" => Ok(Pooler::Session),
+            "transaction" => Ok(Pooler::Transaction),
+            other => Err(format!(
+                "database.pooler {other:?} is not one of \"none\", \"session\", \"transaction\" (PgBouncer's pool_mode)"
+            )),
+        }
+    }
 }
 
 /// What `fencegate.fence()` and the guard triggers need from the configuration (PostgreSQL).

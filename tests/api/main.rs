@@ -7,6 +7,8 @@ mod db_url;
 mod drain;
 mod helpers;
 mod pg;
+#[path = "../support/pgbouncer.rs"]
+mod pgbouncer;
 mod pki;
 #[path = "../support/proxy.rs"]
 mod proxy;
@@ -43,6 +45,7 @@ mod ops;
 mod outage;
 mod partition;
 mod poison;
+mod pooler;
 mod reload;
 mod restart;
 mod schemathesis;

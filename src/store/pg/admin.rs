@@ -124,16 +124,18 @@ impl AdminStore for PgStore {
     /// `fencegate-listener`, outside `max_connections`), forgetting cached fences on every
     /// notification and whenever the connection was lost (a notification may have been).
     fn listen_resets(&self, high_water: Arc<HighWater>) -> Option<tokio::task::JoinHandle<()>> {
-        let options = self.listener_options();
-        let hosts = self.hosts.clone();
+        // None: resets reach this process through the audit-log poll alone (`pooler`).
+        let (options, hosts) = self.listener_options()?;
         Some(tokio::spawn(async move {
             loop {
-                let pool = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(1)
-                    // The URL's hosts in order, the first that takes writes (`hosts`): resets
-                    // are NOTIFYed on the primary.
-                    .connector(hosts.connector(false))
-                    .connect_lazy_with(options.clone());
+                let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1);
+                // The URL's hosts in order, the first that takes writes (`hosts`): resets are
+                // NOTIFYed on the primary. database.listen_url is a URL of its own.
+                let pool = match &hosts {
+                    Some(hosts) => pool.connector(hosts.connector(false)),
+                    None => pool,
+                }
+                .connect_lazy_with(options.clone());
                 match sqlx::postgres::PgListener::connect_with(&pool).await {
                     Ok(mut listener) => {
                         if let Err(err) = listener.listen("fencegate_reset").await {

@@ -12,7 +12,7 @@
 //!   on the work queue of [`batching`];
 //! - [`connections`]: the connections every call takes (cheaper than the sqlx pool's);
 //! - [`replication`]: primary or standby, and how commits are replicated; [`tls`]: libpq's
-//!   TLS settings; [`schema`]: fencegate's own schema;
+//!   TLS settings; [`schema`]: fencegate's own schema; [`pooler`]: behind PgBouncer;
 //! - [`tables`] (legacy tables, `[[resources]]`), validated against the [`catalog`], and
 //!   [`sql_fence`]: SQL writers fenced by `fencegate.fence()` and guard triggers;
 //! - [`unfenced`]: the demo's unfenced writer.
@@ -28,6 +28,7 @@ mod hosts;
 mod kv;
 mod locks;
 mod overview;
+mod pooler;
 mod reads;
 mod refusals;
 mod replication;
@@ -67,6 +68,9 @@ pub fn kv_put_scoped_sql(rule: Rule, checks: &Checks) -> String {
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// The transaction-scoped advisory lock processes take while they migrate ("fgmigrat").
+const MIGRATE_LOCK: i64 = 0x6667_6d69_6772_6174;
+
 #[derive(Clone)]
 pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
@@ -85,10 +89,15 @@ pub(super) struct PgStore {
     gates: Arc<ScopeGates>,
     /// Built into the statements; needed again to explain a refusal.
     checks: Checks,
-    /// How to connect, for connections outside the pool (the reset listener).
+    /// How to connect, for connections outside the pool (the start-up lock of `pooler`).
     options: Arc<PgConnectOptions>,
     /// The database URL's hosts, tried in order for every new connection (`hosts`).
     hosts: Arc<hosts::HostList>,
+    /// How the reset listener connects, and whether through the host list (not for
+    /// `database.listen_url`, a URL of its own); `None`: no listener (`pooler`).
+    listener: Option<(Arc<PgConnectOptions>, bool)>,
+    /// `database.pooler`: names the setting in errors that look like a pooler's.
+    pooler: super::Pooler,
     /// The database's role and replication, as seen (`replication`).
     replication: Arc<Replication>,
     /// fencegate's own schema (`schema`).
@@ -136,18 +145,20 @@ impl PgStore {
             .await
             // Statements are logged by our own spans; sqlx's per-statement logs are noise.
             .log_statements(tracing::log::LevelFilter::Trace)
-            .application_name("fencegate")
-            // Defence in depth: no fencegate transaction is ever idle for long, so a session
-            // stuck idle in one (a bug) is ended by the server instead of holding row locks.
-            // A SQL writer's transaction that called fencegate.fence() holds the fence row until
-            // it ends: fencegate's statements wait for a row lock at most this long (then 503,
-            // retry), instead of holding a connection for as long as that transaction lasts.
-            .options([
-                ("idle_in_transaction_session_timeout", "30s".to_owned()),
-                ("search_path", settings.schema.clone()),
-                ("lock_timeout", format!("{}ms", settings.lock_timeout_ms)),
-            ]);
-        let listener_options = options.clone().application_name("fencegate-listener");
+            .application_name("fencegate");
+        // Defence in depth: no fencegate transaction is ever idle for long, so a session
+        // stuck idle in one (a bug) is ended by the server instead of holding row locks.
+        // A SQL writer's transaction that called fencegate.fence() holds the fence row until
+        // it ends: fencegate's statements wait for a row lock at most this long (then 503,
+        // retry), instead of holding a connection for as long as that transaction lasts.
+        // In the startup packet, or per transaction behind a pooler (`pooler`).
+        let options = pooler::apply(
+            options,
+            settings.pooler,
+            &settings.schema,
+            settings.lock_timeout_ms,
+        );
+        let listener = pooler::listener_options(settings, &options).await?;
         let hosts = Arc::new(hosts::HostList::new(
             host_list,
             target,
@@ -178,15 +189,19 @@ impl PgStore {
             .test_before_acquire(false)
             .after_release(replication::keep_on_release)
             .connector(hosts.connector(true))
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.clone());
         let at_start = hosts::at_start(&pool).await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot connect to PostgreSQL at {shown}: {}",
-                tls.describe(&e, || format!(
-                    "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
-                ))
+                tls.describe(&e, || match pooler::hint(&e, settings.pooler) {
+                    Some(hint) => format!("{e}: {hint}"),
+                    None => format!(
+                        "{e}. Is the server running and the URL right? (set DATABASE_URL or --database-url)"
+                    ),
+                })
             )
         })?;
+        let options = options.application_name("fencegate-startup");
         let sql = Arc::new(ByRule::build(|rule| Statements::new(rule, &checks)));
         let conns = Arc::new(Connections::new(
             pool.clone(),
@@ -225,8 +240,12 @@ impl PgStore {
             sql,
             coalescer,
             checks,
-            options: Arc::new(listener_options),
+            options: Arc::new(options),
             hosts,
+            // database.listen_url is a URL of its own; the main URL's listener goes through
+            // its host list, to the primary, where resets are NOTIFYed.
+            listener: listener.map(|o| (Arc::new(o), settings.listen_url.is_none())),
+            pooler: settings.pooler,
             stuck_after: Duration::from_millis(settings.lock_timeout_ms) + Duration::from_secs(1),
             replication: Arc::default(),
             schema: settings.schema.as_str().into(),
@@ -239,9 +258,24 @@ impl PgStore {
     }
 
     async fn migrate(&self) -> anyhow::Result<()> {
+        // Several fencegate processes may start at once: they migrate one at a time, under a
+        // transaction-scoped lock (sqlx's own is a session lock, which a pooler in transaction
+        // mode cannot hold).
+        let side = self.side_connection().await?;
+        pooler::exclusively(side, MIGRATE_LOCK, self.migrate_locked()).await
+    }
+
+    async fn migrate_locked(&self) -> anyhow::Result<()> {
         schema::prepare(&self.startup, &self.schema).await?;
-        // sqlx takes an advisory lock, so several fencegate processes may start at once.
-        MIGRATOR.run(&self.startup).await.map_err(|e| {
+        pooler::check_schema(&self.startup, &self.schema).await?;
+        let migrator = sqlx::migrate::Migrator {
+            migrations: MIGRATOR.migrations.clone(),
+            ignore_missing: MIGRATOR.ignore_missing,
+            locking: false,
+            no_tx: MIGRATOR.no_tx,
+        };
+        let pooler = self.pooler;
+        migrator.run(&self.startup).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
             let read_only = match &e {
                 Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),
@@ -253,6 +287,11 @@ impl PgStore {
                      fencegate's database or role?). Turn it off, or, if the schema is already migrated, set \
                      database.migrate_on_start = false: fencegate then starts, not ready until the database takes writes ({e})"
                 )
+            } else if let Some(hint) = match &e {
+                Execute(err) | ExecuteMigration(err, _) => pooler::hint(err, pooler),
+                _ => None,
+            } {
+                anyhow::anyhow!("applying migrations failed: {e}: {hint}")
             } else {
                 anyhow::anyhow!("applying migrations failed: {e}")
             }
@@ -260,9 +299,21 @@ impl PgStore {
     }
 
     /// Options for a connection of its own, outside the pool and `max_connections` (the reset
-    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`.
-    fn listener_options(&self) -> PgConnectOptions {
-        (*self.options).clone()
+    /// listener of `admin`), named `fencegate-listener` in `pg_stat_activity`, and the host
+    /// list to open it through (none for `database.listen_url`); `None` behind a pooler in
+    /// transaction mode without `database.listen_url`.
+    fn listener_options(&self) -> Option<(PgConnectOptions, Option<Arc<hosts::HostList>>)> {
+        let (options, through_hosts) = self.listener.as_ref()?;
+        Some((
+            (**options).clone(),
+            through_hosts.then(|| self.hosts.clone()),
+        ))
+    }
+
+    /// A connection outside the pools that holds a start-up lock (`pooler::exclusively`):
+    /// through the host list, like start-up's own reads (a standby when no host takes writes).
+    async fn side_connection(&self) -> Result<sqlx::PgConnection, sqlx::Error> {
+        self.hosts.open(&self.options, true).await
     }
 
     /// fencegate's own schema.

@@ -151,7 +151,14 @@ pub fn ddl(schema: &str, resource: &Resource, covered: &[Covered]) -> Vec<String
 /// is revoked from everyone again. Refuses a guard that cannot work: fencegate's role would be
 /// the application's too (a superuser, or the table's owner, which applications usually
 /// connect as).
-pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyhow::Result<()> {
+///
+/// `side`: the connection that holds the start-up lock (`pooler::exclusively`).
+pub async fn check(
+    pool: &PgPool,
+    side: sqlx::PgConnection,
+    schema: &str,
+    resources: &[&Resource],
+) -> anyhow::Result<()> {
     let mut conn = pool.acquire().await?;
     let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
         .fetch_one(&mut *conn)
@@ -160,22 +167,19 @@ pub async fn check(pool: &PgPool, schema: &str, resources: &[&Resource]) -> anyh
         return check_locked(&mut conn, schema, resources, true).await;
     }
     // Processes starting together check (and install) one after the other: one that finds a
-    // trigger missing must not fail while another is installing it.
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(super::SYNC_LOCK)
-        .execute(&mut *conn)
-        .await?;
-    let checked = check_locked(&mut conn, schema, resources, false).await;
-    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(super::SYNC_LOCK)
-        .execute(&mut *conn)
-        .await;
-    if unlocked.is_err() {
-        // Never hand a connection holding the lock back to the pool.
-        let _ = conn.detach().close().await;
-    }
-    checked
+    // trigger missing must not fail while another is installing it. A transaction-scoped lock
+    // on a connection of its own (a pooler in transaction mode cannot hold a session lock);
+    // not SYNC_LOCK, which `check_locked` takes on `conn`.
+    super::super::pooler::exclusively(
+        side,
+        CHECK_LOCK,
+        check_locked(&mut conn, schema, resources, false),
+    )
+    .await
 }
+
+/// The lock processes take while they check the guards' triggers ("fgguards").
+const CHECK_LOCK: i64 = 0x6667_6775_6172_6473;
 
 async fn check_locked(
     conn: &mut sqlx::PgConnection,

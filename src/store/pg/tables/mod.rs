@@ -127,7 +127,8 @@ impl TableStore for PgStore {
         let resources = catalog::load(&self.startup, self.schema(), settings).await?;
         let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
         if self.serving {
-            sql_fence::guards::check(&self.startup, self.schema(), &all).await?;
+            let side = self.side_connection().await?;
+            sql_fence::guards::check(&self.startup, side, self.schema(), &all).await?;
         }
         Ok(resources)
     }
