@@ -1,5 +1,8 @@
-// Type declarations of the `fencegate` package (hand-written; `npm run typecheck` checks them
-// against test/types.ts, and the tests check the runtime exports match).
+// Type declarations of the `fencegate` package, hand-written and held to the implementation:
+// `npm run typecheck` (test.sh, prepack) compiles test/types.ts against them, type-checks
+// lib/*.js (checkJs, its JSDoc typed from this file) and test/declarations.js, which fails when
+// lib/ lacks an export, method or property declared here or types one differently; the tests
+// check the runtime exports are the declared names.
 
 /// <reference types="node" />
 import type { KeyObject } from 'node:crypto';
@@ -234,7 +237,9 @@ export declare class Client {
   ready(options?: RequestOptions): Promise<{ status: string }>;
 }
 
+/** `client.admin`; not constructed by hand. */
 export declare class Admin {
+  private constructor(client: Client);
   resetFence(scope: string, options: { to: TokenInput; reason: string }): Promise<AdminResult>;
   resetKey(key: string, options: ResetOptions): Promise<AdminResult>;
   resetRow(resource: string, key: RowKey, options: ResetOptions): Promise<AdminResult>;
@@ -252,7 +257,8 @@ export interface LeaseWriteOptions extends RequestOptions {
 }
 
 export declare class Lease implements AsyncDisposable {
-  private constructor();
+  /** Made by client.lease(). */
+  private constructor(client: Client, name: string, grant: LockGrant, timing: { ttlMs: number; sentAt: number });
   readonly name: string;
   /** This lease's fencing token. */
   readonly token: Token;
