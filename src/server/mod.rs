@@ -444,7 +444,9 @@ async fn tick(store: Store) {
             match store.sweep_idempotency().await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::debug!(deleted, "expired Idempotency-Key outcomes deleted"),
-                Err(err) => tracing::warn!(error = %err, "expired Idempotency-Key outcomes could not be deleted"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "expired Idempotency-Key outcomes could not be deleted")
+                }
             }
         }
     }

@@ -19,8 +19,8 @@
 use std::sync::Arc;
 
 use super::{
-    backend::IdempotencyStore as _, BatchOp, BatchWritten, Claimed, RowWritten, Store,
-    StoreError, TableError, Write, Written,
+    backend::IdempotencyStore as _, BatchOp, BatchWritten, Claimed, RowWritten, Store, StoreError,
+    TableError, Write, Written,
 };
 use crate::{
     fence::{FencingToken, Guard, Outcome, Scope},
@@ -66,15 +66,17 @@ impl Answer {
     }
 
     pub(super) fn from_row(status: i64, headers: &str, body: Vec<u8>) -> Result<Self, StoreError> {
-        let corrupt = || StoreError::Corrupt("an idempotency row's headers are not a JSON object".into());
+        let corrupt =
+            || StoreError::Corrupt("an idempotency row's headers are not a JSON object".into());
         let map: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(headers).map_err(|_| corrupt())?;
         let headers = map
             .into_iter()
             .map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())).ok_or_else(corrupt))
             .collect::<Result<_, _>>()?;
-        let status = u16::try_from(status)
-            .map_err(|_| StoreError::Corrupt("an idempotency row's status is out of range".into()))?;
+        let status = u16::try_from(status).map_err(|_| {
+            StoreError::Corrupt("an idempotency row's status is out of range".into())
+        })?;
         Ok(Answer {
             status,
             headers,
@@ -183,7 +185,9 @@ impl Store {
         guard: &Guard,
         keep: &Keep,
     ) -> Result<Keyed<Written>, StoreError> {
-        let keyed = self.batch_keyed(std::slice::from_ref(&write), guard, keep).await?;
+        let keyed = self
+            .batch_keyed(std::slice::from_ref(&write), guard, keep)
+            .await?;
         Ok(match keyed {
             Keyed::Fresh(outcome) => Keyed::Fresh(only(outcome)),
             Keyed::Replayed(answer) => Keyed::Replayed(answer),
@@ -198,9 +202,11 @@ impl Store {
         guard: &Guard,
         keep: &Keep,
     ) -> Result<Keyed<Vec<Written>>, StoreError> {
-        let (owned_writes, owned_guard, owned_keep) = (writes.to_vec(), guard.clone(), keep.clone());
+        let (owned_writes, owned_guard, owned_keep) =
+            (writes.to_vec(), guard.clone(), keep.clone());
         let run = async {
-            let outcome = detached!(self, b => b.batch_kept(&owned_writes, &owned_guard, &owned_keep).await);
+            let outcome =
+                detached!(self, b => b.batch_kept(&owned_writes, &owned_guard, &owned_keep).await);
             self.pressure.observe(&outcome);
             outcome
         };
@@ -216,7 +222,8 @@ impl Store {
     ) -> Result<Keyed<Claimed>, StoreError> {
         let (owned_scope, owned_keep) = (scope.clone(), keep.clone());
         let run = async {
-            let outcome = detached!(self, b => b.claim_kept(&owned_scope, token, &owned_keep).await);
+            let outcome =
+                detached!(self, b => b.claim_kept(&owned_scope, token, &owned_keep).await);
             self.pressure.observe(&outcome);
             outcome
         };

@@ -11,7 +11,8 @@ use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
         backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db,
-        Claimed, Done, Entry, Keep, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
+        Claimed, Done, Entry, Keep, KeyState, Refusal, Seen, StoreError, Write, Written,
+        SCOPE_STATE,
     },
 };
 

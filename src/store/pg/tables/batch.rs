@@ -12,7 +12,7 @@ use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
         pg::{idempotency::keep_in, kv::BatchKv, PgStore},
-        BatchOp, Done, Keep, BatchWritten, Refusal, RowWritten, StoreError, TableError,
+        BatchOp, BatchWritten, Done, Keep, Refusal, RowWritten, StoreError, TableError,
     },
     tables::{RowWrite, TableOp},
 };
