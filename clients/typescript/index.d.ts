@@ -416,6 +416,8 @@ export declare class ResetNotBelowError extends FencegateError {}
 export declare class BindingConflictError extends FencegateError {}
 /** 422: the table refused a value (a constraint, a trigger). */
 export declare class InvalidValueError extends FencegateError {}
+/** 422 idempotency-key-reused: the Idempotency-Key was already used for another request; nothing was done. */
+export declare class IdempotencyKeyReusedError extends FencegateError {}
 export declare class NotFoundError extends FencegateError {}
 /** 503 unavailable. */
 export declare class UnavailableError extends FencegateError {

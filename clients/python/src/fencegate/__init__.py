@@ -12,7 +12,7 @@ from ._core import Op, Signer, TableKey, ops
 from ._errors import (BadRequest, BindingConflict, BodyTimeout, Conflict, FencegateError,
                       FencingError, Forbidden, InternalError, InvalidBatch, InvalidJson,
                       InvalidKey, InvalidRequest, InvalidRow, InvalidScope, InvalidTokenProof,
-                      InvalidValue, LeaseLost, LockExhausted, LockHeld, LockLost, MalformedToken,
+                      InvalidValue, IdempotencyKeyReused, LeaseLost, LockExhausted, LockHeld, LockLost, MalformedToken,
                       MethodNotAllowed, MisdirectedRequest, MissingToken, MissingTokenProof,
                       NotFound, PayloadTooLarge, PreconditionFailed, ResetNotBelow,
                       ScopeHasIssuer, ScopeMismatch, ServerError, StaleToken, TokenJump,
@@ -36,6 +36,6 @@ __all__ = [
     "LockExhausted", "ScopeHasIssuer", "ResetNotBelow", "BindingConflict", "PreconditionFailed",
     "StaleToken", "PayloadTooLarge", "UnsupportedMediaType", "MisdirectedRequest",
     "Unprocessable", "TokenNotIssued", "TokenJump", "MissingTokenProof", "InvalidTokenProof",
-    "InvalidValue", "MissingToken", "ServerError", "InternalError", "UnsupportedTransferCoding",
+    "InvalidValue", "IdempotencyKeyReused", "MissingToken", "ServerError", "InternalError", "UnsupportedTransferCoding",
     "Unavailable",
 ]
