@@ -89,7 +89,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     path = super::routes::BATCH,
     tag = "kv",
     summary = "Several writes under one token: all or nothing",
-    params(Token, ScopeHeader, Proof),
+    params(Token, ScopeHeader, Proof, IdemKey),
     request_body(content = BatchRequest, content_type = "application/json"),
     responses((status = 200, description = "Every op applied", body = BatchDone), doc::Batch)
 )]

@@ -38,7 +38,7 @@ pub struct Fence<'a> {
     path = super::routes::FENCES,
     tag = "fences",
     summary = "Raise a scope's fence to the token without writing data",
-    params(ScopePath, Token, Proof),
+    params(ScopePath, Token, Proof, IdemKey),
     responses(
         (status = 201, description = "The scope had no fence", body = Fence),
         (status = 200, description = "Raised, or already there", body = Fence),

@@ -114,7 +114,7 @@ pub struct KvRead<'a> {
     path = super::routes::KV,
     tag = "kv",
     summary = "Write a value, fenced by the token (and the scope, if any)",
-    params(KeyPath, Token, ScopeHeader, Proof),
+    params(KeyPath, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = serde_json::Value, description = "The value: any JSON document", content_type = "application/json"),
     responses(
         (status = 201, description = "Created: the key was absent or deleted", body = KvWritten),
@@ -191,7 +191,7 @@ fn delete_answer(token: FencingToken, scope: Option<&Scope>, written: &Written) 
     path = super::routes::KV,
     tag = "kv",
     summary = "Delete a value; the tombstone keeps the fence",
-    params(KeyPath, Token, ScopeHeader, Proof),
+    params(KeyPath, Token, ScopeHeader, Proof, IdemKey),
     responses((status = 200, description = "Deleted (also for a key never written)", body = KvDeleted), doc::KvDelete)
 )]
 pub async fn delete(

@@ -187,7 +187,7 @@ fn row_answer(
     put,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = RowWritten),
@@ -229,7 +229,7 @@ pub async fn put(
     patch,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses((status = 200, description = "Updated", body = RowWritten), doc::TableWrite)
 )]
@@ -267,7 +267,7 @@ pub async fn patch(
     delete,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     responses((status = 200, description = "Deleted", body = RowWritten), doc::TableDelete)
 )]
 pub async fn delete(
