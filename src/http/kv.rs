@@ -122,6 +122,8 @@ pub struct KvRead<'a> {
         doc::KvPut
     )
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,

@@ -195,6 +195,8 @@ fn row_answer(
         doc::TableWrite
     )
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,
@@ -233,6 +235,8 @@ pub async fn put(
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses((status = 200, description = "Updated", body = RowWritten), doc::TableWrite)
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn patch(
     actor: Actor,
     State(state): State<AppState>,
