@@ -1,9 +1,13 @@
+import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import { problemError, LockHeldError } from './errors.js';
+import { problemError, LockHeldError, UnavailableError } from './errors.js';
 import { toToken, encodeName, encodeRowKey } from './tokens.js';
 import { Lease } from './lease.js';
 
 const DEFAULT_TIMEOUT_MS = 30_000;
+// A keyed write is sent again at most this many times (after a lost answer, or a 503 whose
+// Retry-After asks for it), all within the request's timeout.
+const DEFAULT_RETRIES = 2;
 
 function parseRetryAfter(value) {
   if (value == null) return null;
@@ -38,6 +42,43 @@ function fencingHeaders({ token, scope, proof } = {}) {
   return h;
 }
 
+/**
+ * A write's Idempotency-Key: the caller's `idempotencyKey`, else a random UUIDv4 (122 random bits
+ * from node:crypto's CSPRNG). Sent with the write and, unchanged, with each of its retries.
+ */
+function idempotencyKey(options) {
+  const k = options.idempotencyKey;
+  if (k === undefined || k === null) return randomUUID();
+  if (typeof k !== 'string' || !/^[\x21-\x7e]{1,255}$/.test(k)) {
+    throw new TypeError('idempotencyKey must be 1..=255 characters of visible ASCII (a UUID, say)');
+  }
+  return k;
+}
+
+function writeHeaders(options) {
+  return { ...fencingHeaders(options), 'Idempotency-Key': idempotencyKey(options) };
+}
+
+/**
+ * Milliseconds to wait before sending a keyed write again, or null when it must not be: only a
+ * lost answer (fetch failed: the write may have landed) and a 503 with Retry-After are retried,
+ * and only while the request's own timeout leaves room. The key makes the retry safe: a write
+ * that landed is answered with its first outcome.
+ */
+function retryPause(err, attempt, retries, deadline, signal) {
+  if (attempt >= retries || signal.aborted) return null;
+  let pause;
+  if (err instanceof UnavailableError) {
+    if (err.retryAfter === null || err.retryAfter === undefined) return null;
+    pause = err.retryAfter * 1000;
+  } else if (err?.name === 'TypeError') {
+    pause = 100 * 2 ** attempt * (0.8 + 0.4 * Math.random());
+  } else {
+    return null;
+  }
+  return performance.now() + pause < deadline ? pause : null;
+}
+
 function checkTtl(ttlMs) {
   if (!Number.isSafeInteger(ttlMs) || ttlMs < 1) throw new TypeError(`ttlMs must be a positive integer of milliseconds, got ${ttlMs}`);
   return ttlMs;
@@ -50,10 +91,11 @@ export class Client {
   #fetch;
   #timeoutMs;
   #headers;
+  #retries;
 
   constructor(options = {}) {
     if (typeof options === 'string') options = { url: options };
-    const { url, apiKey, fetch: fetchImpl, timeoutMs, headers } = options;
+    const { url, apiKey, fetch: fetchImpl, timeoutMs, headers, retries } = options;
     if (typeof url !== 'string' && !(url instanceof URL)) throw new TypeError('url is required (e.g. "http://127.0.0.1:8080")');
     const u = new URL(String(url));
     if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`url must be http: or https:, got ${u.protocol}`);
@@ -67,6 +109,8 @@ export class Client {
     this.#timeoutMs = timeoutMs ?? DEFAULT_TIMEOUT_MS;
     if (!(this.#timeoutMs > 0)) throw new TypeError('timeoutMs must be positive');
     this.#headers = { ...(headers ?? {}) };
+    this.#retries = retries ?? DEFAULT_RETRIES;
+    if (!Number.isSafeInteger(this.#retries) || this.#retries < 0) throw new TypeError('retries must be a non-negative integer');
   }
 
   /** The server's base URL, without a trailing slash. */
@@ -88,8 +132,24 @@ export class Client {
       payload = JSON.stringify(body);
       if (payload === undefined) throw new TypeError('body is not JSON-serializable');
     }
-    const timeout = AbortSignal.timeout(timeoutMs ?? this.#timeoutMs);
+    const ms = timeoutMs ?? this.#timeoutMs;
+    const deadline = performance.now() + ms;
+    const timeout = AbortSignal.timeout(ms);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    // A write with an Idempotency-Key is retried with that same key; anything else is sent once.
+    const keyed = Object.keys(h).some((k) => k.toLowerCase() === 'idempotency-key');
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return await this.#once(method, path, h, payload, sig);
+      } catch (e) {
+        const pause = keyed ? retryPause(e, attempt, this.#retries, deadline, sig) : null;
+        if (pause === null) throw e;
+        await sleep(pause, sig);
+      }
+    }
+  }
+
+  async #once(method, path, h, payload, sig) {
     const res = await this.#send(this.#base + path, { method, headers: h, body: payload, signal: sig });
     const text = await res.text();
     const ctype = res.headers.get('content-type') ?? '';
@@ -160,7 +220,7 @@ export class Client {
   put(key, value, options = {}) {
     if (value === undefined) throw new TypeError('value must be a JSON value (undefined is not)');
     return this.request('PUT', `/v1/kv/${encodeName(key, 'key')}`, {
-      headers: fencingHeaders(options),
+      headers: writeHeaders(options),
       body: value,
       signal: options.signal,
     });
@@ -168,13 +228,13 @@ export class Client {
 
   /** DELETE /v1/kv/{key} (a tombstone keeps the fence): `{key, fence_token, scope, deleted: true}`. */
   delete(key, options = {}) {
-    return this.request('DELETE', `/v1/kv/${encodeName(key, 'key')}`, { headers: fencingHeaders(options), signal: options.signal });
+    return this.request('DELETE', `/v1/kv/${encodeName(key, 'key')}`, { headers: writeHeaders(options), signal: options.signal });
   }
 
   /** POST /v1/batch: all ops under one token (and scope), all or nothing. */
   batch(ops, options = {}) {
     if (!Array.isArray(ops) || ops.length === 0) throw new TypeError('ops must be a non-empty array');
-    return this.request('POST', '/v1/batch', { headers: fencingHeaders(options), body: { ops }, signal: options.signal });
+    return this.request('POST', '/v1/batch', { headers: writeHeaders(options), body: { ops }, signal: options.signal });
   }
 
   // ---- fences ----
@@ -182,7 +242,7 @@ export class Client {
   /** POST /v1/fences/{scope}: raise the scope's fence to the token without writing data. */
   claim(scope, options = {}) {
     const { scope: _ignored, ...rest } = options;
-    return this.request('POST', `/v1/fences/${encodeName(scope, 'scope')}`, { headers: fencingHeaders(rest), signal: options.signal });
+    return this.request('POST', `/v1/fences/${encodeName(scope, 'scope')}`, { headers: writeHeaders(rest), signal: options.signal });
   }
 
   /** GET /v1/fences/{scope}: `{scope, fence_token}`, or null when the scope has no fence. */
@@ -274,17 +334,17 @@ export class Client {
 
   /** PUT /v1/tables/{resource}/{key}: replace the row. */
   tablePut(resource, key, row, options = {}) {
-    return this.request('PUT', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+    return this.request('PUT', tablePath(resource, key), { headers: writeHeaders(options), body: row, signal: options.signal });
   }
 
   /** PATCH /v1/tables/{resource}/{key}: update some columns of an existing row. */
   tablePatch(resource, key, row, options = {}) {
-    return this.request('PATCH', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+    return this.request('PATCH', tablePath(resource, key), { headers: writeHeaders(options), body: row, signal: options.signal });
   }
 
   /** DELETE /v1/tables/{resource}/{key}. */
   tableDelete(resource, key, options = {}) {
-    return this.request('DELETE', tablePath(resource, key), { headers: fencingHeaders(options), signal: options.signal });
+    return this.request('DELETE', tablePath(resource, key), { headers: writeHeaders(options), signal: options.signal });
   }
 
   // ---- admin (the admin right) ----

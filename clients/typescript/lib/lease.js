@@ -108,7 +108,7 @@ export class Lease {
 
   /** Claim the lease's scope (the grant already did; harmless to repeat). */
   claim(options = {}) {
-    return this.#write(() => this.#client.claim(this.scope, { token: this.#token, signal: options.signal }));
+    return this.#write(() => this.#client.claim(this.scope, { token: this.#token, signal: options.signal, idempotencyKey: options.idempotencyKey }));
   }
 
   /** Table writes under the lease. */
