@@ -233,7 +233,7 @@ pub struct Overrides {
 impl Settings {
     /// Builds settings in precedence order: defaults, then the file (if any), then environment
     /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_LOG_FORMAT`,
-    /// `FENCEGATE_DATABASE_SCHEMA`), then
+    /// `FENCEGATE_DATABASE_SCHEMA`, `FENCEGATE_KV_IDEMPOTENCY_TTL_MS`), then
     /// command-line flags.
     pub fn load(
         file: Option<&Path>,
@@ -258,6 +258,13 @@ impl Settings {
         }
         if let Some(schema) = env("FENCEGATE_DATABASE_SCHEMA").filter(|v| !v.is_empty()) {
             settings.database.schema = schema;
+        }
+        if let Some(ttl) = env("FENCEGATE_KV_IDEMPOTENCY_TTL_MS").filter(|v| !v.is_empty()) {
+            settings.kv.idempotency_ttl_ms = ttl.trim().parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "FENCEGATE_KV_IDEMPOTENCY_TTL_MS must be a whole number of milliseconds, got {ttl:?}"
+                )
+            })?;
         }
         if let Some(url) = cli.database_url {
             settings.database.url = Some(url);

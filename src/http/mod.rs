@@ -10,6 +10,7 @@ mod embedded;
 mod extract;
 mod fences;
 mod gate;
+mod idempotency;
 mod kv;
 mod locks;
 mod observe;

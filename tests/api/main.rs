@@ -32,6 +32,7 @@ mod edge;
 mod errors;
 mod held;
 mod http2;
+mod idempotency;
 mod kv;
 mod limits;
 mod locks;

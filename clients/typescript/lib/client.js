@@ -1,8 +1,9 @@
 // The client: one method per endpoint. Types come from ../index.d.ts (the declarations users
 // compile against); `tsc` (checkJs, test.sh) holds this file to them. Options that index.d.ts
 // requires are typed Partial here where the library checks them at run time for JS callers.
+import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import { problemError, FencegateError, LockHeldError } from './errors.js';
+import { problemError, FencegateError, LockHeldError, UnavailableError } from './errors.js';
 import { toToken, encodeName, encodeRowKey } from './tokens.js';
 import { Lease } from './lease.js';
 
@@ -12,6 +13,7 @@ import { Lease } from './lease.js';
 /** @typedef {import('../index.js').RequestOptions} RequestOptions */
 /** @typedef {import('../index.js').RawRequestOptions} RawRequestOptions */
 /** @typedef {import('../index.js').FencingOptions} FencingOptions */
+/** @typedef {import('../index.js').IdempotencyOptions} IdempotencyOptions */
 /** @typedef {import('../index.js').ClaimOptions} ClaimOptions */
 /** @typedef {import('../index.js').AcquireOptions} AcquireOptions */
 /** @typedef {import('../index.js').LeaseOptions} LeaseOptions */
@@ -41,6 +43,9 @@ import { Lease } from './lease.js';
  */
 
 const DEFAULT_TIMEOUT_MS = 30_000;
+// A keyed write is sent again at most this many times (after a lost answer, or a 503 whose
+// Retry-After asks for it), all within the request's timeout.
+const DEFAULT_RETRIES = 2;
 
 /**
  * @param {string | null} value a Retry-After header
@@ -90,6 +95,57 @@ function fencingHeaders({ token, scope, proof } = {}) {
 }
 
 /**
+ * A write's Idempotency-Key: the caller's `idempotencyKey`, else a random UUIDv4 (122 random bits
+ * from node:crypto's CSPRNG). Sent with the write and, unchanged, with each of its retries.
+ *
+ * @param {IdempotencyOptions} options
+ * @returns {string}
+ */
+function idempotencyKey(options) {
+  const k = options.idempotencyKey;
+  if (k === undefined || k === null) return randomUUID();
+  if (typeof k !== 'string' || !/^[\x21-\x7e]{1,255}$/.test(k)) {
+    throw new TypeError('idempotencyKey must be 1..=255 characters of visible ASCII (a UUID, say)');
+  }
+  return k;
+}
+
+/**
+ * @param {Partial<FencingOptions>} options
+ * @returns {Record<string, string>}
+ */
+function writeHeaders(options) {
+  return { ...fencingHeaders(options), 'Idempotency-Key': idempotencyKey(options) };
+}
+
+/**
+ * Milliseconds to wait before sending a keyed write again, or null when it must not be: only a
+ * lost answer (fetch failed: the write may have landed) and a 503 with Retry-After are retried,
+ * and only while the request's own timeout leaves room. The key makes the retry safe: a write
+ * that landed is answered with its first outcome.
+ *
+ * @param {unknown} err what the attempt threw
+ * @param {number} attempt 0 for the first send
+ * @param {number} retries
+ * @param {number} deadline performance.now() when the request times out
+ * @param {AbortSignal} signal
+ * @returns {number | null}
+ */
+function retryPause(err, attempt, retries, deadline, signal) {
+  if (attempt >= retries || signal.aborted) return null;
+  let pause;
+  if (err instanceof UnavailableError) {
+    if (err.retryAfter === null || err.retryAfter === undefined) return null;
+    pause = err.retryAfter * 1000;
+  } else if (err instanceof Error && err.name === 'TypeError') {
+    pause = 100 * 2 ** attempt * (0.8 + 0.4 * Math.random());
+  } else {
+    return null;
+  }
+  return performance.now() + pause < deadline ? pause : null;
+}
+
+/**
  * @param {unknown} ttlMs
  * @returns {number}
  */
@@ -110,11 +166,13 @@ export class Client {
   #timeoutMs;
   /** @type {Record<string, string>} */
   #headers;
+  /** @type {number} */
+  #retries;
 
   /** @param {ClientOptions | string} options */
   constructor(options) {
     if (typeof options === 'string') options = { url: options };
-    const { url, apiKey, fetch: fetchImpl, timeoutMs, headers } = options;
+    const { url, apiKey, fetch: fetchImpl, timeoutMs, headers, retries } = options;
     if (typeof url !== 'string' && !(url instanceof URL)) throw new TypeError('url is required (e.g. "http://127.0.0.1:8080")');
     const u = new URL(String(url));
     if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new TypeError(`url must be http: or https:, got ${u.protocol}`);
@@ -128,6 +186,8 @@ export class Client {
     this.#timeoutMs = timeoutMs ?? DEFAULT_TIMEOUT_MS;
     if (!(this.#timeoutMs > 0)) throw new TypeError('timeoutMs must be positive');
     this.#headers = { ...(headers ?? {}) };
+    this.#retries = retries ?? DEFAULT_RETRIES;
+    if (!Number.isSafeInteger(this.#retries) || this.#retries < 0) throw new TypeError('retries must be a non-negative integer');
   }
 
   /**
@@ -160,8 +220,34 @@ export class Client {
       payload = JSON.stringify(body);
       if (payload === undefined) throw new TypeError('body is not JSON-serializable');
     }
-    const timeout = AbortSignal.timeout(timeoutMs ?? this.#timeoutMs);
+    const ms = timeoutMs ?? this.#timeoutMs;
+    const deadline = performance.now() + ms;
+    const timeout = AbortSignal.timeout(ms);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    // A write with an Idempotency-Key is retried with that same key; anything else is sent once.
+    const keyed = Object.keys(h).some((k) => k.toLowerCase() === 'idempotency-key');
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        return /** @type {T} */ (await this.#once(method, path, h, payload, sig));
+      } catch (e) {
+        const pause = keyed ? retryPause(e, attempt, this.#retries, deadline, sig) : null;
+        if (pause === null) throw e;
+        await sleep(pause, sig);
+      }
+    }
+  }
+
+  /**
+   * One send: the parsed body, or the problem's error.
+   *
+   * @param {string} method
+   * @param {string} path
+   * @param {Record<string, string>} h
+   * @param {string | undefined} payload
+   * @param {AbortSignal} sig
+   * @returns {Promise<unknown>}
+   */
+  async #once(method, path, h, payload, sig) {
     const res = await this.#send(this.#base + path, { method, headers: h, body: payload, signal: sig });
     const text = await res.text();
     const ctype = res.headers.get('content-type') ?? '';
@@ -177,7 +263,7 @@ export class Client {
         parsed = text;
       }
     }
-    if (res.ok) return /** @type {T} */ (parsed);
+    if (res.ok) return parsed;
     throw problemError(res.status, typeof parsed === 'object' ? parsed : null, {
       requestId: res.headers.get('x-request-id'),
       retryAfter: parseRetryAfter(res.headers.get('retry-after')),
@@ -257,7 +343,7 @@ export class Client {
   put(key, value, options = {}) {
     if (value === undefined) throw new TypeError('value must be a JSON value (undefined is not)');
     return this.request('PUT', `/v1/kv/${encodeName(key, 'key')}`, {
-      headers: fencingHeaders(options),
+      headers: writeHeaders(options),
       body: value,
       signal: options.signal,
     });
@@ -271,7 +357,7 @@ export class Client {
    * @returns {Promise<KvDeleteResult>}
    */
   delete(key, options = {}) {
-    return this.request('DELETE', `/v1/kv/${encodeName(key, 'key')}`, { headers: fencingHeaders(options), signal: options.signal });
+    return this.request('DELETE', `/v1/kv/${encodeName(key, 'key')}`, { headers: writeHeaders(options), signal: options.signal });
   }
 
   /**
@@ -283,7 +369,7 @@ export class Client {
    */
   batch(ops, options = {}) {
     if (!Array.isArray(ops) || ops.length === 0) throw new TypeError('ops must be a non-empty array');
-    return this.request('POST', '/v1/batch', { headers: fencingHeaders(options), body: { ops }, signal: options.signal });
+    return this.request('POST', '/v1/batch', { headers: writeHeaders(options), body: { ops }, signal: options.signal });
   }
 
   // ---- fences ----
@@ -297,7 +383,7 @@ export class Client {
    */
   claim(scope, options = {}) {
     const { scope: _ignored, ...rest } = options;
-    return this.request('POST', `/v1/fences/${encodeName(scope, 'scope')}`, { headers: fencingHeaders(rest), signal: options.signal });
+    return this.request('POST', `/v1/fences/${encodeName(scope, 'scope')}`, { headers: writeHeaders(rest), signal: options.signal });
   }
 
   /**
@@ -438,7 +524,7 @@ export class Client {
    * @returns {Promise<TableWriteResult>}
    */
   tablePut(resource, key, row, options = {}) {
-    return this.request('PUT', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+    return this.request('PUT', tablePath(resource, key), { headers: writeHeaders(options), body: row, signal: options.signal });
   }
 
   /**
@@ -451,7 +537,7 @@ export class Client {
    * @returns {Promise<TableWriteResult>}
    */
   tablePatch(resource, key, row, options = {}) {
-    return this.request('PATCH', tablePath(resource, key), { headers: fencingHeaders(options), body: row, signal: options.signal });
+    return this.request('PATCH', tablePath(resource, key), { headers: writeHeaders(options), body: row, signal: options.signal });
   }
 
   /**
@@ -463,7 +549,7 @@ export class Client {
    * @returns {Promise<TableWriteResult>}
    */
   tableDelete(resource, key, options = {}) {
-    return this.request('DELETE', tablePath(resource, key), { headers: fencingHeaders(options), signal: options.signal });
+    return this.request('DELETE', tablePath(resource, key), { headers: writeHeaders(options), signal: options.signal });
   }
 
   // ---- admin (the admin right) ----

@@ -282,6 +282,8 @@ export class BindingConflictError extends FencegateError {}
 
 /** 422: the table refused a value (a constraint, a trigger). */
 export class InvalidValueError extends FencegateError {}
+/** 422 idempotency-key-reused: the Idempotency-Key was already used for another request; nothing was done. */
+export class IdempotencyKeyReusedError extends FencegateError {}
 
 /** @type {Record<string, typeof FencegateError>} */
 const BY_SLUG = {
@@ -317,6 +319,7 @@ const BY_SLUG = {
   'reset-not-below': ResetNotBelowError,
   'binding-conflict': BindingConflictError,
   'invalid-value': InvalidValueError,
+  'idempotency-key-reused': IdempotencyKeyReusedError,
 };
 
 /** Every problem type slug this library maps to a class of its own. */

@@ -4,6 +4,7 @@ import { FencegateError, LeaseLostError, LockLostError, StaleTokenError, TokenNo
 
 /** @typedef {import('../index.js').JsonValue} JsonValue */
 /** @typedef {import('../index.js').RequestOptions} RequestOptions */
+/** @typedef {import('../index.js').IdempotencyOptions} IdempotencyOptions */
 /** @typedef {import('../index.js').LeaseWriteOptions} LeaseWriteOptions */
 /** @typedef {import('../index.js').FencingOptions} FencingOptions */
 /** @typedef {import('../index.js').LockGrant} LockGrant */
@@ -216,11 +217,11 @@ export class Lease {
   /**
    * Claim the lease's scope (the grant already did; harmless to repeat).
    *
-   * @param {RequestOptions} [options]
+   * @param {RequestOptions & IdempotencyOptions} [options]
    * @returns {Promise<FenceInfo>}
    */
   claim(options = {}) {
-    return this.#write(() => this.#client.claim(this.scope, { token: this.#token, signal: options.signal }));
+    return this.#write(() => this.#client.claim(this.scope, { token: this.#token, signal: options.signal, idempotencyKey: options.idempotencyKey }));
   }
 
   /**

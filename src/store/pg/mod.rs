@@ -23,6 +23,7 @@ mod catalog;
 mod coalesce;
 mod connections;
 mod gates;
+mod idempotency;
 mod kv;
 mod locks;
 mod overview;

@@ -25,6 +25,7 @@
 //! Durability: WAL with `synchronous = FULL`, so a 2xx means on disk.
 
 mod admin;
+mod idempotency;
 mod kv;
 mod locks;
 mod overview;

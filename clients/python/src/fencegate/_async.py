@@ -12,8 +12,9 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 import httpx
 
-from ._core import (DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey, base_headers,
-                    check_owner, default_owner, encode_body, raise_for, ssl_config)
+from ._core import (DEFAULT_RETRIES, DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey,
+                    base_headers, check_owner, default_owner, encode_body, raise_for, retry_budget,
+                    retry_pause, ssl_config)
 from ._errors import (FencegateError, LeaseLost, LockHeld, LockLost, NotFound, ServerError,
                       StaleToken, TransportError)
 from ._models import (AdminResult, AuditEntry, BatchResult, DeleteResult, Entry, Fence, Grant,
@@ -31,7 +32,11 @@ class AsyncClient(Api):
     bundle to trust instead of the system roots), ``cert`` (a client certificate: one PEM file,
     or ``(cert_file, key_file)``). ``timeout`` in seconds (or an ``httpx.Timeout``).
     ``signer(scope, token) -> proof`` adds ``X-Fencing-Proof`` to every scoped write that does
-    not pass ``proof=`` itself. Close it with ``await client.aclose()`` (or use ``async with``).
+    not pass ``proof=`` itself. Every write (put, delete, batch, claim, table writes) sends an
+    ``Idempotency-Key`` (its ``idempotency_key=``, else 128 random bits) and, after a lost answer
+    or a 503 with ``Retry-After``, is sent again with the same key up to ``retries`` times
+    (default 2) within ``timeout``: a write that landed is answered with its first outcome
+    (``result.replayed``), never a 412 from a newer holder. ``retries=0`` turns this off. Close it with ``await client.aclose()`` (or use ``async with``).
     """
 
     def __init__(
@@ -45,10 +50,15 @@ class AsyncClient(Api):
         timeout: Union[float, httpx.Timeout] = DEFAULT_TIMEOUT,
         headers: Optional[Mapping[str, str]] = None,
         signer: Optional[Signer] = None,
+        retries: int = DEFAULT_RETRIES,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
         super().__init__(signer)
         self.url = url.rstrip("/")
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        self._retries = int(retries)
+        self._retry_budget = retry_budget(timeout)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=base_headers(api_key, headers),
@@ -91,9 +101,26 @@ class AsyncClient(Api):
         return resp
 
     async def _run(self, call: Call[T]) -> T:
-        resp = await self.request(call.method, call.path, headers=call.headers, json=call.body,
-                            params=call.params)
-        return call.parse(resp)
+        if call.idempotency_key is None:
+            resp = await self.request(call.method, call.path, headers=call.headers, json=call.body,
+                                params=call.params)
+            return call.result(resp)
+        # A keyed write: its retries carry the same Idempotency-Key (it is in call.headers).
+        deadline = time.monotonic() + self._retry_budget
+        attempt = 0
+        while True:
+            try:
+                resp = await self.request(call.method, call.path, headers=call.headers,
+                                    json=call.body, params=call.params)
+                return call.result(resp)
+            except FencegateError as e:
+                pause = retry_pause(e, attempt, self._retries, deadline)
+                if pause is None:
+                    raise
+                log.info("fencegate: retrying %s %s with the same Idempotency-Key: %s",
+                         call.method, call.path, e)
+                attempt += 1
+                await asyncio.sleep(pause)
 
     # -- kv -----------------------------------------------------------------------------------
 
@@ -102,25 +129,26 @@ class AsyncClient(Api):
         return await self._run(self._c_get(key))
 
     async def put(self, key: str, value: Any, *, token: Token, scope: Optional[str] = None,
-            proof: Optional[str] = None) -> WriteResult:
+            proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> WriteResult:
         """Write ``value`` (any JSON value) under ``token`` (and ``scope``: the lock's name)."""
-        return await self._run(self._c_put(key, value, token, scope, proof))
+        return await self._run(self._c_put(key, value, token, scope, proof, idempotency_key))
 
     async def delete(self, key: str, *, token: Token, scope: Optional[str] = None,
-               proof: Optional[str] = None) -> DeleteResult:
+               proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> DeleteResult:
         """Delete the key; its tombstone keeps the fence."""
-        return await self._run(self._c_delete(key, token, scope, proof))
+        return await self._run(self._c_delete(key, token, scope, proof, idempotency_key))
 
     async def batch(self, ops: Iterable[Op], *, token: Token, scope: Optional[str] = None,
-              proof: Optional[str] = None) -> BatchResult:
+              proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> BatchResult:
         """Apply ``ops`` (see ``fencegate.ops``) all or nothing under one token."""
-        return await self._run(self._c_batch(ops, token, scope, proof))
+        return await self._run(self._c_batch(ops, token, scope, proof, idempotency_key))
 
     # -- fences -------------------------------------------------------------------------------
 
-    async def claim(self, scope: str, *, token: Token, proof: Optional[str] = None) -> Fence:
+    async def claim(self, scope: str, *, token: Token, proof: Optional[str] = None,
+              idempotency_key: Optional[str] = None) -> Fence:
         """Raise the scope's fence to ``token`` without writing data (a new holder exists)."""
-        return await self._run(self._c_claim(scope, token, proof))
+        return await self._run(self._c_claim(scope, token, proof, idempotency_key))
 
     async def get_fence(self, scope: str) -> Fence:
         """The scope's fence; ``NotFound`` if it has none."""
@@ -162,16 +190,22 @@ class AsyncClient(Api):
         return await self._run(self._c_table_get(resource, key))
 
     async def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                  scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return await self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof))
+                  scope: Optional[str] = None, proof: Optional[str] = None,
+                  idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof,
+                                                idempotency_key))
 
     async def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                    scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return await self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof))
+                    scope: Optional[str] = None, proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof,
+                                                idempotency_key))
 
     async def table_delete(self, resource: str, key: TableKey, *, token: Token,
-                     scope: Optional[str] = None, proof: Optional[str] = None) -> DeleteResult:
-        return await self._run(self._c_table_delete(resource, key, token, scope, proof))
+                     scope: Optional[str] = None, proof: Optional[str] = None,
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._run(self._c_table_delete(resource, key, token, scope, proof,
+                                                 idempotency_key))
 
     # -- admin --------------------------------------------------------------------------------
 
@@ -377,19 +411,23 @@ class AsyncLease:
             self._mark_lost(e)
             raise
 
-    async def put(self, key: str, value: Any, *, proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.put, key, value, proof=proof)
+    async def put(self, key: str, value: Any, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.put, key, value, proof=proof, idempotency_key=idempotency_key)
 
-    async def delete(self, key: str, *, proof: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.delete, key, proof=proof)
+    async def delete(self, key: str, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._write(self.client.delete, key, proof=proof, idempotency_key=idempotency_key)
 
-    async def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None) -> BatchResult:
-        return await self._write(self.client.batch, ops, proof=proof)
+    async def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> BatchResult:
+        return await self._write(self.client.batch, ops, proof=proof, idempotency_key=idempotency_key)
 
-    async def claim(self, *, proof: Optional[str] = None) -> Fence:
+    async def claim(self, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> Fence:
         self._check()
         try:
-            return await self.client.claim(self.scope, token=self.token, proof=proof)
+            return await self.client.claim(self.scope, token=self.token, proof=proof, idempotency_key=idempotency_key)
         except StaleToken as e:
             self._mark_lost(e)
             raise
@@ -399,15 +437,15 @@ class AsyncLease:
 
     async def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
                         proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_put, resource, key, row, proof=proof)
+        return await self._write(self.client.table_put, resource, key, row, proof=proof, idempotency_key=idempotency_key)
 
     async def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
                           proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_patch, resource, key, row, proof=proof)
+        return await self._write(self.client.table_patch, resource, key, row, proof=proof, idempotency_key=idempotency_key)
 
     async def table_delete(self, resource: str, key: TableKey, *,
                            proof: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.table_delete, resource, key, proof=proof)
+        return await self._write(self.client.table_delete, resource, key, proof=proof, idempotency_key=idempotency_key)
 
     def __repr__(self) -> str:
         tok = self.grant.token if self.grant else None

@@ -12,8 +12,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import httpx
 
-from ._core import (DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey, base_headers,
-                    check_owner, default_owner, encode_body, raise_for, ssl_config)
+from ._core import (DEFAULT_RETRIES, DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey,
+                    base_headers, check_owner, default_owner, encode_body, raise_for, retry_budget,
+                    retry_pause, ssl_config)
 from ._errors import (FencegateError, LeaseLost, LockHeld, LockLost, NotFound, ServerError,
                       StaleToken, TransportError)
 from ._models import (AdminResult, AuditEntry, BatchResult, DeleteResult, Entry, Fence, Grant,
@@ -31,7 +32,11 @@ class Client(Api):
     bundle to trust instead of the system roots), ``cert`` (a client certificate: one PEM file,
     or ``(cert_file, key_file)``). ``timeout`` in seconds (or an ``httpx.Timeout``).
     ``signer(scope, token) -> proof`` adds ``X-Fencing-Proof`` to every scoped write that does
-    not pass ``proof=`` itself. Safe to share between threads; close it (or use ``with``).
+    not pass ``proof=`` itself. Every write (put, delete, batch, claim, table writes) sends an
+    ``Idempotency-Key`` (its ``idempotency_key=``, else 128 random bits) and, after a lost answer
+    or a 503 with ``Retry-After``, is sent again with the same key up to ``retries`` times
+    (default 2) within ``timeout``: a write that landed is answered with its first outcome
+    (``result.replayed``), never a 412 from a newer holder. ``retries=0`` turns this off. Safe to share between threads; close it (or use ``with``).
     """
 
     def __init__(
@@ -45,10 +50,15 @@ class Client(Api):
         timeout: Union[float, httpx.Timeout] = DEFAULT_TIMEOUT,
         headers: Optional[Mapping[str, str]] = None,
         signer: Optional[Signer] = None,
+        retries: int = DEFAULT_RETRIES,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         super().__init__(signer)
         self.url = url.rstrip("/")
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        self._retries = int(retries)
+        self._retry_budget = retry_budget(timeout)
         self._http = httpx.Client(
             base_url=self.url,
             headers=base_headers(api_key, headers),
@@ -91,9 +101,26 @@ class Client(Api):
         return resp
 
     def _run(self, call: Call[T]) -> T:
-        resp = self.request(call.method, call.path, headers=call.headers, json=call.body,
-                            params=call.params)
-        return call.parse(resp)
+        if call.idempotency_key is None:
+            resp = self.request(call.method, call.path, headers=call.headers, json=call.body,
+                                params=call.params)
+            return call.result(resp)
+        # A keyed write: its retries carry the same Idempotency-Key (it is in call.headers).
+        deadline = time.monotonic() + self._retry_budget
+        attempt = 0
+        while True:
+            try:
+                resp = self.request(call.method, call.path, headers=call.headers,
+                                    json=call.body, params=call.params)
+                return call.result(resp)
+            except FencegateError as e:
+                pause = retry_pause(e, attempt, self._retries, deadline)
+                if pause is None:
+                    raise
+                log.info("fencegate: retrying %s %s with the same Idempotency-Key: %s",
+                         call.method, call.path, e)
+                attempt += 1
+                time.sleep(pause)
 
     # -- kv -----------------------------------------------------------------------------------
 
@@ -102,25 +129,26 @@ class Client(Api):
         return self._run(self._c_get(key))
 
     def put(self, key: str, value: Any, *, token: Token, scope: Optional[str] = None,
-            proof: Optional[str] = None) -> WriteResult:
+            proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> WriteResult:
         """Write ``value`` (any JSON value) under ``token`` (and ``scope``: the lock's name)."""
-        return self._run(self._c_put(key, value, token, scope, proof))
+        return self._run(self._c_put(key, value, token, scope, proof, idempotency_key))
 
     def delete(self, key: str, *, token: Token, scope: Optional[str] = None,
-               proof: Optional[str] = None) -> DeleteResult:
+               proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> DeleteResult:
         """Delete the key; its tombstone keeps the fence."""
-        return self._run(self._c_delete(key, token, scope, proof))
+        return self._run(self._c_delete(key, token, scope, proof, idempotency_key))
 
     def batch(self, ops: Iterable[Op], *, token: Token, scope: Optional[str] = None,
-              proof: Optional[str] = None) -> BatchResult:
+              proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> BatchResult:
         """Apply ``ops`` (see ``fencegate.ops``) all or nothing under one token."""
-        return self._run(self._c_batch(ops, token, scope, proof))
+        return self._run(self._c_batch(ops, token, scope, proof, idempotency_key))
 
     # -- fences -------------------------------------------------------------------------------
 
-    def claim(self, scope: str, *, token: Token, proof: Optional[str] = None) -> Fence:
+    def claim(self, scope: str, *, token: Token, proof: Optional[str] = None,
+              idempotency_key: Optional[str] = None) -> Fence:
         """Raise the scope's fence to ``token`` without writing data (a new holder exists)."""
-        return self._run(self._c_claim(scope, token, proof))
+        return self._run(self._c_claim(scope, token, proof, idempotency_key))
 
     def get_fence(self, scope: str) -> Fence:
         """The scope's fence; ``NotFound`` if it has none."""
@@ -162,16 +190,22 @@ class Client(Api):
         return self._run(self._c_table_get(resource, key))
 
     def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                  scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof))
+                  scope: Optional[str] = None, proof: Optional[str] = None,
+                  idempotency_key: Optional[str] = None) -> WriteResult:
+        return self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof,
+                                                idempotency_key))
 
     def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                    scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof))
+                    scope: Optional[str] = None, proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> WriteResult:
+        return self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof,
+                                                idempotency_key))
 
     def table_delete(self, resource: str, key: TableKey, *, token: Token,
-                     scope: Optional[str] = None, proof: Optional[str] = None) -> DeleteResult:
-        return self._run(self._c_table_delete(resource, key, token, scope, proof))
+                     scope: Optional[str] = None, proof: Optional[str] = None,
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
+        return self._run(self._c_table_delete(resource, key, token, scope, proof,
+                                                 idempotency_key))
 
     # -- admin --------------------------------------------------------------------------------
 
@@ -399,19 +433,23 @@ class Lease:
             self._mark_lost(e)
             raise
 
-    def put(self, key: str, value: Any, *, proof: Optional[str] = None) -> WriteResult:
-        return self._write(self.client.put, key, value, proof=proof)
+    def put(self, key: str, value: Any, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> WriteResult:
+        return self._write(self.client.put, key, value, proof=proof, idempotency_key=idempotency_key)
 
-    def delete(self, key: str, *, proof: Optional[str] = None) -> DeleteResult:
-        return self._write(self.client.delete, key, proof=proof)
+    def delete(self, key: str, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> DeleteResult:
+        return self._write(self.client.delete, key, proof=proof, idempotency_key=idempotency_key)
 
-    def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None) -> BatchResult:
-        return self._write(self.client.batch, ops, proof=proof)
+    def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> BatchResult:
+        return self._write(self.client.batch, ops, proof=proof, idempotency_key=idempotency_key)
 
-    def claim(self, *, proof: Optional[str] = None) -> Fence:
+    def claim(self, *, proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> Fence:
         self._check()
         try:
-            return self.client.claim(self.scope, token=self.token, proof=proof)
+            return self.client.claim(self.scope, token=self.token, proof=proof, idempotency_key=idempotency_key)
         except StaleToken as e:
             self._mark_lost(e)
             raise
@@ -422,15 +460,15 @@ class Lease:
 
     def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
                   proof: Optional[str] = None) -> WriteResult:
-        return self._write(self.client.table_put, resource, key, row, proof=proof)
+        return self._write(self.client.table_put, resource, key, row, proof=proof, idempotency_key=idempotency_key)
 
     def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
                     proof: Optional[str] = None) -> WriteResult:
-        return self._write(self.client.table_patch, resource, key, row, proof=proof)
+        return self._write(self.client.table_patch, resource, key, row, proof=proof, idempotency_key=idempotency_key)
 
     def table_delete(self, resource: str, key: TableKey, *,
                      proof: Optional[str] = None) -> DeleteResult:
-        return self._write(self.client.table_delete, resource, key, proof=proof)
+        return self._write(self.client.table_delete, resource, key, proof=proof, idempotency_key=idempotency_key)
 
     def __repr__(self) -> str:
         tok = self.grant.token if self.grant else None
