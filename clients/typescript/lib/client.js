@@ -169,8 +169,8 @@ export class Client {
   /** @type {number} */
   #retries;
 
-  /** @param {ClientOptions | string} options */
-  constructor(options) {
+  /** @param {Partial<ClientOptions> | string} [options] */
+  constructor(options = {}) {
     if (typeof options === 'string') options = { url: options };
     const { url, apiKey, fetch: fetchImpl, timeoutMs, headers, retries } = options;
     if (typeof url !== 'string' && !(url instanceof URL)) throw new TypeError('url is required (e.g. "http://127.0.0.1:8080")');
