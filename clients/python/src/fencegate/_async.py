@@ -98,7 +98,8 @@ class AsyncClient(Api):
         await self.aclose()
 
     async def request(self, method: str, path: str, *, headers: Optional[Mapping[str, str]] = None,
-                      json: Any = _UNSET, params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
+                      json: Any = _UNSET,
+                      params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
         """Any request, as sent (no token checks): the answer on 2xx, else its typed error."""
         content, h = encode_body(json)
         h.update(headers or {})
@@ -138,17 +139,20 @@ class AsyncClient(Api):
         return await self._run(self._c_get(key))
 
     async def put(self, key: str, value: Any, *, token: Token, scope: Optional[str] = None,
-                  proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> WriteResult:
+                  proof: Optional[str] = None,
+                  idempotency_key: Optional[str] = None) -> WriteResult:
         """Write ``value`` (any JSON value) under ``token`` (and ``scope``: the lock's name)."""
         return await self._run(self._c_put(key, value, token, scope, proof, idempotency_key))
 
     async def delete(self, key: str, *, token: Token, scope: Optional[str] = None,
-                     proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> DeleteResult:
+                     proof: Optional[str] = None,
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
         """Delete the key; its tombstone keeps the fence."""
         return await self._run(self._c_delete(key, token, scope, proof, idempotency_key))
 
     async def batch(self, ops: Iterable[Op], *, token: Token, scope: Optional[str] = None,
-                    proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> BatchResult:
+                    proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> BatchResult:
         """Apply ``ops`` (see ``fencegate.ops``) all or nothing under one token."""
         return await self._run(self._c_batch(ops, token, scope, proof, idempotency_key))
 

@@ -95,7 +95,8 @@ class Client(Api):
         self.close()
 
     def request(self, method: str, path: str, *, headers: Optional[Mapping[str, str]] = None,
-                json: Any = _UNSET, params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
+                json: Any = _UNSET,
+                params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
         """Any request, as sent (no token checks): the answer on 2xx, else its typed error."""
         content, h = encode_body(json)
         h.update(headers or {})
@@ -135,17 +136,20 @@ class Client(Api):
         return self._run(self._c_get(key))
 
     def put(self, key: str, value: Any, *, token: Token, scope: Optional[str] = None,
-            proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> WriteResult:
+            proof: Optional[str] = None,
+            idempotency_key: Optional[str] = None) -> WriteResult:
         """Write ``value`` (any JSON value) under ``token`` (and ``scope``: the lock's name)."""
         return self._run(self._c_put(key, value, token, scope, proof, idempotency_key))
 
     def delete(self, key: str, *, token: Token, scope: Optional[str] = None,
-               proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> DeleteResult:
+               proof: Optional[str] = None,
+               idempotency_key: Optional[str] = None) -> DeleteResult:
         """Delete the key; its tombstone keeps the fence."""
         return self._run(self._c_delete(key, token, scope, proof, idempotency_key))
 
     def batch(self, ops: Iterable[Op], *, token: Token, scope: Optional[str] = None,
-              proof: Optional[str] = None, idempotency_key: Optional[str] = None) -> BatchResult:
+              proof: Optional[str] = None,
+              idempotency_key: Optional[str] = None) -> BatchResult:
         """Apply ``ops`` (see ``fencegate.ops``) all or nothing under one token."""
         return self._run(self._c_batch(ops, token, scope, proof, idempotency_key))
 
