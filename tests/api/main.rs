@@ -33,6 +33,7 @@ mod errors;
 mod held;
 mod http2;
 mod idempotency;
+mod idempotency_tables;
 mod kv;
 mod limits;
 mod locks;

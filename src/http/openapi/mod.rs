@@ -9,6 +9,7 @@
 
 mod params;
 mod problems;
+mod replay;
 mod token;
 
 use std::sync::OnceLock;
@@ -31,6 +32,7 @@ use utoipa::{
 
 pub use params::{LockName, RowParams};
 pub use problems::*;
+pub use replay::describe_replays;
 
 use super::problem::{kinds, Problem};
 use crate::fence::FencingToken;
