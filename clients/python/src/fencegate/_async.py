@@ -36,7 +36,8 @@ class AsyncClient(Api):
     ``Idempotency-Key`` (its ``idempotency_key=``, else 128 random bits) and, after a lost answer
     or a 503 with ``Retry-After``, is sent again with the same key up to ``retries`` times
     (default 2) within ``timeout``: a write that landed is answered with its first outcome
-    (``result.replayed``), never a 412 from a newer holder. ``retries=0`` turns this off. Close it with ``await client.aclose()`` (or use ``async with``).
+    (``result.replayed``), never a 412 from a newer holder. ``retries=0`` turns this off.
+    Close it with ``await client.aclose()`` (or use ``async with``).
     """
 
     def __init__(
@@ -412,22 +413,26 @@ class AsyncLease:
             raise
 
     async def put(self, key: str, value: Any, *, proof: Optional[str] = None,
-            idempotency_key: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.put, key, value, proof=proof, idempotency_key=idempotency_key)
+                  idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.put, key, value, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def delete(self, key: str, *, proof: Optional[str] = None,
-            idempotency_key: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.delete, key, proof=proof, idempotency_key=idempotency_key)
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._write(self.client.delete, key, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None,
-            idempotency_key: Optional[str] = None) -> BatchResult:
-        return await self._write(self.client.batch, ops, proof=proof, idempotency_key=idempotency_key)
+                    idempotency_key: Optional[str] = None) -> BatchResult:
+        return await self._write(self.client.batch, ops, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def claim(self, *, proof: Optional[str] = None,
-            idempotency_key: Optional[str] = None) -> Fence:
+                    idempotency_key: Optional[str] = None) -> Fence:
         self._check()
         try:
-            return await self.client.claim(self.scope, token=self.token, proof=proof, idempotency_key=idempotency_key)
+            return await self.client.claim(self.scope, token=self.token, proof=proof,
+                                           idempotency_key=idempotency_key)
         except StaleToken as e:
             self._mark_lost(e)
             raise
@@ -436,16 +441,22 @@ class AsyncLease:
         return await self.client.get(key)
 
     async def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
-                        proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_put, resource, key, row, proof=proof, idempotency_key=idempotency_key)
+                        proof: Optional[str] = None,
+                        idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.table_put, resource, key, row, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
-                          proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_patch, resource, key, row, proof=proof, idempotency_key=idempotency_key)
+                          proof: Optional[str] = None,
+                          idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.table_patch, resource, key, row, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def table_delete(self, resource: str, key: TableKey, *,
-                           proof: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.table_delete, resource, key, proof=proof, idempotency_key=idempotency_key)
+                           proof: Optional[str] = None,
+                           idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._write(self.client.table_delete, resource, key, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     def __repr__(self) -> str:
         tok = self.grant.token if self.grant else None
