@@ -134,3 +134,38 @@ def test_async_a_lost_answer_is_retried_with_the_same_key_and_replayed(url, name
                 assert (await c.get(key)).value == "landed"
 
     asyncio.run(main())
+
+
+def test_lease_writes_take_a_key_too(client, name):
+    ik = fencegate.new_idempotency_key()
+    with client.lease(name, ttl_ms=10_000) as lease:
+        first = lease.put(f"{name}/k", 1, idempotency_key=ik)
+        again = lease.put(f"{name}/k", 1, idempotency_key=ik)
+        assert again.replayed and again == first
+        # every lease write passes the key through (an unknown table: 404, not a TypeError)
+        for write in (lambda: lease.table_put("no-such-table", "1", {"a": 1}, idempotency_key=ik),
+                      lambda: lease.table_patch("no-such-table", "1", {"a": 1}, idempotency_key=ik),
+                      lambda: lease.table_delete("no-such-table", "1", idempotency_key=ik)):
+            with pytest.raises(fencegate.NotFound):
+                write()
+        assert lease.delete(f"{name}/k", idempotency_key=fencegate.new_idempotency_key()).deleted
+        assert lease.batch([fencegate.ops.put(f"{name}/b", 2)]).fence_token == lease.token
+        assert not lease.claim().replayed
+
+
+def test_async_lease_writes_take_a_key_too(url, name):
+    async def main():
+        ik = fencegate.new_idempotency_key()
+        async with fencegate.AsyncClient(url) as c:
+            async with c.lease(name, ttl_ms=10_000) as lease:
+                first = await lease.put(f"{name}/k", 1, idempotency_key=ik)
+                again = await lease.put(f"{name}/k", 1, idempotency_key=ik)
+                assert again.replayed and again == first
+                with pytest.raises(fencegate.NotFound):
+                    await lease.table_put("no-such-table", "1", {"a": 1}, idempotency_key=ik)
+                with pytest.raises(fencegate.NotFound):
+                    await lease.table_patch("no-such-table", "1", {"a": 1}, idempotency_key=ik)
+                with pytest.raises(fencegate.NotFound):
+                    await lease.table_delete("no-such-table", "1", idempotency_key=ik)
+
+    asyncio.run(main())
