@@ -16,6 +16,7 @@ imports it from ``_renew_async.py``, and ``_sync.py`` from ``_renew_sync.py``, b
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import re
 import sys
@@ -91,6 +92,10 @@ def _visual_brackets(source: str) -> Dict[int, Tuple[int, int]]:
 
 
 def generate(source: str) -> str:
+    try:
+        ast.parse(source)
+    except SyntaxError as e:  # e.g. merge conflict markers: resolve _async.py first
+        raise GenerationError(f"_async.py does not parse (line {e.lineno}): {e.msg}") from e
     for old, new in PHRASES:
         if old not in source:
             raise GenerationError(f"phrase rule no longer matches _async.py: {old!r}")
