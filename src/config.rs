@@ -257,7 +257,8 @@ pub struct Overrides {
 impl Settings {
     /// Builds settings in precedence order: defaults, then the file (if any), then environment
     /// (`DATABASE_URL`, `FENCEGATE_LISTEN`, `FENCEGATE_LOG`, `FENCEGATE_LOG_FORMAT`,
-    /// `FENCEGATE_DATABASE_SCHEMA`, `FENCEGATE_DATABASE_POOLER`, `FENCEGATE_DATABASE_LISTEN_URL`), then
+    /// `FENCEGATE_DATABASE_SCHEMA`, `FENCEGATE_DATABASE_POOLER`, `FENCEGATE_DATABASE_LISTEN_URL`,
+    /// `FENCEGATE_KV_IDEMPOTENCY_TTL_MS`), then
     /// command-line flags.
     pub fn load(
         file: Option<&Path>,
@@ -289,6 +290,13 @@ impl Settings {
         }
         if let Some(url) = env("FENCEGATE_DATABASE_LISTEN_URL").filter(|v| !v.is_empty()) {
             settings.database.listen_url = Some(url);
+        }
+        if let Some(ttl) = env("FENCEGATE_KV_IDEMPOTENCY_TTL_MS").filter(|v| !v.is_empty()) {
+            settings.kv.idempotency_ttl_ms = ttl.trim().parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "FENCEGATE_KV_IDEMPOTENCY_TTL_MS must be a whole number of milliseconds, got {ttl:?}"
+                )
+            })?;
         }
         if let Some(url) = cli.database_url {
             settings.database.url = Some(url);

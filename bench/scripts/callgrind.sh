@@ -3,7 +3,8 @@
 # usage: callgrind.sh BINARY LABEL [conns] [seconds]: instructions (callgrind) per PUT in fencegate
 # env: CONFIG=FILE runs fencegate with --config FILE; BEARER=KEY makes every PUT send
 # Authorization: Bearer KEY (both for BENCH_TRUST-like runs: bench/README.md, Performance 2);
-# LUA=bench/scripts/scope.lua (with TOKEN, PROOF) writes under one scope instead of put.lua.
+# LUA=bench/scripts/scope.lua (with TOKEN, PROOF) writes under one scope instead of put.lua;
+# IDEM=1 makes every put.lua PUT carry a fresh Idempotency-Key (what a keyed write costs).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
 db=fg_cg_$$
@@ -14,7 +15,7 @@ out=/tmp/cg.$label.out
 valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
 for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
-export BEARER TOKEN PROOF TOKEN_BASE
+export BEARER TOKEN PROOF TOKEN_BASE IDEM
 lua=${LUA:-$(dirname "$0")/put.lua}
 wrk -t1 -c$conns -d3s -s "$lua" http://127.0.0.1:$port >/dev/null
 callgrind_control -z $vpid >/dev/null

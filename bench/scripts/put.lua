@@ -6,11 +6,16 @@ local bearer = os.getenv("BEARER")
 -- TOKEN_BASE: tokens TOKEN_BASE + 1, + 2, ... instead of the clock in µs (under a jump cap,
 -- which a fresh key measures from 0).
 local token_base = tonumber(os.getenv("TOKEN_BASE") or "")
+-- IDEM=1: every PUT carries a fresh Idempotency-Key (what a keyed write costs).
+local idem = os.getenv("IDEM") == "1"
 request = function()
   counter = counter + 1
   local key = math.random(1, 10000)
   local token = token_base and string.format("%d", token_base + counter) or string.format("%d%06d", os.time(), counter % 1000000)
   local headers = {["X-Fencing-Token"] = token, ["Content-Type"] = "application/json"}
   if bearer and bearer ~= "" then headers["Authorization"] = "Bearer " .. bearer end
+  if idem then
+    headers["Idempotency-Key"] = string.format("wrk-%d-%d-%d", os.time(), counter, math.random(1, 1000000000))
+  end
   return wrk.format("PUT", "/v1/kv/" .. key, headers, body)
 end

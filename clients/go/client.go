@@ -3,12 +3,15 @@ package fencegate
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	mathrand "math/rand"
 	"net/http"
 	"net/url"
 	"os"
@@ -41,7 +44,14 @@ type Options struct {
 	// Signer returns the X-Fencing-Proof for every scoped write, claim and batch that does not
 	// pass a Proof option: e.g. func(s, t string) (string, error) { return SignHMAC(secret, s, t), nil }.
 	Signer func(scope, token string) (string, error)
+	// Retries: how many times a write is sent again, with the same Idempotency-Key, after a lost
+	// answer (a *TransportError) or a 503 with Retry-After, within Timeout and the context
+	// (0: DefaultRetries; negative: never).
+	Retries int
 }
+
+// DefaultRetries is how many times a write is retried with its Idempotency-Key by default.
+const DefaultRetries = 2
 
 // Client of one fencegate server. Safe for concurrent use.
 type Client struct {
@@ -51,6 +61,9 @@ type Client struct {
 	header http.Header
 	signer func(scope, token string) (string, error)
 	err    error // from New: returned by every call
+	// retries and budget bound the retries of a keyed write (Options.Retries, the timeout).
+	retries int
+	budget  time.Duration
 }
 
 // New is a client of the fencegate at rawURL (e.g. "http://127.0.0.1:8080") with no
@@ -82,7 +95,12 @@ func NewWithOptions(rawURL string, o Options) (*Client, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fencegate: bad URL %q: want http(s)://host:port", rawURL)
 	}
-	c := &Client{base: u, apiKey: o.APIKey, header: o.Header.Clone(), signer: o.Signer}
+	c := &Client{base: u, apiKey: o.APIKey, header: o.Header.Clone(), signer: o.Signer, retries: o.Retries}
+	if c.retries == 0 {
+		c.retries = DefaultRetries
+	} else if c.retries < 0 {
+		c.retries = 0
+	}
 	if o.HTTPClient != nil {
 		if o.CACertFile != "" || o.CertFile != "" {
 			return nil, errors.New("fencegate: set CACertFile/CertFile on your HTTPClient's transport, or leave HTTPClient unset")
@@ -122,6 +140,10 @@ func NewWithOptions(rawURL string, o Options) (*Client, error) {
 		c.http = &http.Client{Transport: tr, Timeout: timeout}
 	}
 	c.http.CheckRedirect = sameOriginOnly
+	c.budget = c.http.Timeout
+	if c.budget <= 0 {
+		c.budget = DefaultTimeout
+	}
 	return c, nil
 }
 
@@ -143,12 +165,37 @@ func (c *Client) URL() string { return c.base.String() }
 
 // ---- options of a call --------------------------------------------------------------------
 
-// Option of a write: Token (required for writes), Scope, Proof, Header.
+// Option of a write: Token (required for writes), Scope, Proof, IdempotencyKey, Header.
 type Option func(*callOpts)
 
 type callOpts struct {
-	token, scope, proof string
-	header              http.Header
+	token, scope, proof, idempotencyKey string
+	header                              http.Header
+}
+
+// IdempotencyKey sets the Idempotency-Key of a write (1..=255 visible ASCII characters). Without
+// it each write gets a fresh one (NewIdempotencyKey); either way its retries send the same key.
+func IdempotencyKey(k string) Option { return func(o *callOpts) { o.idempotencyKey = k } }
+
+// NewIdempotencyKey is 128 random bits from crypto/rand as 32 hex digits.
+func NewIdempotencyKey() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic("fencegate: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}
+
+func checkIdempotencyKey(k string) error {
+	if len(k) < 1 || len(k) > 255 {
+		return errors.New("fencegate: an idempotency key is 1..=255 visible ASCII characters")
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return errors.New("fencegate: an idempotency key is 1..=255 visible ASCII characters")
+		}
+	}
+	return nil
 }
 
 // Token sets the X-Fencing-Token of a write: a canonical decimal string (see CheckToken and
@@ -304,11 +351,63 @@ func (c *Client) send(ctx context.Context, method, path string, body any, h http
 	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: raw}, nil
 }
 
+// sendKeyed sends a write carrying an Idempotency-Key (in h) and, when its answer is lost or it
+// gets a 503 with Retry-After, sends it again with the same key: at most c.retries times, while
+// the client's timeout and the context leave room. Safe because the server answers a retry of a
+// write that landed with its first outcome (Idempotent-Replayed: true), never a second write.
+func (c *Client) sendKeyed(ctx context.Context, method, path string, body any, h http.Header) (*Response, error) {
+	deadline := time.Now().Add(c.budget)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	for attempt := 0; ; attempt++ {
+		r, err := c.send(ctx, method, path, body, h)
+		if err == nil || attempt >= c.retries || ctx.Err() != nil {
+			return r, err
+		}
+		var pause time.Duration
+		var te *TransportError
+		var ue *UnavailableError
+		switch {
+		case errors.As(err, &ue):
+			secs, perr := strconv.ParseFloat(ue.RetryAfter, 64)
+			if perr != nil || secs < 0 {
+				return r, err
+			}
+			pause = time.Duration(secs * float64(time.Second))
+		case errors.As(err, &te):
+			pause = time.Duration(float64(100*time.Millisecond<<attempt) * (0.8 + 0.4*mathrand.Float64()))
+		default:
+			return r, err
+		}
+		if time.Now().Add(pause).After(deadline) {
+			return r, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return r, err
+		case <-t.C:
+		}
+	}
+}
+
+func replayed(r *Response) bool {
+	return strings.EqualFold(r.Header.Get("Idempotent-Replayed"), "true")
+}
+
 // fenced: a write's headers (token checked, scope encoded, proof signed when a signer is set).
 func (c *Client) fenced(o callOpts) (http.Header, error) {
+	key := o.idempotencyKey
+	if key == "" {
+		key = NewIdempotencyKey()
+	} else if err := checkIdempotencyKey(key); err != nil {
+		return nil, err
+	}
 	if o.token == "" {
 		// Sent without one: the server answers 428 (MissingTokenError), typed like any refusal.
-		h := http.Header{}
+		h := http.Header{"Idempotency-Key": {key}}
 		if o.scope != "" {
 			h.Set("X-Fencing-Scope", Segment(o.scope))
 		}
@@ -317,7 +416,7 @@ func (c *Client) fenced(o callOpts) (http.Header, error) {
 	if err := CheckToken(o.token); err != nil {
 		return nil, err
 	}
-	h := http.Header{"X-Fencing-Token": {o.token}}
+	h := http.Header{"X-Fencing-Token": {o.token}, "Idempotency-Key": {key}}
 	if o.scope != "" {
 		h.Set("X-Fencing-Scope", Segment(o.scope))
 		if o.proof == "" && c.signer != nil {
@@ -379,7 +478,9 @@ type WriteResult struct {
 	Key, FenceToken, Scope, Resource string
 	Created                          bool
 	Version                          int64
-	Raw                              map[string]any
+	// Replayed: the server answered a retry with this write's first outcome (it landed earlier).
+	Replayed bool
+	Raw      map[string]any
 }
 
 // Entry is a key's value and fence (GET /v1/kv/{key}).
@@ -400,7 +501,9 @@ func (e *Entry) Decode(v any) error { return json.Unmarshal(e.Value, v) }
 type DeleteResult struct {
 	Key, FenceToken, Scope, Resource string
 	Deleted                          bool
-	Raw                              map[string]any
+	// Replayed: the server answered a retry with this write's first outcome (it landed earlier).
+	Replayed bool
+	Raw      map[string]any
 }
 
 // OpResult of one batch op.
@@ -413,14 +516,18 @@ type OpResult struct {
 type BatchResult struct {
 	FenceToken, Scope string
 	Results           []OpResult
-	Raw               map[string]any
+	// Replayed: the server answered a retry with this batch's first outcome.
+	Replayed bool
+	Raw      map[string]any
 }
 
 // Fence of a scope; Created for a 201 claim.
 type Fence struct {
 	Scope, FenceToken string
 	Created           bool
-	Raw               map[string]any
+	// Replayed: the server answered a retried claim with its first outcome.
+	Replayed bool
+	Raw      map[string]any
 }
 
 // Grant of the built-in lock service (a grant or a renew).
@@ -457,7 +564,7 @@ func (c *Client) write(ctx context.Context, method, path string, body any, opts 
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := c.send(ctx, method, path, body, h)
+	r, err := c.sendKeyed(ctx, method, path, body, h)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -467,12 +574,12 @@ func (c *Client) write(ctx context.Context, method, path string, body any, opts 
 
 func writeResult(r *Response, m map[string]any) *WriteResult {
 	return &WriteResult{Key: str(m, "key"), FenceToken: str(m, "fence_token"), Scope: str(m, "scope"),
-		Resource: str(m, "resource"), Created: r.Status == 201, Version: num(m, "version"), Raw: m}
+		Resource: str(m, "resource"), Created: r.Status == 201, Version: num(m, "version"), Replayed: replayed(r), Raw: m}
 }
 
-func deleteResult(m map[string]any) *DeleteResult {
+func deleteResult(r *Response, m map[string]any) *DeleteResult {
 	d := &DeleteResult{Key: str(m, "key"), FenceToken: str(m, "fence_token"), Scope: str(m, "scope"),
-		Resource: str(m, "resource"), Deleted: true, Raw: m}
+		Resource: str(m, "resource"), Deleted: true, Replayed: replayed(r), Raw: m}
 	if v, ok := m["deleted"].(bool); ok {
 		d.Deleted = v
 	}
@@ -518,11 +625,11 @@ func (c *Client) Delete(ctx context.Context, key string, opts ...Option) (*Delet
 	if err := checkName("key", key); err != nil {
 		return nil, err
 	}
-	_, m, err := c.write(ctx, "DELETE", "/v1/kv/"+Segment(key), noBody, opts)
+	r, m, err := c.write(ctx, "DELETE", "/v1/kv/"+Segment(key), noBody, opts)
 	if err != nil {
 		return nil, err
 	}
-	return deleteResult(m), nil
+	return deleteResult(r, m), nil
 }
 
 // Op is one operation of a batch: PutOp, DeleteOp, TablePutOp, TablePatchOp, TableDeleteOp.
@@ -555,11 +662,11 @@ func (c *Client) Batch(ctx context.Context, ops []Op, opts ...Option) (*BatchRes
 	if ops == nil {
 		ops = []Op{}
 	}
-	_, m, err := c.write(ctx, "POST", "/v1/batch", map[string]any{"ops": ops}, opts)
+	r, m, err := c.write(ctx, "POST", "/v1/batch", map[string]any{"ops": ops}, opts)
 	if err != nil {
 		return nil, err
 	}
-	b := &BatchResult{FenceToken: str(m, "fence_token"), Scope: str(m, "scope"), Raw: m}
+	b := &BatchResult{FenceToken: str(m, "fence_token"), Scope: str(m, "scope"), Replayed: replayed(r), Raw: m}
 	if list, ok := m["results"].([]any); ok {
 		for _, it := range list {
 			if r, ok := it.(map[string]any); ok {
@@ -589,7 +696,7 @@ func (c *Client) Claim(ctx context.Context, scope string, opts ...Option) (*Fenc
 		return nil, err
 	}
 	h.Del("X-Fencing-Scope")
-	r, err := c.send(ctx, "POST", "/v1/fences/"+Segment(scope), noBody, h)
+	r, err := c.sendKeyed(ctx, "POST", "/v1/fences/"+Segment(scope), noBody, h)
 	if err != nil {
 		return nil, err
 	}
@@ -597,7 +704,9 @@ func (c *Client) Claim(ctx context.Context, scope string, opts ...Option) (*Fenc
 	if err != nil {
 		return nil, err
 	}
-	return fenceOf(r, m), nil
+	f := fenceOf(r, m)
+	f.Replayed = replayed(r)
+	return f, nil
 }
 
 // Fence reads a scope's fence; *NotFoundError if it has none.
@@ -744,11 +853,11 @@ func (c *Client) TablePatch(ctx context.Context, resource string, key RowKey, ro
 
 // TableDelete deletes a row under Token(..); its tombstone keeps the fence.
 func (c *Client) TableDelete(ctx context.Context, resource string, key RowKey, opts ...Option) (*DeleteResult, error) {
-	_, m, err := c.write(ctx, "DELETE", tablePath(resource, key), noBody, opts)
+	r, m, err := c.write(ctx, "DELETE", tablePath(resource, key), noBody, opts)
 	if err != nil {
 		return nil, err
 	}
-	return deleteResult(m), nil
+	return deleteResult(r, m), nil
 }
 
 // ---- admin (the admin right) --------------------------------------------------------------

@@ -194,6 +194,10 @@ type InvalidValueError struct {
 	Column, Constraint string
 }
 
+// IdempotencyKeyReusedError (422 idempotency-key-reused): the Idempotency-Key was already
+// used for another request; nothing was done.
+type IdempotencyKeyReusedError struct{ Problem }
+
 // InvalidRequestError (400 invalid-request).
 type InvalidRequestError struct{ Problem }
 
@@ -294,6 +298,7 @@ var problemTypes = map[string]func(p Problem) error{
 		return &InvalidValueError{Problem: p, Column: p.str("column"), Constraint: p.str("constraint")}
 	},
 	"invalid-request":             func(p Problem) error { return &InvalidRequestError{p} },
+	"idempotency-key-reused":      func(p Problem) error { return &IdempotencyKeyReusedError{p} },
 	"payload-too-large":           func(p Problem) error { return &PayloadTooLargeError{p} },
 	"unsupported-media-type":      func(p Problem) error { return &UnsupportedMediaTypeError{p} },
 	"unsupported-transfer-coding": func(p Problem) error { return &UnsupportedTransferCodingError{p} },

@@ -1,5 +1,8 @@
-// Type declarations of the `fencegate` package (hand-written; `npm run typecheck` checks them
-// against test/types.ts, and the tests check the runtime exports match).
+// Type declarations of the `fencegate` package, hand-written and held to the implementation:
+// `npm run typecheck` (test.sh, prepack) compiles test/types.ts against them, type-checks
+// lib/*.js (checkJs, its JSDoc typed from this file) and test/declarations.js, which fails when
+// lib/ lacks an export, method or property declared here or types one differently; the tests
+// check the runtime exports are the declared names.
 
 /// <reference types="node" />
 import type { KeyObject } from 'node:crypto';
@@ -23,13 +26,23 @@ export interface ClientOptions {
   timeoutMs?: number;
   /** Extra headers sent on every request. */
   headers?: Record<string, string>;
+  /**
+   * How many times a write is sent again, with the same Idempotency-Key, after a lost answer
+   * (fetch failed) or a 503 with Retry-After, within `timeoutMs` (default 2; 0: never).
+   */
+  retries?: number;
+}
+
+/** A write's Idempotency-Key (1..=255 visible ASCII characters); by default a fresh random UUID per call. */
+export interface IdempotencyOptions {
+  idempotencyKey?: string;
 }
 
 export interface RequestOptions {
   signal?: AbortSignal;
 }
 
-export interface FencingOptions extends RequestOptions {
+export interface FencingOptions extends RequestOptions, IdempotencyOptions {
   /** The fencing token (X-Fencing-Token). */
   token: TokenInput;
   /** The scope (X-Fencing-Scope), normally the lock's name; percent-encoded for you. */
@@ -38,7 +51,7 @@ export interface FencingOptions extends RequestOptions {
   proof?: string | null;
 }
 
-export interface ClaimOptions extends RequestOptions {
+export interface ClaimOptions extends RequestOptions, IdempotencyOptions {
   token: TokenInput;
   proof?: string | null;
 }
@@ -234,7 +247,9 @@ export declare class Client {
   ready(options?: RequestOptions): Promise<{ status: string }>;
 }
 
+/** `client.admin`; not constructed by hand. */
 export declare class Admin {
+  private constructor(client: Client);
   resetFence(scope: string, options: { to: TokenInput; reason: string }): Promise<AdminResult>;
   resetKey(key: string, options: ResetOptions): Promise<AdminResult>;
   resetRow(resource: string, key: RowKey, options: ResetOptions): Promise<AdminResult>;
@@ -247,12 +262,13 @@ export declare class Admin {
 /** `Symbol.asyncDispose` (Node 20: Symbol.for('nodejs.asyncDispose')). */
 export declare const asyncDispose: typeof Symbol.asyncDispose;
 
-export interface LeaseWriteOptions extends RequestOptions {
+export interface LeaseWriteOptions extends RequestOptions, IdempotencyOptions {
   proof?: string | null;
 }
 
 export declare class Lease implements AsyncDisposable {
-  private constructor();
+  /** Made by client.lease(). */
+  private constructor(client: Client, name: string, grant: LockGrant, timing: { ttlMs: number; sentAt: number });
   readonly name: string;
   /** This lease's fencing token. */
   readonly token: Token;
@@ -275,7 +291,7 @@ export declare class Lease implements AsyncDisposable {
   get<V = JsonValue>(key: string, options?: RequestOptions): Promise<KvEntry<V> | null>;
   delete(key: string, options?: LeaseWriteOptions): Promise<KvDeleteResult>;
   batch(ops: BatchOp[], options?: LeaseWriteOptions): Promise<BatchResult>;
-  claim(options?: RequestOptions): Promise<FenceInfo>;
+  claim(options?: RequestOptions & IdempotencyOptions): Promise<FenceInfo>;
   tablePut(resource: string, key: RowKey, row: Record<string, unknown>, options?: LeaseWriteOptions): Promise<TableWriteResult>;
   tablePatch(resource: string, key: RowKey, row: Record<string, unknown>, options?: LeaseWriteOptions): Promise<TableWriteResult>;
   tableDelete(resource: string, key: RowKey, options?: LeaseWriteOptions): Promise<TableWriteResult>;
@@ -416,6 +432,8 @@ export declare class ResetNotBelowError extends FencegateError {}
 export declare class BindingConflictError extends FencegateError {}
 /** 422: the table refused a value (a constraint, a trigger). */
 export declare class InvalidValueError extends FencegateError {}
+/** 422 idempotency-key-reused: the Idempotency-Key was already used for another request; nothing was done. */
+export declare class IdempotencyKeyReusedError extends FencegateError {}
 export declare class NotFoundError extends FencegateError {}
 /** 503 unavailable. */
 export declare class UnavailableError extends FencegateError {

@@ -31,7 +31,14 @@ pub struct KvSettings {
     /// Longest decimal expansion of a JSON number in a request body (digits PostgreSQL would
     /// print): `1e131071` is 9 bytes sent but 131,072 digits on every read. Longer: 400.
     pub max_number_digits: usize,
+    /// How long the outcome of a write sent with an `Idempotency-Key` is kept, in
+    /// milliseconds: a retry with the same key within it gets the first outcome back.
+    pub idempotency_ttl_ms: u64,
 }
+
+/// The longest `kv.idempotency_ttl_ms`: 30 days. A retry comes within minutes or hours; the
+/// rows live in the database until the sweep deletes them.
+pub const MAX_IDEMPOTENCY_TTL_MS: u64 = 30 * 86_400_000;
 
 impl Default for KvSettings {
     fn default() -> Self {
@@ -43,6 +50,7 @@ impl Default for KvSettings {
             sticky_scope: true,
             max_token_jump: 0,
             max_number_digits: 1000,
+            idempotency_ttl_ms: 86_400_000,
         }
     }
 }
@@ -82,6 +90,12 @@ impl KvSettings {
                 "kv.max_token_jump must be at most {} (0 = no cap), got {}",
                 i64::MAX,
                 self.max_token_jump
+            ));
+        }
+        if !(1..=MAX_IDEMPOTENCY_TTL_MS).contains(&self.idempotency_ttl_ms) {
+            return Err(format!(
+                "kv.idempotency_ttl_ms must be between 1 and {MAX_IDEMPOTENCY_TTL_MS} (30 days), got {}",
+                self.idempotency_ttl_ms
             ));
         }
         if !(1..=100_000).contains(&self.max_batch_ops) {

@@ -1,6 +1,6 @@
 //! `POST /v1/batch`: several kv writes (and legacy-table writes) under one token, all or nothing.
 
-use axum::{extract::State, Json};
+use axum::{extract::State, http::StatusCode, response::Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -8,7 +8,8 @@ use utoipa::ToSchema;
 use super::openapi as doc;
 use super::{
     auth::{check, check_table, Named},
-    extract::{JsonBody, Proof, ScopeHeader, Token},
+    extract::{Proof, ScopeHeader, Token},
+    idempotency::{finish, json_answer, respond, IdemKey, KeyedJson, Pending, Render},
     kv::guard,
     problem::{accepted, ApiError},
     report::Accepted,
@@ -18,7 +19,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{FencingToken, Guard, Key, Rule, Scope, ScopeMismatch, Target},
-    store::{BatchOp as Op, RowWritten, Write, Written},
+    store::{Answer, BatchOp as Op, BatchWritten, Done, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
 
@@ -88,7 +89,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     path = super::routes::BATCH,
     tag = "kv",
     summary = "Several writes under one token: all or nothing",
-    params(Token, ScopeHeader, Proof),
+    params(Token, ScopeHeader, Proof, IdemKey),
     request_body(content = BatchRequest, content_type = "application/json"),
     responses((status = 200, description = "Every op applied", body = BatchDone), doc::Batch)
 )]
@@ -98,9 +99,10 @@ pub async fn batch(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
-    JsonBody(request): JsonBody<BatchRequest>,
-) -> Result<Accepted<Json<BatchDone>>, ApiError> {
-    let ops = parse_ops(&state, request)?;
+    idem: IdemKey,
+    body: KeyedJson<BatchRequest>,
+) -> Result<Accepted<Response>, ApiError> {
+    let ops = parse_ops(&state, body.value)?;
     // `write` on every op's key (or table) and on the batch's effective scope, before anything
     // is written: one refused op refuses the batch.
     for op in &ops {
@@ -129,20 +131,49 @@ pub async fn batch(
         return Err(super::binding::refused(&state, &guard, mismatch).await);
     }
     if ops.iter().any(|op| matches!(op, Op::Row(_))) {
-        return batch_tables(&state, token, scope, ops).await;
+        let pending = idem.0.map(|p| (p, &actor, body.digest));
+        return batch_tables(&state, token, scope, ops, pending).await;
     }
     let writes: Vec<Write> = ops
         .into_iter()
         .filter_map(|op| if let Op::Kv(w) = op { Some(w) } else { None })
         .collect();
     let guard = guard(&state, token, scope);
-    let written = accepted(state.store.batch(&writes, &guard).await?)?;
-    let results = op_results(&writes, &written);
-    Ok(Accepted(Json(BatchDone {
-        fence_token: guard.token,
-        results,
-        scope: guard.scope().cloned(),
-    })))
+    let (token, scope) = (guard.token, guard.scope().cloned());
+    let Some(pending) = idem.0 else {
+        let written = accepted(state.store.batch(&writes, &guard).await?)?;
+        return Ok(Accepted(respond(
+            kv_answer(token, scope, &writes, &written),
+            false,
+        )));
+    };
+    let render = {
+        let (writes, scope) = (writes.clone(), scope.clone());
+        Render::new(move |done| match done {
+            Done::Kv(written) => kv_answer(token, scope.clone(), &writes, written),
+            _ => unreachable!("a kv batch is kept as one"),
+        })
+    };
+    let keep = pending.keep(&state, &actor, body.digest, render);
+    let keyed = state.store.batch_keyed(&writes, &guard, &keep).await?;
+    finish(keyed, |written| kv_answer(token, scope, &writes, written))
+}
+
+/// The answer to an applied kv batch.
+fn kv_answer(
+    token: FencingToken,
+    scope: Option<Scope>,
+    writes: &[Write],
+    written: &[Written],
+) -> Answer {
+    json_answer(
+        StatusCode::OK,
+        &BatchDone {
+            fence_token: token,
+            results: op_results(writes, written),
+            scope,
+        },
+    )
 }
 
 /// The one scope a batch is under: the header's if sent, else the scope its bound keys and
@@ -176,13 +207,40 @@ async fn batch_tables(
     token: Token,
     scope: Option<Scope>,
     ops: Vec<Op>,
-) -> Result<Accepted<Json<BatchDone>>, ApiError> {
+    idem: Option<(Pending, &Actor, Option<[u8; 32]>)>,
+) -> Result<Accepted<Response>, ApiError> {
     let guard = Guard {
         token: token.0,
         target: scope.clone().map_or(Target::Key, Target::Scope),
         rule: state.kv.rule(),
     };
-    let (kv_written, rows_written) = accepted(state.store.batch_tables(&ops, &guard).await?)?;
+    let token = token.0;
+    let Some((pending, actor, digest)) = idem else {
+        let written = accepted(state.store.batch_tables(&ops, &guard).await?)?;
+        return Ok(Accepted(respond(
+            mixed_answer(token, scope, &ops, &written),
+            false,
+        )));
+    };
+    let render = {
+        let (ops, scope) = (ops.clone(), scope.clone());
+        Render::new(move |done| match done {
+            Done::Mixed(written) => mixed_answer(token, scope.clone(), &ops, written),
+            _ => unreachable!("a batch with table ops is kept as one"),
+        })
+    };
+    let keep = pending.keep(state, actor, digest, render);
+    let keyed = state.store.batch_tables_keyed(&ops, &guard, &keep).await?;
+    finish(keyed, |written| mixed_answer(token, scope, &ops, written))
+}
+
+/// The answer to an applied batch with table ops.
+fn mixed_answer(
+    token: FencingToken,
+    scope: Option<Scope>,
+    ops: &[Op],
+    (kv_written, rows_written): &BatchWritten,
+) -> Answer {
     // kv results as for a kv-only batch, then interleaved with the table results in request order.
     let kv: Vec<Write> = ops
         .iter()
@@ -197,9 +255,9 @@ async fn batch_tables(
     let rows = ops
         .iter()
         .filter_map(|op| if let Op::Row(r) = op { Some(r) } else { None });
-    let mut kv_results = op_results(&kv, &kv_written).into_iter();
+    let mut kv_results = op_results(&kv, kv_written).into_iter();
     let mut row_results = rows
-        .zip(&rows_written)
+        .zip(rows_written)
         .map(|(op, written)| row_result(op, written));
     let results: Vec<OpResult> = ops
         .iter()
@@ -208,11 +266,14 @@ async fn batch_tables(
             Op::Row(_) => row_results.next(),
         })
         .collect();
-    Ok(Accepted(Json(BatchDone {
-        fence_token: token.0,
-        results,
-        scope,
-    })))
+    json_answer(
+        StatusCode::OK,
+        &BatchDone {
+            fence_token: token,
+            results,
+            scope,
+        },
+    )
 }
 
 fn row_result(op: &TableOp, written: &RowWritten) -> OpResult {

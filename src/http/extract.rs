@@ -186,30 +186,38 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = req
-            .extensions()
-            .get::<BodyLimit>()
-            .map(|l| l.0)
-            .unwrap_or_default();
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit }
-            } else {
-                ApiError::InvalidJson(format!(
-                    "the body could not be read: {}",
-                    rejection.body_text()
-                ))
-            }
-        })?;
-        if bytes.is_empty() {
-            return Err(ApiError::InvalidJson(
-                "the body is empty; send a JSON document".into(),
-            ));
-        }
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::InvalidJson(e.to_string()))
+        let bytes = read_body(req, state).await?;
+        parse_json(&bytes).map(JsonBody)
     }
+}
+
+/// The whole body, within the configured limit (413 past it).
+pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    let limit = req
+        .extensions()
+        .get::<BodyLimit>()
+        .map(|l| l.0)
+        .unwrap_or_default();
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::InvalidJson(format!(
+                "the body could not be read: {}",
+                rejection.body_text()
+            ))
+        }
+    })
+}
+
+/// A body as JSON of type `T`: empty or not JSON -> 400.
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.is_empty() {
+        return Err(ApiError::InvalidJson(
+            "the body is empty; send a JSON document".into(),
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidJson(e.to_string()))
 }
 
 /// The configured body limit, put in request extensions so 413 problems can state it.

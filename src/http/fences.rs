@@ -13,6 +13,7 @@ use super::openapi as doc;
 use super::{
     auth::{check, Named},
     extract::{Proof, ScopePath, Token},
+    idempotency::{finish, json_answer, respond, IdemKey, Render},
     problem::{accepted, ApiError},
     report::Accepted,
     AppState,
@@ -20,6 +21,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{FencingToken, Scope},
+    store::{Answer, Claimed, Done},
 };
 
 /// A scope's fence: the body of a claim and of a read.
@@ -36,7 +38,7 @@ pub struct Fence<'a> {
     path = super::routes::FENCES,
     tag = "fences",
     summary = "Raise a scope's fence to the token without writing data",
-    params(ScopePath, Token, Proof),
+    params(ScopePath, Token, Proof, IdemKey),
     responses(
         (status = 201, description = "The scope had no fence", body = Fence),
         (status = 200, description = "Raised, or already there", body = Fence),
@@ -49,25 +51,43 @@ pub async fn claim(
     ScopePath(scope): ScopePath,
     Token(token): Token,
     proof: Proof,
+    idem: IdemKey,
 ) -> Result<Accepted<Response>, ApiError> {
     check(&actor, Right::Fence, Named::Scope, scope.as_str())?;
     state.issuers.check(&scope, token, proof.bytes())?;
-    let claimed = accepted(state.store.claim(&scope, token).await?)?;
+    let Some(pending) = idem.0 else {
+        let claimed = accepted(state.store.claim(&scope, token).await?)?;
+        return Ok(Accepted(respond(
+            claim_answer(token, &scope, &claimed),
+            false,
+        )));
+    };
+    let render = {
+        let scope = scope.clone();
+        Render::new(move |done| match done {
+            Done::Claim(claimed) => claim_answer(token, &scope, claimed),
+            _ => unreachable!("a claim is kept as a claim"),
+        })
+    };
+    let keep = pending.keep(&state, &actor, None, render);
+    let keyed = state.store.claim_keyed(&scope, token, &keep).await?;
+    finish(keyed, |claimed| claim_answer(token, &scope, claimed))
+}
+
+/// The answer to a claim: 201 if the scope had no fence, else 200.
+fn claim_answer(token: FencingToken, scope: &Scope, claimed: &Claimed) -> Answer {
     let status = if claimed.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok(Accepted(
-        (
-            status,
-            Json(Fence {
-                fence_token: token,
-                scope: &scope,
-            }),
-        )
-            .into_response(),
-    ))
+    json_answer(
+        status,
+        &Fence {
+            fence_token: token,
+            scope,
+        },
+    )
 }
 
 #[utoipa::path(

@@ -12,7 +12,8 @@ use utoipa::ToSchema;
 use super::openapi as doc;
 use super::{
     auth::{check, Named},
-    extract::{JsonBody, KeyPath, Proof, ScopeHeader, Token},
+    extract::{KeyPath, Proof, ScopeHeader, Token},
+    idempotency::{finish, json_answer, respond, IdemKey, KeyedJson, Render},
     problem::{accepted, ApiError},
     report::Accepted,
     AppState,
@@ -20,7 +21,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{FencingToken, Guard, Key, Scope, Target},
-    store::Write,
+    store::{Answer, Done, Write, Written},
 };
 
 /// Builds the guard for a kv write under `scope` (already resolved against the bindings):
@@ -113,7 +114,7 @@ pub struct KvRead<'a> {
     path = super::routes::KV,
     tag = "kv",
     summary = "Write a value, fenced by the token (and the scope, if any)",
-    params(KeyPath, Token, ScopeHeader, Proof),
+    params(KeyPath, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = serde_json::Value, description = "The value: any JSON document", content_type = "application/json"),
     responses(
         (status = 201, description = "Created: the key was absent or deleted", body = KvWritten),
@@ -121,6 +122,8 @@ pub struct KvRead<'a> {
         doc::KvPut
     )
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,
@@ -128,23 +131,60 @@ pub async fn put(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
-    JsonBody(value): JsonBody<serde_json::Value>,
+    idem: IdemKey,
+    body: KeyedJson<serde_json::Value>,
 ) -> Result<Accepted<Response>, ApiError> {
+    let value = body.value;
     crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
     let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
-    let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
+    let (token, scope) = (guard.token, guard.scope().cloned());
+    let Some(pending) = idem.0 else {
+        let written = accepted(state.store.write(Write::Put { key, value }, &guard).await?)?;
+        return Ok(Accepted(respond(
+            put_answer(token, scope.as_ref(), &written),
+            false,
+        )));
+    };
+    let render = {
+        let scope = scope.clone();
+        Render::new(move |done| match done {
+            Done::Kv([written, ..]) => put_answer(token, scope.as_ref(), written),
+            _ => unreachable!("a kv write is kept as a batch of one"),
+        })
+    };
+    let keep = pending.keep(&state, &actor, body.digest, render);
+    let keyed = state
+        .store
+        .write_keyed(Write::Put { key, value }, &guard, &keep)
+        .await?;
+    finish(keyed, |written| put_answer(token, scope.as_ref(), written))
+}
+
+/// The answer to an accepted PUT: 201 if the key was absent or deleted, else 200.
+fn put_answer(token: FencingToken, scope: Option<&Scope>, written: &Written) -> Answer {
     let status = if written.was_live {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
     let body = KvWritten {
-        fence_token: guard.token,
+        fence_token: token,
         key: &written.key,
-        scope: guard.scope(),
+        scope,
         version: written.version,
     };
-    Ok(Accepted((status, Json(body)).into_response()))
+    json_answer(status, &body)
+}
+
+/// The answer to an accepted DELETE.
+fn delete_answer(token: FencingToken, scope: Option<&Scope>, written: &Written) -> Answer {
+    let body = KvDeleted {
+        deleted: true,
+        fence_token: token,
+        key: &written.key,
+        scope,
+    };
+    json_answer(StatusCode::OK, &body)
 }
 
 #[utoipa::path(
@@ -153,7 +193,7 @@ pub async fn put(
     path = super::routes::KV,
     tag = "kv",
     summary = "Delete a value; the tombstone keeps the fence",
-    params(KeyPath, Token, ScopeHeader, Proof),
+    params(KeyPath, Token, ScopeHeader, Proof, IdemKey),
     responses((status = 200, description = "Deleted (also for a key never written)", body = KvDeleted), doc::KvDelete)
 )]
 pub async fn delete(
@@ -163,16 +203,32 @@ pub async fn delete(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
+    idem: IdemKey,
 ) -> Result<Accepted<Response>, ApiError> {
     let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
-    let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
-    let body = KvDeleted {
-        deleted: true,
-        fence_token: guard.token,
-        key: &written.key,
-        scope: guard.scope(),
+    let (token, scope) = (guard.token, guard.scope().cloned());
+    let Some(pending) = idem.0 else {
+        let written = accepted(state.store.write(Write::Delete { key }, &guard).await?)?;
+        return Ok(Accepted(respond(
+            delete_answer(token, scope.as_ref(), &written),
+            false,
+        )));
     };
-    Ok(Accepted(Json(body).into_response()))
+    let render = {
+        let scope = scope.clone();
+        Render::new(move |done| match done {
+            Done::Kv([written, ..]) => delete_answer(token, scope.as_ref(), written),
+            _ => unreachable!("a kv write is kept as a batch of one"),
+        })
+    };
+    let keep = pending.keep(&state, &actor, None, render);
+    let keyed = state
+        .store
+        .write_keyed(Write::Delete { key }, &guard, &keep)
+        .await?;
+    finish(keyed, |written| {
+        delete_answer(token, scope.as_ref(), written)
+    })
 }
 
 #[utoipa::path(

@@ -10,6 +10,7 @@ mod embedded;
 mod extract;
 mod fences;
 mod gate;
+mod idempotency;
 mod kv;
 mod locks;
 mod observe;
@@ -143,6 +144,7 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
         .split_for_parts();
     doc.merge(rest_doc);
     openapi::describe_access(&mut doc);
+    openapi::describe_replays(&mut doc);
     (described, rest, doc)
 }
 

@@ -70,9 +70,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
                 StoreError::Refused { cause, .. } | StoreError::KeyJump { cause, .. } => {
                     ApiError::Store(StoreError::Unavailable(cause))
                 }
-                StoreError::Corrupt(msg) | StoreError::Task(msg) | StoreError::Raced(msg) => {
-                    ApiError::Store(StoreError::unavailable(msg))
-                }
+                StoreError::Corrupt(msg)
+                | StoreError::Task(msg)
+                | StoreError::Raced(msg)
+                | StoreError::Unkeepable(msg) => ApiError::Store(StoreError::unavailable(msg)),
             };
             err.into_response()
         }

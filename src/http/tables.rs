@@ -16,7 +16,8 @@ use utoipa::ToSchema;
 use super::openapi as doc;
 use super::{
     auth::{check, check_table, Named},
-    extract::{JsonBody, Proof, ScopeHeader, Token},
+    extract::{Proof, ScopeHeader, Token},
+    idempotency::{finish, json_answer, respond, IdemKey, KeyedJson, Render},
     problem::{accepted, ApiError},
     report::Accepted,
     AppState,
@@ -24,6 +25,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{binding, Fenced, FencingToken, Guard, Scope, ScopeMismatch, Target},
+    store::{Answer, Done},
     tables::{canonical_key, Resource, RowBody, RowKey, RowWrite, TableOp},
 };
 
@@ -129,10 +131,41 @@ pub struct RowWritten<'a> {
 
 async fn write(
     state: &AppState,
+    actor: &Actor,
     op: TableOp,
     guard: Guard,
+    idem: IdemKey,
+    digest: Option<[u8; 32]>,
 ) -> Result<Accepted<Response>, ApiError> {
-    let written = accepted(state.store.table_write(&op, &guard).await?)?;
+    let (token, scope) = (guard.token, guard.scope().cloned());
+    let Some(pending) = idem.0 else {
+        let written = accepted(state.store.table_write(&op, &guard).await?)?;
+        return Ok(Accepted(respond(
+            row_answer(&op, token, scope.as_ref(), &written),
+            false,
+        )));
+    };
+    let render = {
+        let (op, scope) = (op.clone(), scope.clone());
+        Render::new(move |done| match done {
+            Done::Row(written) => row_answer(&op, token, scope.as_ref(), written),
+            _ => unreachable!("a table write is kept as a row"),
+        })
+    };
+    let keep = pending.keep(state, actor, digest, render);
+    let keyed = state.store.table_write_keyed(&op, &guard, &keep).await?;
+    finish(keyed, |written| {
+        row_answer(&op, token, scope.as_ref(), written)
+    })
+}
+
+/// The answer to an accepted table write: 201 for a PUT that created the row, else 200.
+fn row_answer(
+    op: &TableOp,
+    token: FencingToken,
+    scope: Option<&Scope>,
+    written: &crate::store::RowWritten,
+) -> Answer {
     let (status, deleted) = match op.write {
         RowWrite::Put(_) if !written.existed => (StatusCode::CREATED, None),
         RowWrite::Delete => (StatusCode::OK, Some(true)),
@@ -140,12 +173,12 @@ async fn write(
     };
     let body = RowWritten {
         deleted,
-        fence_token: guard.token,
+        fence_token: token,
         key: &written.key,
         resource: &op.resource.name,
-        scope: guard.scope(),
+        scope,
     };
-    Ok(Accepted((status, Json(body)).into_response()))
+    json_answer(status, &body)
 }
 
 /// Replaces the row (creating it if absent); columns left out get their default.
@@ -154,7 +187,7 @@ async fn write(
     put,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses(
         (status = 201, description = "Created", body = RowWritten),
@@ -162,6 +195,8 @@ async fn write(
         doc::TableWrite
     )
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn put(
     actor: Actor,
     State(state): State<AppState>,
@@ -169,18 +204,23 @@ pub async fn put(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
-    JsonBody(body): JsonBody<RowBody>,
+    idem: IdemKey,
+    body: KeyedJson<RowBody>,
 ) -> Result<Accepted<Response>, ApiError> {
+    let (body, digest) = (body.value, body.digest);
     let write = RowWrite::Put(resource.check_row(body, false)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(
         &state,
+        &actor,
         TableOp {
             resource,
             key,
             write,
         },
         guard,
+        idem,
+        digest,
     )
     .await
 }
@@ -191,10 +231,12 @@ pub async fn put(
     patch,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     request_body(content = Object, description = "The row: column name -> value (JSON), as docs/tables.md maps them", content_type = "application/json"),
     responses((status = 200, description = "Updated", body = RowWritten), doc::TableWrite)
 )]
+// One argument per extractor: the request's parts, each parsed and refused on its own.
+#[allow(clippy::too_many_arguments)]
 pub async fn patch(
     actor: Actor,
     State(state): State<AppState>,
@@ -202,18 +244,23 @@ pub async fn patch(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
-    JsonBody(body): JsonBody<RowBody>,
+    idem: IdemKey,
+    body: KeyedJson<RowBody>,
 ) -> Result<Accepted<Response>, ApiError> {
+    let (body, digest) = (body.value, body.digest);
     let write = RowWrite::Patch(resource.check_row(body, true)?);
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(
         &state,
+        &actor,
         TableOp {
             resource,
             key,
             write,
         },
         guard,
+        idem,
+        digest,
     )
     .await
 }
@@ -224,7 +271,7 @@ pub async fn patch(
     delete,
     path = super::routes::TABLES,
     tag = "tables",
-    params(doc::RowParams, Token, ScopeHeader, Proof),
+    params(doc::RowParams, Token, ScopeHeader, Proof, IdemKey),
     responses((status = 200, description = "Deleted", body = RowWritten), doc::TableDelete)
 )]
 pub async fn delete(
@@ -234,16 +281,20 @@ pub async fn delete(
     token: Token,
     scope: ScopeHeader,
     proof: Proof,
+    idem: IdemKey,
 ) -> Result<Accepted<Response>, ApiError> {
     let guard = guard(&state, &actor, &resource, &key, token, scope, &proof).await?;
     self::write(
         &state,
+        &actor,
         TableOp {
             resource,
             key,
             write: RowWrite::Delete,
         },
         guard,
+        idem,
+        None,
     )
     .await
 }

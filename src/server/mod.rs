@@ -441,13 +441,28 @@ impl Backoff {
 async fn tick(store: Store) {
     let mut every_second = tokio::time::interval(std::time::Duration::from_secs(1));
     every_second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut swept = tokio::time::Instant::now();
     loop {
         every_second.tick().await;
         telemetry::record_pool(&store);
         store.shrink_idle_connections();
         store.record_sql_writers().await;
+        // Expired Idempotency-Key outcomes: a bounded sweep, every `IDEMPOTENCY_SWEEP_EVERY`.
+        if swept.elapsed() >= IDEMPOTENCY_SWEEP_EVERY {
+            swept = tokio::time::Instant::now();
+            match store.sweep_idempotency().await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::debug!(deleted, "expired Idempotency-Key outcomes deleted"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "expired Idempotency-Key outcomes could not be deleted")
+                }
+            }
+        }
     }
 }
+
+/// How often the tick deletes expired Idempotency-Key outcomes (in bounded batches).
+const IDEMPOTENCY_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

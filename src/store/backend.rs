@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::{
     admin::{AuditEntry, Rebind, RebindDone, Reset, ResetDone, ResetRefused},
     decode::ScopeState,
+    idempotency::{IdemId, Keep, Kept},
     overview::Overview,
     refusals::RefusalFilter,
     BatchOp, BatchWritten, Claimed, Entry, RowEntry, RowWritten, SqlSeen, StoreError, TableError,
@@ -76,6 +77,7 @@ pub(super) trait Backend:
     + RefusalStore
     + TableStore
     + HighAvailability
+    + IdempotencyStore
     + Clone
     + Send
     + Sync
@@ -223,6 +225,45 @@ pub(super) trait TableStore {
     /// What SQL writers ran into: refusals by `fencegate.fence()` and the guards, and writes
     /// guards in audit mode let through without a fence.
     async fn sql_writers(&self) -> Result<SqlSeen, StoreError>;
+}
+
+/// Writes sent with an `Idempotency-Key`: each a transaction with its outcome row
+/// (`idempotency.rs`; `store::idempotency` says how).
+pub(super) trait IdempotencyStore {
+    /// The unexpired outcome kept under `id`, if any.
+    async fn kept(&self, id: &IdemId) -> Result<Option<Kept>, StoreError>;
+
+    /// A kv batch (or a single write: a batch of one) and, if accepted, its outcome.
+    async fn batch_kept(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<Vec<Written>>, StoreError>;
+
+    async fn claim_kept(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        keep: &Keep,
+    ) -> Result<Outcome<Claimed>, StoreError>;
+
+    async fn table_write_kept(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<RowWritten>, TableError>;
+
+    async fn batch_tables_kept(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<BatchWritten>, TableError>;
+
+    /// Deletes at most `limit` expired outcome rows; how many it deleted.
+    async fn sweep_idempotency(&self, limit: i64) -> Result<u64, StoreError>;
 }
 
 /// The database's role and how its commits are replicated (`pg/replication.rs`).

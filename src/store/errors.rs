@@ -24,6 +24,10 @@ pub enum StoreError {
     /// beyond PostgreSQL's numeric range). The client's to fix: 400, told `what`.
     #[error("the database cannot store this value ({what}): {cause}")]
     Refused { what: Unstorable, cause: Cause },
+    /// A keyed write whose answer is larger than an Idempotency-Key keeps: refused before
+    /// commit, in fencegate's words (400; nothing was written).
+    #[error("{0}")]
+    Unkeepable(String),
     /// The task running the database work panicked. Logged, never sent to clients.
     #[error("database task failed: {0}")]
     Task(String),

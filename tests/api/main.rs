@@ -35,6 +35,8 @@ mod errors;
 mod held;
 mod hosts;
 mod http2;
+mod idempotency;
+mod idempotency_tables;
 mod kv;
 mod limits;
 mod locks;

@@ -69,7 +69,8 @@ async fn the_document_is_valid_openapi_3_1() {
             "key",
             "X-Fencing-Token",
             "X-Fencing-Scope",
-            "X-Fencing-Proof"
+            "X-Fencing-Proof",
+            "Idempotency-Key"
         ],
         "{put}"
     );
@@ -82,6 +83,45 @@ async fn the_document_is_valid_openapi_3_1() {
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
+    );
+}
+
+/// Every operation that takes an `Idempotency-Key` declares `Idempotent-Replayed` on each of
+/// its 2xx answers, and no other operation does (docs/api.md, Idempotency-Key).
+#[tokio::test]
+async fn keyed_writes_declare_the_replayed_header() {
+    let app = spawn_app().await;
+    let (_, doc) = document(&app).await;
+    let mut keyed = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let takes_key = op["parameters"].as_array().is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header")
+            });
+            for (status, response) in op["responses"].as_object().unwrap() {
+                let declared = response["headers"].get("Idempotent-Replayed").is_some();
+                let want = takes_key && status.starts_with('2');
+                assert_eq!(declared, want, "{method} {path} {status}: {response}");
+            }
+            if takes_key {
+                keyed.push(format!("{method} {path}"));
+            }
+        }
+    }
+    keyed.sort();
+    assert_eq!(
+        keyed,
+        [
+            "delete /v1/kv/{key}",
+            "delete /v1/tables/{resource}/{key}",
+            "patch /v1/tables/{resource}/{key}",
+            "post /v1/batch",
+            "post /v1/fences/{scope}",
+            "put /v1/kv/{key}",
+            "put /v1/tables/{resource}/{key}",
+        ],
+        "the routes that take an Idempotency-Key (docs/api.md)"
     );
 }
 

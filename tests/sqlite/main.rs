@@ -1,8 +1,9 @@
 //! The contract tests again, on the embedded SQLite backend: every request these modules send
 //! must get the answer it gets on PostgreSQL. The modules are the very files of `tests/api`;
 //! only the database differs (`BACKEND`). Not included: what SQLite does not have or does
-//! differently (docs/operations.md, Backends): legacy tables (`tables`, `auth_tables`), coalescing and the
-//! connection pool (`limits`), the database behind a TCP proxy (`outage`), fencegate's own
+//! differently (docs/operations.md, Backends): legacy tables (`tables`, `auth_tables`,
+//! `idempotency_tables`), coalescing and the connection pool (`limits`), the database behind a
+//! TCP proxy (`outage`), fencegate's own
 //! schema beside an application's (`dropin`: a SQLite file is fencegate's alone and has no
 //! schemas; `database.schema` does not apply); and what does not depend on the backend
 //! (`edge`, `byol`, `client_tls`). Nor `tls_pg`: PostgreSQL over TLS has no SQLite counterpart.
@@ -37,6 +38,8 @@ mod console;
 mod demo;
 #[path = "../api/errors.rs"]
 mod errors;
+#[path = "../api/idempotency.rs"]
+mod idempotency;
 #[path = "../api/kv.rs"]
 mod kv;
 #[path = "../api/locks.rs"]

@@ -152,3 +152,16 @@ def test_real_zombie(client, url, name, mode):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_table_writes_under_a_lease_reach_the_server(client, name):
+    # Each of the lease's table writes is sent (with its token, scope and Idempotency-Key) and
+    # answered: an unknown resource comes back as the server's 404, not a client-side error.
+    with client.lease(name, ttl_ms=10_000) as lease:
+        for write in (lambda: lease.table_put("no-such-resource", "k", {"a": 1}, idempotency_key="t-put"),
+                      lambda: lease.table_patch("no-such-resource", "k", {"a": 1}),
+                      lambda: lease.table_delete("no-such-resource", "k")):
+            with pytest.raises(fencegate.FencegateError) as ei:
+                write()
+            assert ei.value.status == 404, ei.value
+        assert lease.lost.is_set() is False

@@ -1,10 +1,21 @@
 // Problem types (RFC 9457) as error classes. One class per `type` slug the library maps; any other
 // problem becomes a FencegateError carrying its status, type and body.
+// Types come from ../index.d.ts; `tsc` (checkJs, test.sh) holds this file to them.
+
+/** @typedef {import('../index.js').ProblemBody} ProblemBody */
+/**
+ * What an error is built with besides its body (retryAfter: UnavailableError only).
+ * @typedef {{ status?: number, requestId?: string | null, cause?: unknown, retryAfter?: number | null }} ErrorOptions
+ */
 
 export const PROBLEM_BASE = 'https://fencegate.dev/problems/';
 
 /** Any problem answered by fencegate (an HTTP status >= 400 with a problem body, or without one). */
 export class FencegateError extends Error {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options = {}) {
     const p = problem ?? {};
     const status = typeof p.status === 'number' ? p.status : (options.status ?? 0);
@@ -27,6 +38,10 @@ export class FencegateError extends Error {
   }
 }
 
+/**
+ * @param {string} type
+ * @returns {string}
+ */
 function slugOf(type) {
   if (typeof type !== 'string') return '';
   if (type.startsWith(PROBLEM_BASE)) return type.slice(PROBLEM_BASE.length);
@@ -34,10 +49,15 @@ function slugOf(type) {
   return i >= 0 ? type.slice(i + 1) : type;
 }
 
+/** @type {(v: unknown) => string | null} */
 const str = (v) => (v === undefined || v === null ? null : String(v));
 
 /** 412 stale-token: the token is below the fence. */
 export class StaleTokenError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -55,6 +75,10 @@ export class StaleTokenError extends FencegateError {
 
 /** 409 scope-mismatch: the key (or row) is bound to another scope than the write's. */
 export class ScopeMismatchError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -69,6 +93,10 @@ export class ScopeMismatchError extends FencegateError {
 
 /** 422 token-not-issued: a token above the latest the scope's built-in lock granted. */
 export class TokenNotIssuedError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -80,6 +108,10 @@ export class TokenNotIssuedError extends FencegateError {
 
 /** 422 token-jump: the token would raise the fence by more than kv.max_token_jump. */
 export class TokenJumpError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -100,6 +132,10 @@ export class InvalidTokenProofError extends FencegateError {}
 
 /** 409 lock-held: someone else holds the lock. */
 export class LockHeldError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -110,6 +146,10 @@ export class LockHeldError extends FencegateError {
 
 /** 409 lock-lost: renew or release of a lease the caller no longer holds. */
 export class LockLostError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -123,6 +163,10 @@ export class LockExhaustedError extends FencegateError {}
 
 /** 409 scope-has-issuer: no built-in lock on a scope an issuer covers. */
 export class ScopeHasIssuerError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -139,6 +183,10 @@ export class UnauthorizedError extends FencegateError {}
 
 /** 403 forbidden: the credential lacks the right on the name. */
 export class ForbiddenError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options) {
     super(problem, options);
     const p = problem ?? {};
@@ -155,6 +203,10 @@ export class NotFoundError extends FencegateError {}
 
 /** 503 unavailable: retry (with the same token) after `retryAfter` seconds. */
 export class UnavailableError extends FencegateError {
+  /**
+   * @param {ProblemBody | null} problem
+   * @param {ErrorOptions} [options]
+   */
   constructor(problem, options = {}) {
     super(problem, options);
     /** Seconds from the Retry-After header (null when absent). */
@@ -168,6 +220,10 @@ export class UnavailableError extends FencegateError {
  * anything; also `lease.signal.reason` when the lease is lost.
  */
 export class LeaseLostError extends Error {
+  /**
+   * @param {string} message
+   * @param {{ cause?: unknown, lock?: string, token?: string }} [options]
+   */
   constructor(message, options = {}) {
     super(message, options.cause ? { cause: options.cause } : undefined);
     this.name = 'LeaseLostError';
@@ -226,7 +282,10 @@ export class BindingConflictError extends FencegateError {}
 
 /** 422: the table refused a value (a constraint, a trigger). */
 export class InvalidValueError extends FencegateError {}
+/** 422 idempotency-key-reused: the Idempotency-Key was already used for another request; nothing was done. */
+export class IdempotencyKeyReusedError extends FencegateError {}
 
+/** @type {Record<string, typeof FencegateError>} */
 const BY_SLUG = {
   'stale-token': StaleTokenError,
   'scope-mismatch': ScopeMismatchError,
@@ -260,11 +319,13 @@ const BY_SLUG = {
   'reset-not-below': ResetNotBelowError,
   'binding-conflict': BindingConflictError,
   'invalid-value': InvalidValueError,
+  'idempotency-key-reused': IdempotencyKeyReusedError,
 };
 
 /** Every problem type slug this library maps to a class of its own. */
 export const PROBLEM_SLUGS = Object.freeze(Object.keys(BY_SLUG));
 
+/** @type {Record<number, typeof FencegateError>} */
 const BY_STATUS = {
   401: UnauthorizedError,
   403: ForbiddenError,
@@ -273,7 +334,14 @@ const BY_STATUS = {
   503: UnavailableError,
 };
 
-/** Builds the error for a problem answer: by its type slug, else by status for the unambiguous ones. */
+/**
+ * Builds the error for a problem answer: by its type slug, else by status for the unambiguous ones.
+ *
+ * @param {number} status
+ * @param {ProblemBody | null} problem
+ * @param {{ requestId?: string | null, retryAfter?: number | null }} [options]
+ * @returns {FencegateError}
+ */
 export function problemError(status, problem, options = {}) {
   const body = problem && typeof problem === 'object' && !Array.isArray(problem) ? problem : null;
   const type = body && typeof body.type === 'string' ? body.type : null;

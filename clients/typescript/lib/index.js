@@ -35,6 +35,7 @@ export {
   ResetNotBelowError,
   BindingConflictError,
   InvalidValueError,
+  IdempotencyKeyReusedError,
   PROBLEM_BASE,
   PROBLEM_SLUGS,
   problemError,

@@ -1,5 +1,11 @@
 // Fencing tokens: canonical decimal strings in 0..=9223372036854775807, never JS floats.
+// Types come from ../index.d.ts; `tsc` (checkJs, test.sh) holds this file to them.
 
+/** @typedef {import('../index.js').TokenInput} TokenInput */
+/** @typedef {import('../index.js').Token} Token */
+/** @typedef {import('../index.js').RowKey} RowKey */
+
+/** @type {9223372036854775807n} */
 export const MAX_TOKEN = 9223372036854775807n;
 const CANONICAL = /^(0|[1-9][0-9]*)$/;
 
@@ -9,6 +15,10 @@ const CANONICAL = /^(0|[1-9][0-9]*)$/;
  * above 2^53 - 1 (already rounded), a float, a negative, a string with a sign, spaces or leading
  * zeros, or a value above 9223372036854775807 — is refused with a TypeError (or RangeError for
  * an out-of-range value), before any request is sent.
+ *
+ * @param {unknown} value a TokenInput (checked here, at run time, for JS callers)
+ * @param {string} [what] how the value is named in the error
+ * @returns {Token}
  */
 export function toToken(value, what = 'token') {
   if (typeof value === 'string') {
@@ -35,7 +45,13 @@ export function toToken(value, what = 'token') {
   throw new TypeError(`${what} must be a string, bigint or safe integer, got ${value === null ? 'null' : typeof value}`);
 }
 
-/** Encodes a key, scope or lock name as one path segment (and as the X-Fencing-Scope header). */
+/**
+ * Encodes a key, scope or lock name as one path segment (and as the X-Fencing-Scope header).
+ *
+ * @param {string} name
+ * @param {string} [what] how the name is named in the error
+ * @returns {string}
+ */
 export function encodeName(name, what = 'name') {
   if (typeof name !== 'string' || name.length === 0) throw new TypeError(`${what} must be a non-empty string`);
   if (!name.isWellFormed()) throw new TypeError(`${what} is not well-formed Unicode (a lone surrogate)`);
@@ -45,7 +61,12 @@ export function encodeName(name, what = 'name') {
   return encodeURIComponent(name);
 }
 
-/** A legacy-table row key: an array of key-column values (joined by ","), or one value. */
+/**
+ * A legacy-table row key: an array of key-column values (joined by ","), or one value.
+ *
+ * @param {RowKey} key
+ * @returns {string}
+ */
 export function encodeRowKey(key) {
   const parts = Array.isArray(key) ? key : [key];
   if (parts.length === 0) throw new TypeError('row key must have at least one part');

@@ -34,26 +34,42 @@ after(() => {
   redis?.kill('SIGTERM');
 });
 
+/**
+ * Runs the example; resolves with its exit. `.holding` resolves once it printed its token (it
+ * holds the Redis lock from then on), or when it exits: a test waits on that, not on a guess of
+ * how long a node process takes to start on a loaded machine.
+ */
 function run(args) {
-  return new Promise((resolve) => {
+  let held;
+  const holding = new Promise((r) => (held = r));
+  const exited = new Promise((resolve) => {
     const child = spawn(process.execPath, [join(PKG_DIR, 'examples', 'redis-lock.mjs'), ...args], {
       cwd: PKG_DIR,
       env: { ...process.env, FENCEGATE_URL: fencegateUrl(), REDIS_URL: redisUrl },
     });
     let stdout = '';
     let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
+    child.stdout.on('data', (d) => {
+      stdout += d;
+      if (/token=\d+/.test(stdout)) held();
+    });
     child.stderr.on('data', (d) => (stderr += d));
-    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+    child.on('exit', (code) => {
+      held();
+      resolve({ code, stdout, stderr });
+    });
   });
+  return Object.assign(exited, { holding });
 }
 
 test('redis-lock example: the holder whose Redis lock expired mid-work is refused; the new holder is not', async () => {
   const lock = uniq('redis');
   const key = uniq('redis-key');
-  // A takes the lock for 400 ms and works for 1500 ms: its lock expires while it works.
-  const a = run([lock, 'worker-a', '400', key, '{"by":"a"}', '1500']);
-  await sleep(700);
+  // A takes the lock for 400 ms and works for 4000 ms: its lock expires while it works.
+  const a = run([lock, 'worker-a', '400', key, '{"by":"a"}', '4000']);
+  await a.holding;
+  await sleep(700); // A's 400 ms Redis lock has expired: Redis counts it, not us
+
   // B takes the expired lock, gets a larger token, claims the scope and writes.
   const b = await run([lock, 'worker-b', '5000', key, '{"by":"b"}', '0']);
   assert.equal(b.code, 0, b.stderr);
@@ -73,7 +89,7 @@ test('redis-lock example: a lock held by another exits 2 and writes nothing', as
   const lock = uniq('redis-held');
   const key = uniq('redis-held-key');
   const first = run([lock, 'first', '5000', key, '1', '800']);
-  await sleep(300);
+  await first.holding;
   const second = await run([lock, 'second', '5000', key, '2', '0']);
   assert.equal(second.code, 2, second.stderr);
   assert.match(second.stderr, /held by first/);

@@ -23,6 +23,8 @@ export async function usage(url: string): Promise<void> {
   const e: KvEntry<{ total: number }> | null = await client.get<{ total: number }>('invoice-7');
   if (e) e.value.total.toFixed();
   await client.batch([{ op: 'put', key: 'a', value: 1 }, { op: 'delete', key: 'b' }], { token: '42' });
+  await client.put('invoice-8', 1, { token: 9n, idempotencyKey: 'b3f1c2d4e5f60718293a4b5c6d7e8f90' });
+  new Client({ url, retries: 0 });
   await client.claim('billing', { token: t, proof: signHmac('secret', 'billing', t) });
   const { privateKey } = generateKeyPairSync('ed25519');
   signEd25519(privateKey, 'jobs/1', 7);

@@ -9,6 +9,7 @@
 
 mod params;
 mod problems;
+mod replay;
 mod rules;
 mod token;
 
@@ -32,6 +33,7 @@ use utoipa::{
 
 pub use params::{LockName, RowParams};
 pub use problems::*;
+pub use replay::describe_replays;
 
 use super::problem::{kinds, Problem};
 use crate::fence::FencingToken;

@@ -87,6 +87,24 @@ impl IntoParams for Proof {
     }
 }
 
+impl IntoParams for crate::http::idempotency::IdemKey {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![header_param(
+            "Idempotency-Key",
+            false,
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(255))
+                .pattern(Some("^[!-~]+$")),
+            "Makes a retry unambiguous (the IETF httpapi draft's header): an accepted write's answer is \
+             kept with it for kv.idempotency_ttl_ms; the same key and request again answer it with \
+             Idempotent-Replayed: true; the same key with another request is 422 idempotency-key-reused. \
+             1..=255 visible ASCII bytes; else 400 invalid-request.",
+        )]
+    }
+}
+
 impl IntoParams for KeyPath {
     fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
         vec![path_param(

@@ -126,19 +126,21 @@ problems! {
     /// A fenced write's refusals (nothing is written).
     Fenced: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, SCOPE_MISMATCH, TOKEN_NOT_ISSUED,
              TOKEN_JUMP, MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF];
-    KvPut: [INVALID_KEY] + Edge + Body + Fenced;
-    KvDelete: [INVALID_KEY] + Edge + Fenced;
+    /// A write that takes an `Idempotency-Key`: a bad key, a key reused for another request.
+    Keyed: [INVALID_REQUEST, IDEMPOTENCY_KEY_REUSED];
+    KvPut: [INVALID_KEY] + Edge + Body + Fenced + Keyed;
+    KvDelete: [INVALID_KEY] + Edge + Fenced + Keyed;
     KvGet: [INVALID_KEY, NOT_FOUND] + Edge;
-    Batch: [INVALID_BATCH, INVALID_KEY, INVALID_ROW, INVALID_VALUE, NOT_FOUND] + Edge + Body + Fenced;
+    Batch: [INVALID_BATCH, INVALID_KEY, INVALID_ROW, INVALID_VALUE, NOT_FOUND] + Edge + Body + Fenced + Keyed;
     FenceClaim: [MISSING_TOKEN, MALFORMED_TOKEN, INVALID_SCOPE, STALE_TOKEN, TOKEN_NOT_ISSUED, TOKEN_JUMP,
-                 MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF] + Edge;
+                 MISSING_TOKEN_PROOF, INVALID_TOKEN_PROOF] + Edge + Keyed;
     FenceGet: [INVALID_SCOPE, NOT_FOUND] + Edge;
     LockAcquire: [INVALID_SCOPE, INVALID_REQUEST, LOCK_HELD, LOCK_EXHAUSTED, SCOPE_HAS_ISSUER] + Edge + Body;
     LockRenew: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, INVALID_REQUEST, LOCK_LOST] + Edge + Body;
     LockRelease: [INVALID_SCOPE, MISSING_TOKEN, MALFORMED_TOKEN, LOCK_LOST] + Edge;
     LockGet: [INVALID_SCOPE, NOT_FOUND] + Edge;
-    TableWrite: [NOT_FOUND, INVALID_KEY, INVALID_ROW, INVALID_VALUE] + Edge + Body + Fenced;
-    TableDelete: [NOT_FOUND, INVALID_KEY] + Edge + Fenced;
+    TableWrite: [NOT_FOUND, INVALID_KEY, INVALID_ROW, INVALID_VALUE] + Edge + Body + Fenced + Keyed;
+    TableDelete: [NOT_FOUND, INVALID_KEY] + Edge + Fenced + Keyed;
     TableGet: [NOT_FOUND, INVALID_KEY] + Edge;
     Reset: [INVALID_REQUEST, INVALID_KEY, INVALID_SCOPE, INVALID_ROW, NOT_FOUND, RESET_NOT_BELOW, BINDING_CONFLICT] + Edge + Body;
     Retire: [INVALID_REQUEST, INVALID_SCOPE, NOT_FOUND] + Edge + Body;

@@ -42,6 +42,7 @@ impl ApiError {
                 format!("the value cannot be stored: it holds {what}; nothing was written")
             }
             ApiError::Store(err @ StoreError::Unavailable(_)) => err.unavailable_words().into(),
+            ApiError::Store(StoreError::Unkeepable(why)) => format!("{why}; nothing was written"),
             ApiError::Store(StoreError::Raced(why)) => format!("{why}; retry with the same token (a retry is safe)"),
             ApiError::Store(StoreError::NotReady(why)) => format!("{why}; retry later"),
             // Never leak internals; the log has them, under the request id.

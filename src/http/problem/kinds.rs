@@ -171,6 +171,13 @@ pub const INVALID_REQUEST: ProblemType = kind(
     "Invalid request",
     Invalid,
 );
+/// The same `Idempotency-Key` with another request (the IETF httpapi draft's 422).
+pub const IDEMPOTENCY_KEY_REUSED: ProblemType = kind(
+    StatusCode::UNPROCESSABLE_ENTITY,
+    "idempotency-key-reused",
+    "Idempotency key reused for another request",
+    Invalid,
+);
 pub const RESET_NOT_BELOW: ProblemType = kind(
     StatusCode::CONFLICT,
     "reset-not-below",
@@ -240,6 +247,7 @@ pub const ALL: &[ProblemType] = &[
     INVALID_ROW,
     INVALID_VALUE,
     INVALID_REQUEST,
+    IDEMPOTENCY_KEY_REUSED,
     RESET_NOT_BELOW,
     LOCK_HELD,
     LOCK_EXHAUSTED,

@@ -105,6 +105,12 @@ pub enum ApiError {
     /// A renew or release of the live lease of `lock`, which another actor took (auth on).
     #[error("the lease of lock {0:?} was taken by another actor; only that actor (or an admin) may renew or release it; nothing was changed")]
     ForeignLease(String),
+    /// A bad `Idempotency-Key` header (400; nothing was done).
+    #[error("invalid Idempotency-Key: {0}")]
+    InvalidIdempotencyKey(String),
+    /// An `Idempotency-Key` already kept for another request (422; nothing was done).
+    #[error("this Idempotency-Key was already used for a different request (another body, token, scope, proof or path) within kv.idempotency_ttl_ms; nothing was done: send a new key for a new write, the same request to retry")]
+    IdempotencyKeyReused,
     #[error("request timed out")]
     Timeout,
     #[error("too many requests in flight")]
@@ -144,7 +150,10 @@ impl ApiError {
             Row(RowError::Value { .. }) => kinds::INVALID_VALUE,
             Row(RowError::NoRow(_)) => kinds::NOT_FOUND,
             Row(RowError::Token(_)) => kinds::MALFORMED_TOKEN,
-            InvalidRequest(_) => kinds::INVALID_REQUEST,
+            InvalidRequest(_) | InvalidIdempotencyKey(_) | Store(StoreError::Unkeepable(_)) => {
+                kinds::INVALID_REQUEST
+            }
+            IdempotencyKeyReused => kinds::IDEMPOTENCY_KEY_REUSED,
             ResetNotBelow(_) => kinds::RESET_NOT_BELOW,
             LockHeld { .. } => kinds::LOCK_HELD,
             LockExhausted => kinds::LOCK_EXHAUSTED,

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use sqlx::{types::Json, Connection, Row};
 
 use super::{
+    idempotency::keep_in,
     sql::{self, entry_from, KV_GET},
     PgStore,
 };
@@ -19,7 +20,8 @@ use crate::{
     fence::{FencingToken, Guard, JumpCap, Key, Outcome, Rule, Scope, Target},
     store::{
         backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db,
-        Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
+        Claimed, Done, Entry, Keep, KeyState, Refusal, Seen, StoreError, Write, Written,
+        SCOPE_STATE,
     },
 };
 
@@ -114,25 +116,7 @@ impl KvStore for PgStore {
         writes: &[Write],
         guard: &Guard,
     ) -> Result<Outcome<Vec<Written>>, StoreError> {
-        let gate = match guard.scope() {
-            Some(scope) => Some(self.gates.pass(scope).await?),
-            None => None,
-        };
-        let mut conn = self.conns.take().await?;
-        let mut tx = conn.begin().await?;
-        let outcome = self.batch_in(&mut tx, writes, guard).await?;
-        match &outcome {
-            BatchKv::Written(_) => tx.commit().await?,
-            BatchKv::Refused(_) | BatchKv::Aborted(_) => tx.rollback().await?,
-        }
-        conn.done();
-        drop(gate);
-        match outcome {
-            BatchKv::Written(written) => Ok(Outcome::Accepted(written)),
-            BatchKv::Refused(refused) | BatchKv::Aborted(refused) => {
-                Ok(self.refusal(&refused, guard).await?.outcome())
-            }
-        }
+        self.batch_with(writes, guard, None).await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -188,6 +172,40 @@ impl KvStore for PgStore {
 }
 
 impl PgStore {
+    /// A kv batch in one transaction; with `keep` (an `Idempotency-Key`), its outcome row is
+    /// written in the same transaction before the commit.
+    pub(super) async fn batch_with(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+        keep: Option<&Keep>,
+    ) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let gate = match guard.scope() {
+            Some(scope) => Some(self.gates.pass(scope).await?),
+            None => None,
+        };
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await?;
+        let outcome = self.batch_in(&mut tx, writes, guard).await?;
+        match &outcome {
+            BatchKv::Written(written) => {
+                if let Some(keep) = keep {
+                    keep_in(&mut tx, keep, Done::Kv(written)).await?;
+                }
+                tx.commit().await?
+            }
+            BatchKv::Refused(_) | BatchKv::Aborted(_) => tx.rollback().await?,
+        }
+        conn.done();
+        drop(gate);
+        match outcome {
+            BatchKv::Written(written) => Ok(Outcome::Accepted(written)),
+            BatchKv::Refused(refused) | BatchKv::Aborted(refused) => {
+                Ok(self.refusal(&refused, guard).await?.outcome())
+            }
+        }
+    }
+
     /// Raises `scope`'s fence to `token` inside the caller's transaction (or as an autocommit
     /// statement) if `rule` and the poisoning guards admit it: `Ok(Some(version))`; else the
     /// refusal, explained from what the same connection reads next.

@@ -25,6 +25,7 @@ mod connections;
 pub(super) mod errors;
 mod gates;
 mod hosts;
+mod idempotency;
 mod kv;
 mod locks;
 mod overview;

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 
 use sqlx::{Row, SqliteConnection};
 
-use super::{sql::Statements, SqliteStore};
+use super::{idempotency::keep_in, sql::Statements, SqliteStore};
 use crate::{
     fence::{FencingToken, Guard, Key, Outcome, Rule, Scope, Target},
     store::{
         backend::KvStore, decode::ScopeState, explain_refusal, scope_state_from, token_from_db,
-        Claimed, Entry, KeyState, Refusal, Seen, StoreError, Write, Written, SCOPE_STATE,
+        Claimed, Done, Entry, Keep, KeyState, Refusal, Seen, StoreError, Write, Written,
+        SCOPE_STATE,
     },
 };
 
@@ -41,39 +42,7 @@ impl KvStore for SqliteStore {
         writes: &[Write],
         guard: &Guard,
     ) -> Result<Outcome<Vec<Written>>, StoreError> {
-        let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
-        for write in writes {
-            last.insert(write.key(), write);
-        }
-        let sql = self.statements(guard.rule);
-        let mut tx = self.pool.begin().await?;
-        if let Target::Scope(scope) = &guard.target {
-            if !Self::claim_in(&mut tx, &sql.claim, scope, guard.token).await? {
-                tx.rollback().await?;
-                // Every key was refused; the explanation says whether by a key's scope or by
-                // the scope's fence.
-                let keys: Vec<Key> = last.keys().map(|k| (*k).clone()).collect();
-                return Ok(self.refusal(&keys, guard).await?.outcome());
-            }
-        }
-        let mut written = Vec::with_capacity(last.len());
-        let mut refused = Vec::new();
-        for (key, write) in &last {
-            match Self::put_one(&mut tx, sql, write, guard).await? {
-                Some(version) => written.push(Written {
-                    key: (*key).clone(),
-                    was_live: version != 1,
-                    version,
-                }),
-                None => refused.push((*key).clone()),
-            }
-        }
-        if !refused.is_empty() {
-            tx.rollback().await?;
-            return Ok(self.refusal(&refused, guard).await?.outcome());
-        }
-        tx.commit().await?;
-        Ok(Outcome::Accepted(written))
+        self.batch_with(writes, guard, None).await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
@@ -140,6 +109,52 @@ impl KvStore for SqliteStore {
 }
 
 impl SqliteStore {
+    /// A kv batch in one transaction; with `keep` (an `Idempotency-Key`), its outcome row is
+    /// written in the same transaction before the commit.
+    pub(super) async fn batch_with(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+        keep: Option<&Keep>,
+    ) -> Result<Outcome<Vec<Written>>, StoreError> {
+        let mut last: BTreeMap<&Key, &Write> = BTreeMap::new();
+        for write in writes {
+            last.insert(write.key(), write);
+        }
+        let sql = self.statements(guard.rule);
+        let mut tx = self.pool.begin().await?;
+        if let Target::Scope(scope) = &guard.target {
+            if !Self::claim_in(&mut tx, &sql.claim, scope, guard.token).await? {
+                tx.rollback().await?;
+                // Every key was refused; the explanation says whether by a key's scope or by
+                // the scope's fence.
+                let keys: Vec<Key> = last.keys().map(|k| (*k).clone()).collect();
+                return Ok(self.refusal(&keys, guard).await?.outcome());
+            }
+        }
+        let mut written = Vec::with_capacity(last.len());
+        let mut refused = Vec::new();
+        for (key, write) in &last {
+            match Self::put_one(&mut tx, sql, write, guard).await? {
+                Some(version) => written.push(Written {
+                    key: (*key).clone(),
+                    was_live: version != 1,
+                    version,
+                }),
+                None => refused.push((*key).clone()),
+            }
+        }
+        if !refused.is_empty() {
+            tx.rollback().await?;
+            return Ok(self.refusal(&refused, guard).await?.outcome());
+        }
+        if let Some(keep) = keep {
+            keep_in(&mut tx, keep, Done::Kv(&written)).await?;
+        }
+        tx.commit().await?;
+        Ok(Outcome::Accepted(written))
+    }
+
     /// fence is decided by the claim that precedes a scoped write).
     async fn put_one(
         conn: &mut SqliteConnection,
@@ -193,7 +208,7 @@ impl SqliteStore {
     /// Explains a refusal (as `pg/kv.rs` does, from what the database holds now). The single
     /// connection serializes every transaction, so nothing changed since the refused one rolled
     /// back (PostgreSQL's explanation can be overtaken by another writer; this one cannot).
-    async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
+    pub(super) async fn refusal(&self, keys: &[Key], guard: &Guard) -> Result<Refusal, StoreError> {
         let mut rows = Vec::with_capacity(keys.len());
         for key in keys {
             let row = sqlx::query("SELECT key, key_fence, scope FROM fencegate_kv WHERE key = ?1")

@@ -26,6 +26,7 @@
 
 mod admin;
 pub(super) mod errors;
+mod idempotency;
 mod kv;
 mod locks;
 mod overview;

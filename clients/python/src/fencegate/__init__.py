@@ -8,11 +8,11 @@
 __version__ = "0.1.0"
 
 from ._async import AsyncClient, AsyncLease
-from ._core import Op, Signer, TableKey, ops
+from ._core import Op, Signer, TableKey, new_idempotency_key, ops
 from ._errors import (BadRequest, BindingConflict, BodyTimeout, Conflict, FencegateError,
                       FencingError, Forbidden, InternalError, InvalidBatch, InvalidJson,
                       InvalidKey, InvalidRequest, InvalidRow, InvalidScope, InvalidTokenProof,
-                      InvalidValue, LeaseLost, LockExhausted, LockHeld, LockLost, MalformedToken,
+                      InvalidValue, IdempotencyKeyReused, LeaseLost, LockExhausted, LockHeld, LockLost, MalformedToken,
                       MethodNotAllowed, MisdirectedRequest, MissingToken, MissingTokenProof,
                       NotFound, PayloadTooLarge, PreconditionFailed, ResetNotBelow,
                       ScopeHasIssuer, ScopeMismatch, ServerError, StaleToken, TokenJump,
@@ -26,7 +26,7 @@ from ._tokens import MAX_TOKEN, Token, token_str
 
 __all__ = [
     "__version__", "Client", "AsyncClient", "Lease", "AsyncLease", "ops", "Op", "Signer",
-    "TableKey", "Token", "MAX_TOKEN", "token_str", "sign_hmac", "sign_ed25519", "proof_message",
+    "TableKey", "new_idempotency_key", "Token", "MAX_TOKEN", "token_str", "sign_hmac", "sign_ed25519", "proof_message",
     "Entry", "WriteResult", "DeleteResult", "BatchResult", "OpResult", "Fence", "Grant",
     "Released", "Holder", "Row", "AdminResult", "AuditEntry", "error_class",
     "FencegateError", "TransportError", "FencingError", "LeaseLost", "BadRequest",
@@ -36,6 +36,6 @@ __all__ = [
     "LockExhausted", "ScopeHasIssuer", "ResetNotBelow", "BindingConflict", "PreconditionFailed",
     "StaleToken", "PayloadTooLarge", "UnsupportedMediaType", "MisdirectedRequest",
     "Unprocessable", "TokenNotIssued", "TokenJump", "MissingTokenProof", "InvalidTokenProof",
-    "InvalidValue", "MissingToken", "ServerError", "InternalError", "UnsupportedTransferCoding",
+    "InvalidValue", "IdempotencyKeyReused", "MissingToken", "ServerError", "InternalError", "UnsupportedTransferCoding",
     "Unavailable",
 ]

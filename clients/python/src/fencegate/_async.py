@@ -1,8 +1,15 @@
-"""The asyncio client and its lease."""
+"""The asyncio client and its lease: the one source of both clients.
+
+``_sync.py`` (``Client``, ``Lease``) is generated from this file by ``tools/gen_sync.py``
+(``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncClient`` -> ``Client``, ... : the rules
+are listed there), and a test fails when it differs from a fresh generation. Edit this file,
+then run ``python3 tools/gen_sync.py``. The one part that differs genuinely, how a lease is
+kept renewed (an asyncio task here, a thread there), lives in ``_renew_async.py`` and
+``_renew_sync.py``, written by hand.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import ssl
@@ -12,12 +19,14 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 import httpx
 
-from ._core import (DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey, base_headers,
-                    check_owner, default_owner, encode_body, raise_for, ssl_config)
+from ._core import (DEFAULT_RETRIES, DEFAULT_TIMEOUT, _UNSET, Api, Call, T, Op, Signer, TableKey,
+                    base_headers, check_owner, default_owner, encode_body, raise_for, retry_budget,
+                    retry_pause, ssl_config)
 from ._errors import (FencegateError, LeaseLost, LockHeld, LockLost, NotFound, ServerError,
                       StaleToken, TransportError)
 from ._models import (AdminResult, AuditEntry, BatchResult, DeleteResult, Entry, Fence, Grant,
                       Holder, Released, Row, WriteResult)
+from ._renew_async import Event, Renewer, sleep
 from ._tokens import Token
 
 log = logging.getLogger("fencegate")
@@ -31,7 +40,12 @@ class AsyncClient(Api):
     bundle to trust instead of the system roots), ``cert`` (a client certificate: one PEM file,
     or ``(cert_file, key_file)``). ``timeout`` in seconds (or an ``httpx.Timeout``).
     ``signer(scope, token) -> proof`` adds ``X-Fencing-Proof`` to every scoped write that does
-    not pass ``proof=`` itself. Close it with ``await client.aclose()`` (or use ``async with``).
+    not pass ``proof=`` itself. Every write (put, delete, batch, claim, table writes) sends an
+    ``Idempotency-Key`` (its ``idempotency_key=``, else 128 random bits) and, after a lost answer
+    or a 503 with ``Retry-After``, is sent again with the same key up to ``retries`` times
+    (default 2) within ``timeout``: a write that landed is answered with its first outcome
+    (``result.replayed``), never a 412 from a newer holder. ``retries=0`` turns this off.
+    Close it with ``await client.aclose()`` (or use ``async with``).
     """
 
     def __init__(
@@ -45,10 +59,15 @@ class AsyncClient(Api):
         timeout: Union[float, httpx.Timeout] = DEFAULT_TIMEOUT,
         headers: Optional[Mapping[str, str]] = None,
         signer: Optional[Signer] = None,
+        retries: int = DEFAULT_RETRIES,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
         super().__init__(signer)
         self.url = url.rstrip("/")
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
+        self._retries = int(retries)
+        self._retry_budget = retry_budget(timeout)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=base_headers(api_key, headers),
@@ -79,7 +98,8 @@ class AsyncClient(Api):
         await self.aclose()
 
     async def request(self, method: str, path: str, *, headers: Optional[Mapping[str, str]] = None,
-                json: Any = _UNSET, params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
+                      json: Any = _UNSET,
+                      params: Optional[Mapping[str, Any]] = None) -> httpx.Response:
         """Any request, as sent (no token checks): the answer on 2xx, else its typed error."""
         content, h = encode_body(json)
         h.update(headers or {})
@@ -91,9 +111,26 @@ class AsyncClient(Api):
         return resp
 
     async def _run(self, call: Call[T]) -> T:
-        resp = await self.request(call.method, call.path, headers=call.headers, json=call.body,
-                            params=call.params)
-        return call.parse(resp)
+        if call.idempotency_key is None:
+            resp = await self.request(call.method, call.path, headers=call.headers, json=call.body,
+                                      params=call.params)
+            return call.result(resp)
+        # A keyed write: its retries carry the same Idempotency-Key (it is in call.headers).
+        deadline = time.monotonic() + self._retry_budget
+        attempt = 0
+        while True:
+            try:
+                resp = await self.request(call.method, call.path, headers=call.headers,
+                                          json=call.body, params=call.params)
+                return call.result(resp)
+            except FencegateError as e:
+                pause = retry_pause(e, attempt, self._retries, deadline)
+                if pause is None:
+                    raise
+                log.info("fencegate: retrying %s %s with the same Idempotency-Key: %s",
+                         call.method, call.path, e)
+                attempt += 1
+                await sleep(pause)
 
     # -- kv -----------------------------------------------------------------------------------
 
@@ -102,25 +139,29 @@ class AsyncClient(Api):
         return await self._run(self._c_get(key))
 
     async def put(self, key: str, value: Any, *, token: Token, scope: Optional[str] = None,
-            proof: Optional[str] = None) -> WriteResult:
+                  proof: Optional[str] = None,
+                  idempotency_key: Optional[str] = None) -> WriteResult:
         """Write ``value`` (any JSON value) under ``token`` (and ``scope``: the lock's name)."""
-        return await self._run(self._c_put(key, value, token, scope, proof))
+        return await self._run(self._c_put(key, value, token, scope, proof, idempotency_key))
 
     async def delete(self, key: str, *, token: Token, scope: Optional[str] = None,
-               proof: Optional[str] = None) -> DeleteResult:
+                     proof: Optional[str] = None,
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
         """Delete the key; its tombstone keeps the fence."""
-        return await self._run(self._c_delete(key, token, scope, proof))
+        return await self._run(self._c_delete(key, token, scope, proof, idempotency_key))
 
     async def batch(self, ops: Iterable[Op], *, token: Token, scope: Optional[str] = None,
-              proof: Optional[str] = None) -> BatchResult:
+                    proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> BatchResult:
         """Apply ``ops`` (see ``fencegate.ops``) all or nothing under one token."""
-        return await self._run(self._c_batch(ops, token, scope, proof))
+        return await self._run(self._c_batch(ops, token, scope, proof, idempotency_key))
 
     # -- fences -------------------------------------------------------------------------------
 
-    async def claim(self, scope: str, *, token: Token, proof: Optional[str] = None) -> Fence:
+    async def claim(self, scope: str, *, token: Token, proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> Fence:
         """Raise the scope's fence to ``token`` without writing data (a new holder exists)."""
-        return await self._run(self._c_claim(scope, token, proof))
+        return await self._run(self._c_claim(scope, token, proof, idempotency_key))
 
     async def get_fence(self, scope: str) -> Fence:
         """The scope's fence; ``NotFound`` if it has none."""
@@ -150,11 +191,12 @@ class AsyncClient(Api):
         """A lease on the built-in lock ``name``, taken on ``async with`` (or ``await lease.acquire()``).
 
         ``wait``: seconds to keep retrying while the lock is held (0: raise ``LockHeld`` at
-        once; ``None``: wait for ever). While held, renews every ``ttl_ms/3`` in a background
-        task; ``lease.lost`` (an ``asyncio.Event``) is set when it is lost. Releases on exit.
+        once; ``None``: wait for ever). While held, it renews every ``ttl_ms/3`` in the
+        background (an asyncio task); ``lease.lost`` (an ``asyncio.Event``) is set when it is
+        lost. Releases on exit.
         """
         return AsyncLease(self, name, ttl_ms=ttl_ms, owner=owner, wait=wait,
-                     renew_every_ms=renew_every_ms)
+                          renew_every_ms=renew_every_ms)
 
     # -- tables -------------------------------------------------------------------------------
 
@@ -162,16 +204,22 @@ class AsyncClient(Api):
         return await self._run(self._c_table_get(resource, key))
 
     async def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                  scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return await self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof))
+                        scope: Optional[str] = None, proof: Optional[str] = None,
+                        idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._run(self._c_table_write("PUT", resource, key, row, token, scope, proof,
+                                                   idempotency_key))
 
     async def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *, token: Token,
-                    scope: Optional[str] = None, proof: Optional[str] = None) -> WriteResult:
-        return await self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof))
+                          scope: Optional[str] = None, proof: Optional[str] = None,
+                          idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._run(self._c_table_write("PATCH", resource, key, row, token, scope, proof,
+                                                   idempotency_key))
 
     async def table_delete(self, resource: str, key: TableKey, *, token: Token,
-                     scope: Optional[str] = None, proof: Optional[str] = None) -> DeleteResult:
-        return await self._run(self._c_table_delete(resource, key, token, scope, proof))
+                           scope: Optional[str] = None, proof: Optional[str] = None,
+                           idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._run(self._c_table_delete(resource, key, token, scope, proof,
+                                                    idempotency_key))
 
     # -- admin --------------------------------------------------------------------------------
 
@@ -180,12 +228,12 @@ class AsyncClient(Api):
         return await self._run(self._c_reset_fence(scope, to, reason))
 
     async def reset_key(self, key: str, *, reason: str, to: Optional[Token] = None,
-                  scope: Any = _UNSET) -> AdminResult:
+                        scope: Any = _UNSET) -> AdminResult:
         """Lower a key's fence and/or rebind its scope (``scope=None`` unbinds)."""
         return await self._run(self._c_reset_key(key, to, scope, reason))
 
     async def reset_row(self, resource: str, key: TableKey, *, reason: str, to: Optional[Token] = None,
-                  scope: Any = _UNSET) -> AdminResult:
+                        scope: Any = _UNSET) -> AdminResult:
         return await self._run(self._c_reset_row(resource, key, to, scope, reason))
 
     async def rebind_keys(self, prefix: str, *, scope: Optional[str], reason: str) -> AdminResult:
@@ -214,8 +262,17 @@ def _retryable(e: BaseException) -> bool:
 
 
 class AsyncLease:
-    """The asyncio ``Lease``: renewed by a task; ``lost`` is an ``asyncio.Event``. Use it with
-    ``async with client.lease(...) as lease:`` (create it inside the event loop that uses it)."""
+    """A lease of the built-in lock service, renewed in the background.
+    (an asyncio task: create the lease inside the event loop that uses it)
+
+    ``token`` (int) and ``scope`` (the lock's name) are what its writes carry; ``put``,
+    ``delete``, ``batch``, ``claim`` and the ``table_*`` writes send them for you. ``lost`` is
+    an ``asyncio.Event`` set when a renew is refused (409 ``lock-lost``, or any other definite
+    refusal), when the lease's expiry passes without a successful renew (measured on this
+    process's monotonic clock from just before the last successful grant or renew was sent),
+    or when a write under it is refused 412. Once lost, its writes raise ``LeaseLost`` without
+    sending anything. ``lost_reason`` holds the error that lost it.
+    """
 
     def __init__(self, client: AsyncClient, name: str, *, ttl_ms: int = 10_000,
                  owner: Optional[str] = None, wait: Optional[float] = 0,
@@ -228,12 +285,14 @@ class AsyncLease:
         self.owner = check_owner(owner or default_owner())
         self.wait = wait
         self.renew_every_ms = renew_every_ms or max(1, self.ttl_ms // 3)
-        self.lost = asyncio.Event()
+        self.lost = Event()
         self.lost_reason: Optional[BaseException] = None
         self.grant: Optional[Grant] = None
-        self._expiry: float = 0.0
-        self._task: Optional["asyncio.Task[None]"] = None
+        self._expiry: float = 0.0  # monotonic
+        self._renewer = Renewer(name)
         self._released = False
+
+    # -- state --------------------------------------------------------------------------------
 
     @property
     def token(self) -> int:
@@ -247,18 +306,22 @@ class AsyncLease:
 
     @property
     def remaining(self) -> float:
+        """Seconds until the lease expires unless renewed (monotonic; 0 when lost or past)."""
         if self.lost.is_set():
             return 0.0
         return max(0.0, self._expiry - time.monotonic())
 
     def _mark_lost(self, reason: BaseException) -> None:
-        if not self.lost.is_set():
-            self.lost_reason = reason
-            self.lost.set()
-            log.warning("fencegate lease %r (token %s) lost: %s", self.name,
-                        self.grant.token if self.grant else None, reason)
+        # The renewer and the caller may both get here (two threads, for the blocking lease).
+        with self._renewer.lock:
+            if not self.lost.is_set():
+                self.lost_reason = reason
+                self.lost.set()
+                log.warning("fencegate lease %r (token %s) lost: %s", self.name,
+                            self.grant.token if self.grant else None, reason)
 
     def _check(self) -> None:
+        """Raise ``LeaseLost`` if the lease is lost, released, or its expiry passed."""
         tok = self.grant.token if self.grant else None
         if self._released and not self.lost.is_set():
             raise LeaseLost(f"lease {self.name!r} was released", name=self.name, token=tok)
@@ -269,9 +332,11 @@ class AsyncLease:
             raise LeaseLost(f"lease {self.name!r} (token {tok}) is lost: {self.lost_reason}",
                             name=self.name, token=tok, reason=self.lost_reason) from self.lost_reason
 
+    # -- acquire / renew / release ------------------------------------------------------------
+
     async def acquire(self) -> "AsyncLease":
         if self.grant is not None:
-            raise RuntimeError("an AsyncLease is acquired once; take a new one with client.lease()")
+            raise RuntimeError("a lease is acquired once; take a new one with client.lease()")
         deadline = None if self.wait is None else time.monotonic() + max(0.0, self.wait)
         while True:
             sent = time.monotonic()
@@ -289,18 +354,19 @@ class AsyncLease:
                 pause *= random.uniform(0.8, 1.2)
                 if deadline is not None:
                     pause = min(pause, max(0.0, deadline - now))
-                await asyncio.sleep(pause)
+                await sleep(pause)
         self.grant = grant
         self._expiry = sent + grant.ttl_ms / 1000.0
-        self._task = asyncio.ensure_future(self._renew_loop())
+        self._renewer.start(self._renew_loop)
         return self
 
     async def _renew_loop(self) -> None:
         every = self.renew_every_ms / 1000.0
         retry = max(self.ttl_ms / 10000.0, 0.01)
         next_at = time.monotonic() + every
-        while True:
-            await asyncio.sleep(max(0.0, min(next_at, self._expiry) - time.monotonic()))
+        # Wake for the next renew, or at the expiry if that comes first (a renew failing, or
+        # renew_every_ms above the ttl): the lease is lost the moment it lapses.
+        while not await self._renewer.wait(max(0.0, min(next_at, self._expiry) - time.monotonic())):
             if time.monotonic() >= self._expiry:
                 self._mark_lost(LeaseLost(f"lease {self.name!r} expired without a successful renew",
                                           name=self.name, token=self.token))
@@ -311,14 +377,14 @@ class AsyncLease:
             try:
                 grant = await self.client.renew(self.name, token=self.token, ttl_ms=self.ttl_ms)
             except FencegateError as e:
+                if self._renewer.stopped:
+                    return
                 if _retryable(e):
                     log.info("fencegate lease %r: renew failed, retrying: %s", self.name, e)
                     next_at = time.monotonic() + retry
                     continue
                 self._mark_lost(e)
                 return
-            except asyncio.CancelledError:
-                raise
             except Exception as e:  # pragma: no cover - a bug; do not die silently
                 self._mark_lost(e)
                 return
@@ -327,6 +393,7 @@ class AsyncLease:
             next_at = sent + every
 
     async def renew(self) -> Grant:
+        """Renew now (the background renewer does this on its own)."""
         self._check()
         sent = time.monotonic()
         try:
@@ -344,12 +411,7 @@ class AsyncLease:
         if self._released or self.grant is None:
             return
         self._released = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._renewer.stop()
         try:
             await self.client.release(self.name, token=self.token)
         except LockLost as e:
@@ -357,7 +419,7 @@ class AsyncLease:
 
     async def __aenter__(self) -> "AsyncLease":
         if self.grant is not None and not self._released:
-            return self
+            return self  # `async with await client.lease(...).acquire() as lease:`
         return await self.acquire()
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
@@ -369,6 +431,8 @@ class AsyncLease:
                 raise
             log.warning("fencegate lease %r: release failed", self.name, exc_info=True)
 
+    # -- writes under the lease -----------------------------------------------------------------
+
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         self._check()
         try:
@@ -377,37 +441,51 @@ class AsyncLease:
             self._mark_lost(e)
             raise
 
-    async def put(self, key: str, value: Any, *, proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.put, key, value, proof=proof)
+    async def put(self, key: str, value: Any, *, proof: Optional[str] = None,
+                  idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.put, key, value, proof=proof,
+                                 idempotency_key=idempotency_key)
 
-    async def delete(self, key: str, *, proof: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.delete, key, proof=proof)
+    async def delete(self, key: str, *, proof: Optional[str] = None,
+                     idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._write(self.client.delete, key, proof=proof,
+                                 idempotency_key=idempotency_key)
 
-    async def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None) -> BatchResult:
-        return await self._write(self.client.batch, ops, proof=proof)
+    async def batch(self, ops: Iterable[Op], *, proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> BatchResult:
+        return await self._write(self.client.batch, ops, proof=proof,
+                                 idempotency_key=idempotency_key)
 
-    async def claim(self, *, proof: Optional[str] = None) -> Fence:
+    async def claim(self, *, proof: Optional[str] = None,
+                    idempotency_key: Optional[str] = None) -> Fence:
         self._check()
         try:
-            return await self.client.claim(self.scope, token=self.token, proof=proof)
+            return await self.client.claim(self.scope, token=self.token, proof=proof,
+                                           idempotency_key=idempotency_key)
         except StaleToken as e:
             self._mark_lost(e)
             raise
 
     async def get(self, key: str) -> Entry:
+        """A read (no token is needed; allowed on a lost lease too)."""
         return await self.client.get(key)
 
     async def table_put(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
-                        proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_put, resource, key, row, proof=proof)
+                        proof: Optional[str] = None,
+                        idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.table_put, resource, key, row, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     async def table_patch(self, resource: str, key: TableKey, row: Mapping[str, Any], *,
-                          proof: Optional[str] = None) -> WriteResult:
-        return await self._write(self.client.table_patch, resource, key, row, proof=proof)
+                          proof: Optional[str] = None,
+                          idempotency_key: Optional[str] = None) -> WriteResult:
+        return await self._write(self.client.table_patch, resource, key, row, proof=proof,
+                                 idempotency_key=idempotency_key)
 
-    async def table_delete(self, resource: str, key: TableKey, *,
-                           proof: Optional[str] = None) -> DeleteResult:
-        return await self._write(self.client.table_delete, resource, key, proof=proof)
+    async def table_delete(self, resource: str, key: TableKey, *, proof: Optional[str] = None,
+                           idempotency_key: Optional[str] = None) -> DeleteResult:
+        return await self._write(self.client.table_delete, resource, key, proof=proof,
+                                 idempotency_key=idempotency_key)
 
     def __repr__(self) -> str:
         tok = self.grant.token if self.grant else None

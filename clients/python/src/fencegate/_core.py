@@ -4,15 +4,18 @@ answer becomes a result or a typed error. Neither client holds logic of its own 
 from __future__ import annotations
 
 import json as _json
+import random
+import secrets
 import ssl
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import (Any, Generic, TypeVar, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 from urllib.parse import quote
 
 import httpx
 
-from ._errors import FencegateError, error_class
+from ._errors import FencegateError, TransportError, Unavailable, error_class
 from ._models import (AdminResult, AuditEntry, BatchResult, DeleteResult, Entry, Fence, Grant,
                       Holder, Released, Row, WriteResult)
 from ._tokens import Token, token_str
@@ -27,6 +30,22 @@ Op = Dict[str, Any]
 
 _UNSET: Any = object()
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_RETRIES = 2
+"""How many times a keyed write is sent again after a 503 with ``Retry-After`` or a lost
+answer (a connection error), within the client's timeout."""
+
+
+def new_idempotency_key() -> str:
+    """A fresh ``Idempotency-Key``: 128 random bits from the OS's CSPRNG, as 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def check_idempotency_key(key: str) -> str:
+    # The server's rule (1..=255 bytes of visible ASCII): refused here, before anything is sent.
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or \
+            any(not 0x21 <= ord(c) <= 0x7E for c in key):
+        raise ValueError("an idempotency_key is 1..=255 characters of visible ASCII")
+    return key
 
 
 def segment(name: str) -> str:
@@ -92,6 +111,44 @@ class Call(Generic[T]):
     body: Any  # _UNSET: no body
     parse: Callable[[httpx.Response], T]
     params: Optional[Dict[str, Any]] = None
+    # Set on writes: sent as Idempotency-Key, and the same on every retry of this call.
+    idempotency_key: Optional[str] = None
+
+    def result(self, resp: httpx.Response) -> T:
+        """The parsed answer; ``replayed`` set when the server replayed a kept outcome."""
+        out = self.parse(resp)
+        if resp.headers.get("idempotent-replayed", "").lower() == "true" and \
+                hasattr(out, "replayed"):
+            out = replace(out, replayed=True)  # type: ignore[type-var]
+        return out
+
+
+def retry_budget(timeout: Union[float, httpx.Timeout, None]) -> float:
+    """Seconds within which a keyed write may be retried: the client's timeout."""
+    if isinstance(timeout, httpx.Timeout):
+        parts = [t for t in (timeout.connect, timeout.read, timeout.write, timeout.pool) if t]
+        return max(parts) if parts else DEFAULT_TIMEOUT
+    return float(timeout) if timeout else DEFAULT_TIMEOUT
+
+
+def retry_pause(err: FencegateError, attempt: int, retries: int, deadline: float) -> Optional[float]:
+    """How long to wait before retrying a keyed write that failed with ``err``, or ``None``
+    when it must not be retried. Only a lost answer (the write may have landed) and a 503 whose
+    ``Retry-After`` asks for it are retried; the key makes the retry safe, since the server
+    answers a landed write's retry with its first outcome."""
+    if attempt >= retries:
+        return None
+    if isinstance(err, Unavailable):
+        if err.retry_after is None:
+            return None
+        pause = max(0.0, err.retry_after)
+    elif isinstance(err, TransportError):
+        pause = 0.1 * (2 ** attempt) * random.uniform(0.8, 1.2)
+    else:
+        return None
+    if time.monotonic() + pause >= deadline:
+        return None
+    return pause
 
 
 def ssl_config(verify: Union[bool, str, ssl.SSLContext], cacert: Optional[str],
@@ -161,6 +218,15 @@ class Api:
 
     # -- headers ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _keyed(call: "Call[T]", idempotency_key: Optional[str]) -> "Call[T]":
+        # One key per write: the caller's, else a fresh one, kept on the call for its retries.
+        key = check_idempotency_key(idempotency_key) if idempotency_key is not None \
+            else new_idempotency_key()
+        call.headers["Idempotency-Key"] = key
+        call.idempotency_key = key
+        return call
+
     def _fencing(self, token: Token, scope: Optional[str], proof: Optional[str]) -> Dict[str, str]:
         t = token_str(token)
         h = {"X-Fencing-Token": t}
@@ -178,25 +244,30 @@ class Api:
         return Call("GET", f"/v1/kv/{segment(key)}", {}, _UNSET, lambda r: Entry.parse(r.json()))
 
     def _c_put(self, key: str, value: Any, token: Token, scope: Optional[str],
-               proof: Optional[str]) -> Call[WriteResult]:
-        return Call("PUT", f"/v1/kv/{segment(key)}", self._fencing(token, scope, proof), value,
-                    lambda r: WriteResult.parse(r.json(), r.status_code))
+               proof: Optional[str], idempotency_key: Optional[str] = None) -> Call[WriteResult]:
+        return self._keyed(Call("PUT", f"/v1/kv/{segment(key)}", self._fencing(token, scope, proof),
+                                value, lambda r: WriteResult.parse(r.json(), r.status_code)),
+                           idempotency_key)
 
     def _c_delete(self, key: str, token: Token, scope: Optional[str],
-                  proof: Optional[str]) -> Call[DeleteResult]:
-        return Call("DELETE", f"/v1/kv/{segment(key)}", self._fencing(token, scope, proof), _UNSET,
-                    lambda r: DeleteResult.parse(r.json()))
+                  proof: Optional[str], idempotency_key: Optional[str] = None) -> Call[DeleteResult]:
+        return self._keyed(Call("DELETE", f"/v1/kv/{segment(key)}",
+                                self._fencing(token, scope, proof), _UNSET,
+                                lambda r: DeleteResult.parse(r.json())), idempotency_key)
 
     def _c_batch(self, ops_: Iterable[Op], token: Token, scope: Optional[str],
-                 proof: Optional[str]) -> Call[BatchResult]:
-        return Call("POST", "/v1/batch", self._fencing(token, scope, proof), {"ops": list(ops_)},
-                    lambda r: BatchResult.parse(r.json()))
+                 proof: Optional[str], idempotency_key: Optional[str] = None) -> Call[BatchResult]:
+        return self._keyed(Call("POST", "/v1/batch", self._fencing(token, scope, proof),
+                                {"ops": list(ops_)}, lambda r: BatchResult.parse(r.json())),
+                           idempotency_key)
 
     # -- fences -------------------------------------------------------------------------------
 
-    def _c_claim(self, scope: str, token: Token, proof: Optional[str]) -> Call[Fence]:
-        return Call("POST", f"/v1/fences/{segment(scope)}", self._fencing(token, scope, proof),
-                    _UNSET, lambda r: Fence.parse(r.json(), r.status_code))
+    def _c_claim(self, scope: str, token: Token, proof: Optional[str],
+                 idempotency_key: Optional[str] = None) -> Call[Fence]:
+        return self._keyed(Call("POST", f"/v1/fences/{segment(scope)}",
+                                self._fencing(token, scope, proof), _UNSET,
+                                lambda r: Fence.parse(r.json(), r.status_code)), idempotency_key)
 
     def _c_get_fence(self, scope: str) -> Call[Fence]:
         return Call("GET", f"/v1/fences/{segment(scope)}", {}, _UNSET,
@@ -229,14 +300,18 @@ class Api:
         return Call("GET", self._table_path(resource, key), {}, _UNSET, lambda r: Row.parse(r.json()))
 
     def _c_table_write(self, method: str, resource: str, key: TableKey, row: Mapping[str, Any],
-                       token: Token, scope: Optional[str], proof: Optional[str]) -> Call[WriteResult]:
-        return Call(method, self._table_path(resource, key), self._fencing(token, scope, proof),
-                    dict(row), lambda r: WriteResult.parse(r.json(), r.status_code))
+                       token: Token, scope: Optional[str], proof: Optional[str],
+                       idempotency_key: Optional[str] = None) -> Call[WriteResult]:
+        return self._keyed(Call(method, self._table_path(resource, key),
+                                self._fencing(token, scope, proof), dict(row),
+                                lambda r: WriteResult.parse(r.json(), r.status_code)),
+                           idempotency_key)
 
     def _c_table_delete(self, resource: str, key: TableKey, token: Token, scope: Optional[str],
-                        proof: Optional[str]) -> Call[DeleteResult]:
-        return Call("DELETE", self._table_path(resource, key), self._fencing(token, scope, proof),
-                    _UNSET, lambda r: DeleteResult.parse(r.json()))
+                        proof: Optional[str], idempotency_key: Optional[str] = None) -> Call[DeleteResult]:
+        return self._keyed(Call("DELETE", self._table_path(resource, key),
+                                self._fencing(token, scope, proof), _UNSET,
+                                lambda r: DeleteResult.parse(r.json())), idempotency_key)
 
     # -- admin --------------------------------------------------------------------------------
 

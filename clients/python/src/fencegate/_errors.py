@@ -366,6 +366,12 @@ class InvalidTokenProof(Unprocessable, FencingError):
     slug = "invalid-token-proof"
 
 
+class IdempotencyKeyReused(Unprocessable):
+    """422 ``idempotency-key-reused``: this ``Idempotency-Key`` was already used for another
+    request; nothing was done. Send a new key for a new write."""
+    slug = "idempotency-key-reused"
+
+
 class InvalidValue(Unprocessable):
     """422 ``invalid-value`` (tables): PostgreSQL refused a value."""
     slug = "invalid-value"

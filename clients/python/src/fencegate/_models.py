@@ -1,5 +1,7 @@
 """What the server answers, as small typed records. Tokens are ``int``; ``raw`` keeps the
-whole decoded body for fields added later."""
+whole decoded body for fields added later. A write's ``replayed`` is true when the server
+answered a retry with the write's first outcome (``Idempotent-Replayed: true``): the write landed
+once, earlier; it compares equal to the first answer."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class WriteResult:
     version: Optional[int] = None
     resource: Optional[str] = None
     raw: Dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    replayed: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, b: Dict[str, Any], status: int) -> "WriteResult":
@@ -55,6 +58,7 @@ class DeleteResult:
     deleted: bool
     resource: Optional[str] = None
     raw: Dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    replayed: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, b: Dict[str, Any]) -> "DeleteResult":
@@ -76,6 +80,7 @@ class BatchResult:
     scope: Optional[str]
     results: List[OpResult]
     raw: Dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    replayed: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, b: Dict[str, Any]) -> "BatchResult":
@@ -91,6 +96,7 @@ class Fence:
     fence_token: int
     created: bool = False
     raw: Dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    replayed: bool = field(default=False, compare=False)
 
     @classmethod
     def parse(cls, b: Dict[str, Any], status: int = 200) -> "Fence":

@@ -11,8 +11,8 @@ use super::{
 use crate::{
     fence::{Guard, Outcome, Rule, Target},
     store::{
-        pg::{kv::BatchKv, PgStore},
-        BatchOp, BatchWritten, Refusal, RowWritten, StoreError, TableError,
+        pg::{idempotency::keep_in, kv::BatchKv, PgStore},
+        BatchOp, BatchWritten, Done, Keep, Refusal, RowWritten, StoreError, TableError,
     },
     tables::{RowWrite, TableOp},
 };
@@ -23,10 +23,13 @@ impl PgStore {
     /// Lock order, the same in every batch so batches cannot deadlock each other: the scope,
     /// then kv keys (sorted), then ledger rows sorted by (table, key); row writes then follow in
     /// request order (so a parent row can be inserted before its children).
-    pub(super) async fn apply_batch(
+    ///
+    /// With `keep` (an `Idempotency-Key`), the outcome row is written before the commit.
+    pub(in crate::store::pg) async fn apply_batch(
         &self,
         batch: &[BatchOp],
         guard: &Guard,
+        keep: Option<&Keep>,
     ) -> Result<Outcome<BatchWritten>, TableError> {
         let (token, scope, kv_rule) = (guard.token, guard.scope(), guard.rule);
         let mut kv = Vec::new();
@@ -166,8 +169,12 @@ impl PgStore {
                 existed,
             });
         }
+        let written = (kv_written, row_written);
+        if let Some(keep) = keep {
+            keep_in(&mut tx, keep, Done::Mixed(&written)).await?;
+        }
         tx.commit().await.map_err(StoreError::from)?;
         conn.done();
-        Ok(Outcome::Accepted((kv_written, row_written)))
+        Ok(Outcome::Accepted(written))
     }
 }

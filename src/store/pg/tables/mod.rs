@@ -29,12 +29,12 @@ use self::{
     rows::{fence_row, write_row},
     sql::Sql,
 };
-use super::{catalog, sql_fence, PgStore};
+use super::{catalog, idempotency::keep_in, sql_fence, PgStore};
 use crate::{
     fence::{FencingToken, Guard, Outcome, RowRef},
     store::{
-        backend::TableStore, token_from_db, BatchOp, BatchWritten, RowEntry, RowWritten, SqlSeen,
-        StoreError, TableError,
+        backend::TableStore, token_from_db, BatchOp, BatchWritten, Done, Keep, RowEntry,
+        RowWritten, SqlSeen, StoreError, TableError,
     },
     tables::{Resource, ResourceSettings, Resources, RowKey, RowWrite, TableOp},
 };
@@ -139,48 +139,7 @@ impl TableStore for PgStore {
         op: &TableOp,
         guard: &Guard,
     ) -> Result<Outcome<RowWritten>, TableError> {
-        let resource = &*op.resource;
-        check_token_fits(resource, guard.token, guard.scope().is_some())?;
-        let key = self.canonical(resource, &op.key, &op.write).await?;
-        let mut conn = self.conns.take().await?;
-        let mut tx = conn.begin().await.map_err(StoreError::from)?;
-        if let Some(scope) = guard.scope() {
-            if let Err(refusal) = self
-                .claim_scope(&mut tx, scope, guard.token, guard.rule)
-                .await?
-            {
-                tx.rollback().await.map_err(StoreError::from)?;
-                conn.done();
-                let row = RowRef {
-                    resource: resource.name.clone(),
-                    key: key.text.clone(),
-                };
-                return Ok(refusal.outcome().for_row(&row));
-            }
-        }
-        let deletes = matches!(op.write, RowWrite::Delete);
-        let existed =
-            match fence_row(&mut tx, resource, &key, guard, deletes, self.checks()).await? {
-                Ok(existed) => existed,
-                Err(refusal) => {
-                    tx.rollback().await.map_err(StoreError::from)?;
-                    conn.done();
-                    return Ok(refusal.outcome());
-                }
-            };
-        if let Err(failure) = write_row(&mut tx, resource, &key, &op.write, guard, existed).await {
-            drop(tx); // rolls back
-                      // Give the connection back before explaining, which takes one of its own: holding
-                      // both could exhaust max_connections under concurrent failing writes.
-            drop(conn);
-            return Err(self.explain(failure, resource, &op.write).await);
-        }
-        tx.commit().await.map_err(StoreError::from)?;
-        conn.done();
-        Ok(Outcome::Accepted(RowWritten {
-            key: key.text,
-            existed,
-        }))
+        self.table_write_with(op, guard, None).await
     }
 
     /// See `batch.rs`.
@@ -189,7 +148,7 @@ impl TableStore for PgStore {
         ops: &[BatchOp],
         guard: &Guard,
     ) -> Result<Outcome<BatchWritten>, TableError> {
-        self.apply_batch(ops, guard).await
+        self.apply_batch(ops, guard, None).await
     }
 
     /// Reads a row with the token of the last write fencegate accepted for it.
@@ -255,6 +214,64 @@ impl TableStore for PgStore {
             refusals: seen.refusals,
             unfenced: seen.unfenced,
         })
+    }
+}
+
+impl PgStore {
+    /// One fenced write to a row; with `keep` (an `Idempotency-Key`), its outcome row is written
+    /// in the same transaction before the commit.
+    pub(in crate::store::pg) async fn table_write_with(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+        keep: Option<&Keep>,
+    ) -> Result<Outcome<RowWritten>, TableError> {
+        let resource = &*op.resource;
+        check_token_fits(resource, guard.token, guard.scope().is_some())?;
+        let key = self.canonical(resource, &op.key, &op.write).await?;
+        let mut conn = self.conns.take().await?;
+        let mut tx = conn.begin().await.map_err(StoreError::from)?;
+        if let Some(scope) = guard.scope() {
+            if let Err(refusal) = self
+                .claim_scope(&mut tx, scope, guard.token, guard.rule)
+                .await?
+            {
+                tx.rollback().await.map_err(StoreError::from)?;
+                conn.done();
+                let row = RowRef {
+                    resource: resource.name.clone(),
+                    key: key.text.clone(),
+                };
+                return Ok(refusal.outcome().for_row(&row));
+            }
+        }
+        let deletes = matches!(op.write, RowWrite::Delete);
+        let existed =
+            match fence_row(&mut tx, resource, &key, guard, deletes, self.checks()).await? {
+                Ok(existed) => existed,
+                Err(refusal) => {
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    conn.done();
+                    return Ok(refusal.outcome());
+                }
+            };
+        if let Err(failure) = write_row(&mut tx, resource, &key, &op.write, guard, existed).await {
+            drop(tx); // rolls back
+                      // Give the connection back before explaining, which takes one of its own: holding
+                      // both could exhaust max_connections under concurrent failing writes.
+            drop(conn);
+            return Err(self.explain(failure, resource, &op.write).await);
+        }
+        let written = RowWritten {
+            key: key.text,
+            existed,
+        };
+        if let Some(keep) = keep {
+            keep_in(&mut tx, keep, Done::Row(&written)).await?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        conn.done();
+        Ok(Outcome::Accepted(written))
     }
 }
 

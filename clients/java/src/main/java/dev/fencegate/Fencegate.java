@@ -21,10 +21,12 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.GeneralSecurityException;
 import java.security.KeyStore;
+import java.security.SecureRandom;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -51,12 +53,18 @@ public final class Fencegate {
     /** Version of this library, sent in the User-Agent. */
     public static final String VERSION = "0.1.0";
 
+    /** How many times a write is retried with its Idempotency-Key by default. */
+    public static final int DEFAULT_RETRIES = 2;
+
+    private static final SecureRandom RANDOM = new SecureRandom();
+
     private final URI base;
     private final HttpClient http;
     private final String apiKey;
     private final Map<String, String> headers;
     private final Duration timeout;
     private final BiFunction<String, String, String> signer;
+    private final int retries;
 
     private Fencegate(Builder b, HttpClient http) {
         this.base = b.url;
@@ -65,6 +73,7 @@ public final class Fencegate {
         this.headers = Map.copyOf(b.headers);
         this.timeout = b.timeout;
         this.signer = b.signer;
+        this.retries = b.retries;
     }
 
     /** A client of the fencegate at url (e.g. {@code http://127.0.0.1:8080}), no credential. */
@@ -97,6 +106,7 @@ public final class Fencegate {
         private Duration timeout = Duration.ofSeconds(30);
         private final Map<String, String> headers = new LinkedHashMap<>();
         private BiFunction<String, String, String> signer;
+        private int retries = DEFAULT_RETRIES;
 
         private Builder(URI url) {
             String s = Objects.requireNonNull(url, "url").toString().replaceAll("/+$", "");
@@ -143,6 +153,16 @@ public final class Fencegate {
          */
         public Builder signer(BiFunction<String, String, String> signer) {
             this.signer = signer;
+            return this;
+        }
+
+        /**
+         * How many times a write is sent again, with the same Idempotency-Key, after a lost answer
+         * (an I/O error) or a 503 with Retry-After, within the timeout (default 2; 0: never).
+         */
+        public Builder retries(int n) {
+            if (n < 0) throw new IllegalArgumentException("fencegate: retries must be 0 or more");
+            this.retries = n;
             return this;
         }
 
@@ -274,6 +294,75 @@ public final class Fencegate {
         return u.getPort() != -1 ? u.getPort() : "https".equals(u.getScheme()) ? 443 : 80;
     }
 
+    /** A fresh Idempotency-Key: 128 random bits from {@link SecureRandom}, as 32 hex digits. */
+    public static String newIdempotencyKey() {
+        byte[] b = new byte[16];
+        RANDOM.nextBytes(b);
+        return HexFormat.of().formatHex(b);
+    }
+
+    private static String checkIdempotencyKey(String k) {
+        if (k.isEmpty() || k.length() > 255 || !k.chars().allMatch(ch -> ch >= 0x21 && ch <= 0x7e)) {
+            throw new IllegalArgumentException("fencegate: an idempotency key is 1..=255 visible ASCII characters");
+        }
+        return k;
+    }
+
+    /** A write's headers: the fencing ones and its Idempotency-Key (the caller's, else a new one). */
+    private Map<String, String> write(String token, String scope, String proof, String idempotencyKey) {
+        Map<String, String> h = fencing(token, scope, proof);
+        h.put("Idempotency-Key", idempotencyKey == null ? newIdempotencyKey() : checkIdempotencyKey(idempotencyKey));
+        return h;
+    }
+
+    private static boolean replayed(Response r) {
+        List<String> v = r.headers().get("idempotent-replayed");
+        return v != null && v.stream().anyMatch("true"::equalsIgnoreCase);
+    }
+
+    /**
+     * Sends a write that carries an Idempotency-Key and, when its answer is lost (an I/O error) or
+     * it gets a 503 with Retry-After, sends it again with the same key: at most {@code retries}
+     * times within the timeout. Safe because the server answers the retry of a write that landed
+     * with its first outcome (Idempotent-Replayed), never a second write.
+     */
+    private Response sendKeyed(String method, String path, String bodyJson, Map<String, String> h) {
+        long deadline = System.nanoTime() + timeout.toNanos();
+        for (int attempt = 0; ; attempt++) {
+            try {
+                return send(method, path, bodyJson, h);
+            } catch (TransportException | UnavailableException e) {
+                long pauseMs;
+                if (e instanceof UnavailableException u) {
+                    Double secs = parseSeconds(u.retryAfter());
+                    if (secs == null) throw e;
+                    pauseMs = (long) (secs * 1000);
+                } else if (e.getCause() instanceof IOException) {
+                    pauseMs = (long) ((100L << attempt) * (0.8 + 0.4 * RANDOM.nextDouble()));
+                } else {
+                    throw e; // a refused redirect, an interrupt: not a lost answer
+                }
+                if (attempt >= retries || System.nanoTime() + pauseMs * 1_000_000 >= deadline) throw e;
+                try {
+                    Thread.sleep(pauseMs);
+                } catch (InterruptedException ie) {
+                    Thread.currentThread().interrupt();
+                    throw e;
+                }
+            }
+        }
+    }
+
+    private static Double parseSeconds(String v) {
+        if (v == null) return null;
+        try {
+            double d = Double.parseDouble(v.trim());
+            return d >= 0 ? d : null;
+        } catch (NumberFormatException e) {
+            return null;
+        }
+    }
+
     private Map<String, String> fencing(String token, String scope, String proof) {
         Map<String, String> h = new LinkedHashMap<>();
         if (token != null) h.put("X-Fencing-Token", Tokens.check(token));
@@ -299,14 +388,23 @@ public final class Fencegate {
 
     /** Writes JSON text with an issuer's proof (see {@link Proofs}). */
     public WriteResult put(String key, String valueJson, String token, String scope, String proof) {
-        Response r = send("PUT", "/v1/kv/" + segment(key), Json.raw(valueJson).text(), fencing(token, scope, proof));
-        return WriteResult.of(r.status(), r.json());
+        return put(key, valueJson, token, scope, proof, null);
+    }
+
+    /**
+     * Writes JSON text with this Idempotency-Key (null: a new one, as every other write gets):
+     * sent again with the same key, it is answered with its first outcome ({@code replayed()}).
+     */
+    public WriteResult put(String key, String valueJson, String token, String scope, String proof, String idempotencyKey) {
+        Response r = sendKeyed("PUT", "/v1/kv/" + segment(key), Json.raw(valueJson).text(),
+                write(token, scope, proof, idempotencyKey));
+        return WriteResult.of(r.status(), r.json(), replayed(r));
     }
 
     /** Writes a value (Map, List, Number, String, ... encoded by {@link Json}). */
     public WriteResult putValue(String key, Object value, String token, String scope) {
-        Response r = send("PUT", "/v1/kv/" + segment(key), Json.encode(value), fencing(token, scope, null));
-        return WriteResult.of(r.status(), r.json());
+        Response r = sendKeyed("PUT", "/v1/kv/" + segment(key), Json.encode(value), write(token, scope, null, null));
+        return WriteResult.of(r.status(), r.json(), replayed(r));
     }
 
     /** A key's value and fence; {@link NotFoundException} if absent or deleted. */
@@ -316,24 +414,41 @@ public final class Fencegate {
 
     /** Deletes key; its tombstone keeps the fence. */
     public DeleteResult delete(String key, String token, String scope) {
-        return DeleteResult.of(send("DELETE", "/v1/kv/" + segment(key), null, fencing(token, scope, null)).json());
+        return delete(key, token, scope, null);
+    }
+
+    /** Deletes key with this Idempotency-Key (null: a new one). */
+    public DeleteResult delete(String key, String token, String scope, String idempotencyKey) {
+        Response r = sendKeyed("DELETE", "/v1/kv/" + segment(key), null, write(token, scope, null, idempotencyKey));
+        return DeleteResult.of(r.json(), replayed(r));
     }
 
     /** Applies ops all or nothing under one token (and scope). */
     public BatchResult batch(List<Op> ops, String token, String scope) {
+        return batch(ops, token, scope, null);
+    }
+
+    /** Applies ops with this Idempotency-Key (null: a new one). */
+    public BatchResult batch(List<Op> ops, String token, String scope, String idempotencyKey) {
         List<Object> list = new ArrayList<>();
         for (Op o : ops) list.add(o.json);
-        return BatchResult.of(send("POST", "/v1/batch", Json.encode(Map.of("ops", list)), fencing(token, scope, null)).json());
+        Response r = sendKeyed("POST", "/v1/batch", Json.encode(Map.of("ops", list)), write(token, scope, null, idempotencyKey));
+        return BatchResult.of(r.json(), replayed(r));
     }
 
     // ---- fences -------------------------------------------------------------------------------
 
     /** Raises scope's fence to token without writing: every older holder is fenced from now on. */
     public Fence claim(String scope, String token) {
-        Map<String, String> h = fencing(token, scope, null);
+        return claim(scope, token, null);
+    }
+
+    /** Claims with this Idempotency-Key (null: a new one). */
+    public Fence claim(String scope, String token, String idempotencyKey) {
+        Map<String, String> h = write(token, scope, null, idempotencyKey);
         h.remove("X-Fencing-Scope");
-        Response r = send("POST", "/v1/fences/" + segment(scope), null, h);
-        return Fence.of(r.status(), r.json());
+        Response r = sendKeyed("POST", "/v1/fences/" + segment(scope), null, h);
+        return Fence.of(r.status(), r.json(), replayed(r));
     }
 
     /** A scope's fence; {@link NotFoundException} if it has none. */
@@ -414,19 +529,37 @@ public final class Fencegate {
 
     /** Replaces a row (columns not given get their defaults). */
     public WriteResult tablePut(String resource, String key, Map<String, ?> row, String token, String scope) {
-        Response r = send("PUT", tablePath(resource, key), Json.encode(row), fencing(token, scope, null));
-        return WriteResult.of(r.status(), r.json());
+        return tablePut(resource, key, row, token, scope, null);
+    }
+
+    /** Replaces a row with this Idempotency-Key (null: a new one). */
+    public WriteResult tablePut(String resource, String key, Map<String, ?> row, String token, String scope,
+            String idempotencyKey) {
+        Response r = sendKeyed("PUT", tablePath(resource, key), Json.encode(row), write(token, scope, null, idempotencyKey));
+        return WriteResult.of(r.status(), r.json(), replayed(r));
     }
 
     /** Updates the given columns of an existing row. */
     public WriteResult tablePatch(String resource, String key, Map<String, ?> row, String token, String scope) {
-        Response r = send("PATCH", tablePath(resource, key), Json.encode(row), fencing(token, scope, null));
-        return WriteResult.of(r.status(), r.json());
+        return tablePatch(resource, key, row, token, scope, null);
+    }
+
+    /** Updates columns with this Idempotency-Key (null: a new one). */
+    public WriteResult tablePatch(String resource, String key, Map<String, ?> row, String token, String scope,
+            String idempotencyKey) {
+        Response r = sendKeyed("PATCH", tablePath(resource, key), Json.encode(row), write(token, scope, null, idempotencyKey));
+        return WriteResult.of(r.status(), r.json(), replayed(r));
     }
 
     /** Deletes a row; its tombstone keeps the fence. */
     public DeleteResult tableDelete(String resource, String key, String token, String scope) {
-        return DeleteResult.of(send("DELETE", tablePath(resource, key), null, fencing(token, scope, null)).json());
+        return tableDelete(resource, key, token, scope, null);
+    }
+
+    /** Deletes a row with this Idempotency-Key (null: a new one). */
+    public DeleteResult tableDelete(String resource, String key, String token, String scope, String idempotencyKey) {
+        Response r = sendKeyed("DELETE", tablePath(resource, key), null, write(token, scope, null, idempotencyKey));
+        return DeleteResult.of(r.json(), replayed(r));
     }
 
     // ---- admin (the admin right) --------------------------------------------------------------

@@ -39,6 +39,7 @@ public final class Problems {
         m.put("invalid-batch", InvalidBatchException::new);
         m.put("invalid-row", InvalidRowException::new);
         m.put("invalid-value", InvalidValueException::new);
+        m.put("idempotency-key-reused", IdempotencyKeyReusedException::new);
         m.put("invalid-request", InvalidRequestException::new);
         m.put("payload-too-large", PayloadTooLargeException::new);
         m.put("unsupported-media-type", UnsupportedMediaTypeException::new);

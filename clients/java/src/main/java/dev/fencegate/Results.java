@@ -26,12 +26,20 @@ public final class Results {
         return 0;
     }
 
-    /** A kv or table PUT/PATCH; {@code created} for a 201. */
+    /**
+     * A kv or table PUT/PATCH; {@code created} for a 201; {@code replayed} when the server answered
+     * a retry with the write's first outcome (it had landed: Idempotent-Replayed).
+     */
     public record WriteResult(String key, String fenceToken, String scope, String resource, boolean created, long version,
-            Map<String, Object> raw) {
-        static WriteResult of(int status, Map<String, Object> m) {
+            Map<String, Object> raw, boolean replayed) {
+        public WriteResult(String key, String fenceToken, String scope, String resource, boolean created, long version,
+                Map<String, Object> raw) {
+            this(key, fenceToken, scope, resource, created, version, raw, false);
+        }
+
+        static WriteResult of(int status, Map<String, Object> m, boolean replayed) {
             return new WriteResult(s(m, "key"), s(m, "fence_token"), s(m, "scope"), s(m, "resource"), status == 201,
-                    n(m, "version"), m);
+                    n(m, "version"), m, replayed);
         }
     }
 
@@ -47,10 +55,15 @@ public final class Results {
 
     /** A delete: the tombstone keeps the fence. */
     public record DeleteResult(String key, String fenceToken, String scope, String resource, boolean deleted,
-            Map<String, Object> raw) {
-        static DeleteResult of(Map<String, Object> m) {
+            Map<String, Object> raw, boolean replayed) {
+        public DeleteResult(String key, String fenceToken, String scope, String resource, boolean deleted,
+                Map<String, Object> raw) {
+            this(key, fenceToken, scope, resource, deleted, raw, false);
+        }
+
+        static DeleteResult of(Map<String, Object> m, boolean replayed) {
             return new DeleteResult(s(m, "key"), s(m, "fence_token"), s(m, "scope"), s(m, "resource"),
-                    !Boolean.FALSE.equals(m.get("deleted")), m);
+                    !Boolean.FALSE.equals(m.get("deleted")), m, replayed);
         }
     }
 
@@ -58,8 +71,13 @@ public final class Results {
     public record OpResult(String op, String key, String resource, int status) {}
 
     /** An all-or-nothing batch. */
-    public record BatchResult(String fenceToken, String scope, List<OpResult> results, Map<String, Object> raw) {
-        static BatchResult of(Map<String, Object> m) {
+    public record BatchResult(String fenceToken, String scope, List<OpResult> results, Map<String, Object> raw,
+            boolean replayed) {
+        public BatchResult(String fenceToken, String scope, List<OpResult> results, Map<String, Object> raw) {
+            this(fenceToken, scope, results, raw, false);
+        }
+
+        static BatchResult of(Map<String, Object> m, boolean replayed) {
             List<OpResult> out = new ArrayList<>();
             if (m.get("results") instanceof List<?> l) {
                 for (Object o : l) {
@@ -70,14 +88,22 @@ public final class Results {
                     }
                 }
             }
-            return new BatchResult(s(m, "fence_token"), s(m, "scope"), List.copyOf(out), m);
+            return new BatchResult(s(m, "fence_token"), s(m, "scope"), List.copyOf(out), m, replayed);
         }
     }
 
     /** A scope's fence; {@code created} for a 201 claim. */
-    public record Fence(String scope, String fenceToken, boolean created, Map<String, Object> raw) {
+    public record Fence(String scope, String fenceToken, boolean created, Map<String, Object> raw, boolean replayed) {
+        public Fence(String scope, String fenceToken, boolean created, Map<String, Object> raw) {
+            this(scope, fenceToken, created, raw, false);
+        }
+
         static Fence of(int status, Map<String, Object> m) {
-            return new Fence(s(m, "scope"), s(m, "fence_token"), status == 201, m);
+            return new Fence(s(m, "scope"), s(m, "fence_token"), status == 201, m, false);
+        }
+
+        static Fence of(int status, Map<String, Object> m, boolean replayed) {
+            return new Fence(s(m, "scope"), s(m, "fence_token"), status == 201, m, replayed);
         }
     }
 
