@@ -166,6 +166,11 @@ fn describe() {
         "Writes to a guarded table by another role without fencegate.fence() in their transaction (guard = audit), by resource."
     );
     describe_counter!(
+        "fencegate_idempotent_replays_total",
+        Unit::Count,
+        "Writes answered with the kept outcome of an earlier request with the same Idempotency-Key (Idempotent-Replayed: true): retries whose first attempt had landed."
+    );
+    describe_counter!(
         "fencegate_sql_refusals_total",
         Unit::Count,
         "SQL writers refused by fencegate.fence() or a guard trigger (every session of the database, counted although the refusing transaction rolled back), by kind: stale-token, token-not-issued, token-jump, scope-has-issuer, forbidden, unfenced."
