@@ -20,9 +20,9 @@ use std::{sync::Arc, time::Duration};
 
 use serde::Serialize;
 
-use super::{backend::AdminStore as _, Store, StoreError};
+use super::{Store, StoreError};
 use crate::{
-    fence::{FencingToken, Key, Scope},
+    fence::{FencingToken, HighWater, Key, Scope},
     tables::{Resource, RowKey},
 };
 
@@ -309,6 +309,26 @@ impl Store {
             }
         }
     }
+}
+
+/// The audited admin actions and the audit log (`admin.rs`).
+pub(in crate::store) trait AdminStore {
+    /// A reset and its audit row, in one transaction.
+    async fn reset(&self, reset: &Reset) -> Result<Result<ResetDone, ResetRefused>, StoreError>;
+
+    /// A bulk rebind and its audit row, in one transaction.
+    async fn rebind(&self, rebind: &Rebind)
+        -> Result<Result<RebindDone, ResetRefused>, StoreError>;
+
+    /// The newest audit rows first, at most `limit`.
+    async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError>;
+
+    /// The newest audit row's id (0: none): a change means another process reset a fence.
+    async fn newest_audit_id(&self) -> Result<i64, StoreError>;
+
+    /// A task that clears `high_water` as soon as another process resets a fence, if the
+    /// backend can be told (else the audit-log poll is the only way to hear of it).
+    fn listen_resets(&self, high_water: Arc<HighWater>) -> Option<tokio::task::JoinHandle<()>>;
 }
 
 #[cfg(test)]

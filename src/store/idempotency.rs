@@ -19,8 +19,7 @@
 use std::sync::Arc;
 
 use super::{
-    backend::IdempotencyStore as _, BatchOp, BatchWritten, Claimed, RowWritten, Store, StoreError,
-    TableError, Write, Written,
+    BatchOp, BatchWritten, Claimed, RowWritten, Store, StoreError, TableError, Write, Written,
 };
 use crate::{
     fence::{FencingToken, Guard, Outcome, Scope},
@@ -314,4 +313,43 @@ pub(super) fn lost_race() -> StoreError {
     StoreError::Raced(
         "another request with the same Idempotency-Key was being applied at the same time".into(),
     )
+}
+
+/// Writes sent with an `Idempotency-Key`: each a transaction with its outcome row
+/// (`idempotency.rs`; `store::idempotency` says how).
+pub(in crate::store) trait IdempotencyStore {
+    /// The unexpired outcome kept under `id`, if any.
+    async fn kept(&self, id: &IdemId) -> Result<Option<Kept>, StoreError>;
+
+    /// A kv batch (or a single write: a batch of one) and, if accepted, its outcome.
+    async fn batch_kept(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<Vec<Written>>, StoreError>;
+
+    async fn claim_kept(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        keep: &Keep,
+    ) -> Result<Outcome<Claimed>, StoreError>;
+
+    async fn table_write_kept(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<RowWritten>, TableError>;
+
+    async fn batch_tables_kept(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+        keep: &Keep,
+    ) -> Result<Outcome<BatchWritten>, TableError>;
+
+    /// Deletes at most `limit` expired outcome rows; how many it deleted.
+    async fn sweep_idempotency(&self, limit: i64) -> Result<u64, StoreError>;
 }

@@ -1,6 +1,7 @@
 //! What a kv write carries and what it leaves, the same on every backend.
 
-use crate::fence::{FencingToken, Key};
+use super::{decode::ScopeState, StoreError};
+use crate::fence::{FencingToken, Guard, Key, Outcome, Scope};
 
 /// A kv operation inside a batch (or a single write).
 #[derive(Debug, Clone)]
@@ -69,6 +70,40 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
     pub created: bool,
+}
+
+/// Fenced kv writes, scope claims and reads (`kv.rs`).
+pub(in crate::store) trait KvStore {
+    /// A write's statement is run by a worker of the backend's, not by the caller's future:
+    /// then the caller may await it on its own task (a dropped request abandons nothing).
+    fn writes_on_workers(&self) -> bool;
+
+    /// Likewise for reads.
+    fn reads_on_workers(&self) -> bool;
+
+    async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError>;
+
+    /// Every write or none, under one token.
+    async fn batch(
+        &self,
+        writes: &[Write],
+        guard: &Guard,
+    ) -> Result<Outcome<Vec<Written>>, StoreError>;
+
+    async fn get(&self, key: &Key) -> Result<Option<Entry>, StoreError>;
+
+    /// Raises the scope's fence to `token` (inclusive rule), or says why not.
+    async fn claim(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> Result<Outcome<Claimed>, StoreError>;
+
+    async fn fence(&self, scope: &Scope) -> Result<Option<FencingToken>, StoreError>;
+
+    /// A scope's fence and the latest token granted by the built-in lock of that name: what
+    /// the verdict reads to explain a refusal without a write.
+    async fn scope_state(&self, scope: &Scope) -> Result<ScopeState, StoreError>;
 }
 
 #[cfg(test)]

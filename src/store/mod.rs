@@ -7,17 +7,53 @@
 //!
 //! - [`Store`] (here): the reject-only fence cache, database work detached from requests, and
 //!   readiness under pressure, in front of whichever backend is in use;
-//! - `backend`: the `Backend` trait, one part per feature, and the one place the backend in
-//!   use is picked;
+//! - `backend`: the `Backend` trait, whose parts are declared beside each feature (`kv`,
+//!   `admin`, `tables`, ...); the backend in use is picked here (`AnyBackend`, `on_backend!`);
 //! - `pg/` (PostgreSQL, production) and `sqlite/` (embedded, the zero-setup default): one
 //!   implementation each, in the same file layout, each owning all of its SQL;
 //! - backend-neutral: the fence rules' SQL spelling (`sql`), the refusal's explanation (here),
 //!   row decoding (`decode`), errors (`errors`), the kv values (`kv`), and the types and pure
 //!   decisions of each feature (`admin`, `overview`, `refusals`, `tables`, `pressure`).
 
-#[macro_use]
-mod backend;
+// The backend in use, and the one `match` on it (every facade method is written once for
+// both backends). Defined before the modules that use the macros.
+/// The backend in use. An enum rather than a trait object: the set is closed and small, and
+/// the trait's `async fn`s stay plain. Private to the store: every caller goes through
+/// [`Store`](super::Store), so nothing can bypass the reject-only cache or the detaching of
+/// database work.
+#[derive(Clone)]
+enum AnyBackend {
+    Postgres(pg::PgStore),
+    /// The embedded default (no server needed): see `sqlite/mod.rs` for what differs.
+    Sqlite(sqlite::SqliteStore),
+}
+
+/// Evaluates `$call` with `$b` bound to the backend in use: the only `match` on
+/// [`AnyBackend`], so each facade method is written once for both backends.
+macro_rules! on_backend {
+    ($backend:expr, $b:ident => $call:expr) => {
+        match $backend {
+            $crate::store::AnyBackend::Postgres($b) => $call,
+            $crate::store::AnyBackend::Sqlite($b) => $call,
+        }
+    };
+}
+
+/// [`on_backend!`] on a task of its own (see [`run_detached`](super::run_detached)): for
+/// database work that must finish even if the request that started it goes away. What
+/// `$call` uses must be owned (cloned) before the macro.
+macro_rules! detached {
+    ($self:ident, $b:ident => $call:expr) => {{
+        let backend = $self.backend.clone();
+        $crate::store::run_detached($self.give_up_after, async move {
+            on_backend!(&backend, $b => $call)
+        })
+        .await
+    }};
+}
+
 pub mod admin;
+mod backend;
 mod classify;
 mod decode;
 mod errors;
@@ -42,7 +78,7 @@ use crate::{
 };
 
 pub(crate) use crate::fence::Refusal;
-use backend::{AnyBackend, Backend as _, HighAvailability as _, KvStore as _, LockStore as _};
+use backend::{Backend as _, HighAvailability as _, KvStore as _, LockStore as _};
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, DbKind, Jumper, Lack, StoreError, Unstorable};
 pub use idempotency::{Answer, Done, IdemId, Keep, Keyed, Render, MAX_KEPT_BODY};

@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 
-use super::{backend::OverviewStore as _, Store, StoreError};
+use super::{Store, StoreError};
 use crate::fence::FencingToken;
 
 /// Locks listed at most.
@@ -89,4 +89,9 @@ impl Store {
         *latest = Some((std::time::Instant::now(), overview.clone()));
         Ok(overview)
     }
+}
+
+/// What the console shows from the database (`overview.rs`).
+pub(in crate::store) trait OverviewStore {
+    async fn overview(&self) -> Result<Overview, StoreError>;
 }

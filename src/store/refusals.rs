@@ -17,7 +17,7 @@ use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 
-use super::{backend::RefusalStore as _, Store, StoreError};
+use super::{Store, StoreError};
 use crate::events::{Event, RefusalQueue, What};
 
 /// Refusals kept: none older than this.
@@ -135,4 +135,17 @@ where
             .bind(r.request_id.as_str())
             .bind(r.detail.as_deref()),
     )
+}
+
+/// Refused writes kept for operators (`refusals.rs`).
+pub(in crate::store) trait RefusalStore {
+    /// Records the queued refusals, in one transaction.
+    async fn insert_refusals(&self, events: &[Arc<Event>]) -> Result<(), StoreError>;
+
+    /// Deletes any older than `refusals::KEPT_DAYS`, and all but `kept`, fairly per actor
+    /// (`refusals::prune_sql`).
+    async fn prune_refusals(&self, kept: i64) -> Result<(), StoreError>;
+
+    /// The newest refusals first that `filter` admits, at most its `limit`.
+    async fn refusals(&self, filter: &RefusalFilter) -> Result<Vec<Value>, StoreError>;
 }

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::{backend::TableStore as _, Store};
+use super::{tables::TableStore as _, Store};
 
 /// Counts since the database was migrated (they survive restarts; metrics are set to them).
 #[derive(Debug, Default, Clone, Serialize)]

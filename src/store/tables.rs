@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
-use super::{backend::TableStore as _, Store, StoreError, Write, Written};
+use super::{SqlSeen, Store, StoreError, Write, Written};
 use crate::{
     fence::{FencingToken, Guard, Outcome},
     tables::{Resource, ResourceSettings, Resources, RowError, RowKey, TableOp},
@@ -70,8 +70,8 @@ impl Store {
         resource: Option<&str>,
     ) -> anyhow::Result<String> {
         match &self.backend {
-            super::backend::AnyBackend::Postgres(pg) => pg.guard_ddl(settings, resource).await,
-            super::backend::AnyBackend::Sqlite(_) => {
+            super::AnyBackend::Postgres(pg) => pg.guard_ddl(settings, resource).await,
+            super::AnyBackend::Sqlite(_) => {
                 anyhow::bail!(
                     "guarded tables need the PostgreSQL store: set DATABASE_URL or --database-url"
                 )
@@ -150,4 +150,33 @@ fn missing_table<'a>(
          tables are missing, the database is not migrated yet: `fencegate migrate`)",
         names.join(" or ")
     )))
+}
+
+/// Legacy tables fenced in place (`[[resources]]`: `pg/tables/`).
+pub(in crate::store) trait TableStore {
+    /// Validates `[[resources]]` against the database; a bad resource fails start-up.
+    async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources>;
+
+    async fn table_write(
+        &self,
+        op: &TableOp,
+        guard: &Guard,
+    ) -> Result<Outcome<RowWritten>, TableError>;
+
+    /// Every kv write and table op or none, under one token.
+    async fn batch_tables(
+        &self,
+        ops: &[BatchOp],
+        guard: &Guard,
+    ) -> Result<Outcome<BatchWritten>, TableError>;
+
+    async fn table_get(
+        &self,
+        resource: &Resource,
+        key: &RowKey,
+    ) -> Result<Option<RowEntry>, TableError>;
+
+    /// What SQL writers ran into: refusals by `fencegate.fence()` and the guards, and writes
+    /// guards in audit mode let through without a fence.
+    async fn sql_writers(&self) -> Result<SqlSeen, StoreError>;
 }
