@@ -135,10 +135,15 @@ async fn metrics_say_how_many_replicas_and_only_then_whether_synchronous() {
         );
         return;
     }
+    // A process of its own: the metrics recorder is one per process, and this test binary
+    // runs other servers at the same time, some with real standbys (tests/api/hosts.rs).
+    let db = crate::pg::fresh_database().await;
+    let process = crate::helpers::spawn_binary(&db).await;
+    let alone = process.view();
     // Checked at start, on the process's own task: give it a moment.
     let mut last = String::new();
-    for _ in 0..50 {
-        last = app.get("/metrics").await.text;
+    for _ in 0..100 {
+        last = alone.get("/metrics").await.text;
         if sample(&last, "fencegate_replication_replicas").is_some() {
             break;
         }

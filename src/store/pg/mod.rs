@@ -77,9 +77,9 @@ pub(super) struct PgStore {
     /// Opens, bounds and recycles connections; used directly only to start up (migrations,
     /// catalog). Everything else takes its connection from `conns`.
     pool: PgPool,
-    /// Start-up's pool (migrations, catalog, guards, `fence()`'s rules): like `pool`, but takes
-    /// a standby when no host takes writes, to read there (see `hosts`).
-    startup: PgPool,
+    /// Opens start-up's pools (migrations, catalog, guards, `fence()`'s rules): like `pool`, but
+    /// they take a standby when no host takes writes, to read there (see `hosts`).
+    startup: StartupPools,
     conns: Arc<Connections>,
     sql: Arc<ByRule<Statements>>,
     /// `None` when `database.coalesce_workers = 0`: each write is its own statement.
@@ -111,13 +111,38 @@ pub(super) struct PgStore {
     serving: bool,
 }
 
+/// Start-up's reads work on a standby too (a process started against one waits for its
+/// promotion), so start-up has small pools of its own that take one when no host takes
+/// writes. Each is opened for one piece of start-up work and closed after it: outside start-up,
+/// fencegate holds at most `database.max_connections` backends.
+#[derive(Clone)]
+struct StartupPools {
+    hosts: Arc<hosts::HostList>,
+    options: Arc<PgConnectOptions>,
+    acquire_timeout: Duration,
+}
+
+impl StartupPools {
+    /// A pool of at most two connections, opened as they are needed; `close()` it when done.
+    fn open(&self) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .after_release(replication::keep_on_release)
+            .connector(self.hosts.connector(true))
+            .connect_lazy_with((*self.options).clone())
+    }
+}
+
 impl PgStore {
     /// Connects, migrates if asked, and writes `fencegate.fence()` and its rules (`sql_fence`).
     pub(super) async fn open(settings: &Settings) -> anyhow::Result<Self> {
         let pg = PgStore::connect(settings, &settings.url, settings.checks.clone()).await?;
         if let Some(writers) = &settings.sql_writers {
-            sql_fence::sync(
-                &pg.startup,
+            let startup = pg.startup.open();
+            let synced = sql_fence::sync(
+                &startup,
                 sql_fence::Sync {
                     schema: &settings.schema,
                     checks: &settings.checks,
@@ -126,7 +151,9 @@ impl PgStore {
                     writers,
                 },
             )
-            .await?;
+            .await;
+            startup.close().await;
+            synced?;
         }
         Ok(pg)
     }
@@ -183,14 +210,11 @@ impl PgStore {
             .connect_lazy_with(options.clone());
         // Start-up's reads (catalog, guards, fence() rules) work on a standby too, so start-up
         // has a small pool of its own that takes one when no host takes writes.
-        let startup = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_millis(settings.acquire_timeout_ms))
-            .idle_timeout(Duration::from_secs(10))
-            .test_before_acquire(false)
-            .after_release(replication::keep_on_release)
-            .connector(hosts.connector(true))
-            .connect_lazy_with(options.clone());
+        let startup = StartupPools {
+            hosts: hosts.clone(),
+            options: Arc::new(options.clone()),
+            acquire_timeout: Duration::from_millis(settings.acquire_timeout_ms),
+        };
         let at_start = hosts::at_start(&pool).await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot connect to PostgreSQL at {shown}: {}",
@@ -263,12 +287,15 @@ impl PgStore {
         // transaction-scoped lock (sqlx's own is a session lock, which a pooler in transaction
         // mode cannot hold).
         let side = self.side_connection().await?;
-        pooler::exclusively(side, MIGRATE_LOCK, self.migrate_locked()).await
+        let startup = self.startup.open();
+        let migrated = pooler::exclusively(side, MIGRATE_LOCK, self.migrate_locked(&startup)).await;
+        startup.close().await;
+        migrated
     }
 
-    async fn migrate_locked(&self) -> anyhow::Result<()> {
-        schema::prepare(&self.startup, &self.schema).await?;
-        pooler::check_schema(&self.startup, &self.schema).await?;
+    async fn migrate_locked(&self, startup: &PgPool) -> anyhow::Result<()> {
+        schema::prepare(startup, &self.schema).await?;
+        pooler::check_schema(startup, &self.schema).await?;
         let migrator = sqlx::migrate::Migrator {
             migrations: MIGRATOR.migrations.clone(),
             ignore_missing: MIGRATOR.ignore_missing,
@@ -276,7 +303,7 @@ impl PgStore {
             no_tx: MIGRATOR.no_tx,
         };
         let pooler = self.pooler;
-        migrator.run(&self.startup).await.map_err(|e| {
+        migrator.run(startup).await.map_err(|e| {
             use sqlx::migrate::MigrateError::{Execute, ExecuteMigration};
             let read_only = match &e {
                 Execute(sqlx::Error::Database(db)) | ExecuteMigration(sqlx::Error::Database(db), _) => db.code().as_deref() == Some("25006"),

@@ -54,8 +54,20 @@ impl PgStore {
                 anyhow::bail!("no resource {name:?} in [[resources]] of the config file");
             }
         }
-        let resources = catalog::load(&self.startup, self.schema(), settings).await?;
-        let mut conn = self.startup.acquire().await?;
+        let startup = self.startup.open();
+        let ddl = self.guard_ddl_on(&startup, settings, only).await;
+        startup.close().await;
+        ddl
+    }
+
+    async fn guard_ddl_on(
+        &self,
+        startup: &sqlx::PgPool,
+        settings: &[ResourceSettings],
+        only: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let resources = catalog::load(startup, self.schema(), settings).await?;
+        let mut conn = startup.acquire().await?;
         let mut out = String::new();
         let mut owners = Vec::new();
         for resource in resources.iter() {
@@ -120,17 +132,29 @@ impl PgStore {
         }
         Ok(out)
     }
+
+    /// `[[resources]]` validated against the catalog, and (serving) the guards checked.
+    async fn resources_on(
+        &self,
+        startup: &sqlx::PgPool,
+        settings: &[ResourceSettings],
+    ) -> anyhow::Result<Resources> {
+        let resources = catalog::load(startup, self.schema(), settings).await?;
+        let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
+        if self.serving {
+            let side = self.side_connection().await?;
+            sql_fence::guards::check(startup, side, self.schema(), &all).await?;
+        }
+        Ok(resources)
+    }
 }
 
 impl TableStore for PgStore {
     async fn resources(&self, settings: &[ResourceSettings]) -> anyhow::Result<Resources> {
-        let resources = catalog::load(&self.startup, self.schema(), settings).await?;
-        let all: Vec<&Resource> = resources.iter().map(|r| &**r).collect();
-        if self.serving {
-            let side = self.side_connection().await?;
-            sql_fence::guards::check(&self.startup, side, self.schema(), &all).await?;
-        }
-        Ok(resources)
+        let startup = self.startup.open();
+        let checked = self.resources_on(&startup, settings).await;
+        startup.close().await;
+        checked
     }
 
     /// One fenced write to a row (PUT, PATCH or DELETE).
