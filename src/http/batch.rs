@@ -155,7 +155,8 @@ pub async fn batch(
         })
     };
     let keep = pending.keep(&state, &actor, body.digest, render);
-    let keyed = state.store.batch_keyed(&writes, &guard, &keep).await?;
+    // Boxed, so that an unkeyed batch's future does not carry the keyed path's state (kv::put).
+    let keyed = Box::pin(state.store.batch_keyed(&writes, &guard, &keep)).await?;
     finish(keyed, |written| kv_answer(token, scope, &writes, written))
 }
 
@@ -230,7 +231,8 @@ async fn batch_tables(
         })
     };
     let keep = pending.keep(state, actor, digest, render);
-    let keyed = state.store.batch_tables_keyed(&ops, &guard, &keep).await?;
+    // Boxed, as above.
+    let keyed = Box::pin(state.store.batch_tables_keyed(&ops, &guard, &keep)).await?;
     finish(keyed, |written| mixed_answer(token, scope, &ops, written))
 }
 

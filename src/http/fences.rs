@@ -70,7 +70,8 @@ pub async fn claim(
         })
     };
     let keep = pending.keep(&state, &actor, None, render);
-    let keyed = state.store.claim_keyed(&scope, token, &keep).await?;
+    // Boxed, so that an unkeyed claim's future does not carry the keyed path's state (kv::put).
+    let keyed = Box::pin(state.store.claim_keyed(&scope, token, &keep)).await?;
     finish(keyed, |claimed| claim_answer(token, &scope, claimed))
 }
 

@@ -153,7 +153,8 @@ async fn write(
         })
     };
     let keep = pending.keep(state, actor, digest, render);
-    let keyed = state.store.table_write_keyed(&op, &guard, &keep).await?;
+    // Boxed, so that an unkeyed write's future does not carry the keyed path's state (kv::put).
+    let keyed = Box::pin(state.store.table_write_keyed(&op, &guard, &keep)).await?;
     finish(keyed, |written| {
         row_answer(&op, token, scope.as_ref(), written)
     })
