@@ -127,6 +127,24 @@ pub(super) struct Kept {
     pub answer: Answer,
 }
 
+impl Kept {
+    /// A kept outcome from either backend's row: fingerprint, status, headers (a JSON object
+    /// of strings), body.
+    pub(super) fn from_row<'r, R: sqlx::Row>(row: &'r R) -> Result<Kept, StoreError>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        Ok(Kept {
+            fingerprint: row.try_get(0)?,
+            answer: Answer::from_row(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)?,
+        })
+    }
+}
+
 /// How a keyed write ended.
 pub enum Keyed<T> {
     /// Not seen before (or expired): the write was judged now (and, if accepted, kept).

@@ -3,14 +3,14 @@
 //! through the coalescer: it is a transaction of its own, the fenced write and then its outcome
 //! row, so the two commit together or not at all.
 
-use sqlx::{Connection, Row};
+use sqlx::Connection;
 
 use super::PgStore;
 use crate::{
     fence::{FencingToken, Guard, Outcome, Scope},
     store::{
         backend::IdempotencyStore,
-        idempotency::{lost_race, Answer, Done, IdemId, Keep, Kept},
+        idempotency::{lost_race, Done, IdemId, Keep, Kept},
         BatchOp, BatchWritten, Claimed, RowWritten, StoreError, TableError, Write, Written,
     },
     tables::TableOp,
@@ -71,11 +71,7 @@ impl IdempotencyStore for PgStore {
             .fetch_optional(&mut *conn)
             .await?;
         conn.done();
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Kept {
-            fingerprint: row.try_get(0)?,
-            answer: Answer::from_row(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)?,
-        }))
+        row.as_ref().map(Kept::from_row).transpose()
     }
 
     async fn batch_kept(

@@ -3,14 +3,14 @@
 //! `kv.rs`'s batch with its outcome row). The one connection serializes transactions, so a
 //! second request with a key in flight simply runs after the first and finds its outcome.
 
-use sqlx::{Row, SqliteConnection};
+use sqlx::SqliteConnection;
 
 use super::{SqliteStore, NOW_MS};
 use crate::{
     fence::{FencingToken, Guard, Outcome, Rule, Scope, Target},
     store::{
         backend::{IdempotencyStore, TableStore as _},
-        idempotency::{lost_race, Answer, Done, IdemId, Keep, Kept},
+        idempotency::{lost_race, Done, IdemId, Keep, Kept},
         BatchOp, BatchWritten, Claimed, RowWritten, StoreError, TableError, Write, Written,
     },
     tables::TableOp,
@@ -66,11 +66,7 @@ impl IdempotencyStore for SqliteStore {
         .bind(&id.key)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Kept {
-            fingerprint: row.try_get(0)?,
-            answer: Answer::from_row(row.try_get(1)?, row.try_get(2)?, row.try_get(3)?)?,
-        }))
+        row.as_ref().map(Kept::from_row).transpose()
     }
 
     async fn batch_kept(
