@@ -207,13 +207,21 @@ async fn run_on(s: &Settings, m: &Machine, db_url: &str, admin: &mut PgConnectio
     for other in more {
         stop_fencegate(other).await;
     }
-    let (rows, soak) = outcome?;
+    let (rows, h2c, soak) = outcome?;
     let keyspace_table = match sizes.is_empty() {
         true => String::new(),
         false => keyspace::table(s, &keyspace::server_facts(admin).await?, &sizes),
     };
 
-    let table = report::table(s, m, &rows, &keyspace_table, soak.as_ref(), hwm_end);
+    let table = report::table(
+        s,
+        m,
+        &rows,
+        h2c.as_ref(),
+        &keyspace_table,
+        soak.as_ref(),
+        hwm_end,
+    );
     println!("\n{table}");
     Ok(())
 }

@@ -45,6 +45,25 @@ pub struct Row {
     /// One connection only: pgbench through a byte-copying relay ÷ pgbench direct (`relay`);
     /// `Some(None)`: not measured (no haproxy, or it could not start).
     pub relay: Option<Option<f64>>,
+    pub cpu: Cpu,
+}
+
+/// fencegate's CPU in a step, in µs, and PostgreSQL's per write through it.
+pub struct Cpu {
+    /// Per ok request (2xx).
+    pub fg_per_request: f64,
+    /// Per write the database applied.
+    pub fg_per_write: f64,
+    /// PostgreSQL's CPU per applied write through fencegate; `None`: not a local server.
+    pub pg_through: Option<f64>,
+}
+
+/// The h2c step's figures the targets are read against.
+pub struct H2cFigures {
+    /// fencegate's writes/s ÷ pgbench's at 64 clients.
+    pub ratio: f64,
+    pub fg_per_write: f64,
+    pub pg_through: Option<f64>,
 }
 
 fn fmt_rate(r: f64) -> String {
@@ -149,6 +168,7 @@ pub fn table(
     s: &Settings,
     m: &Machine,
     rows: &[Row],
+    h2c: Option<&H2cFigures>,
     more: &str,
     soak: Option<&Soak>,
     hwm_end: u64,
@@ -250,11 +270,75 @@ pub fn table(
             _ => {}
         }
     }
+    targets(&mut t, rows, h2c);
     if !more.is_empty() {
         t.push_str(more);
         let _ = writeln!(t);
     }
     finish(t, s, soak, hwm_end, &stderr_log, log_lines)
+}
+
+/// The performance targets (bench/README.md, *Targets*), each with its figures from this run
+/// and whether it was met; a target whose steps did not run is left out.
+fn targets(t: &mut String, rows: &[Row], h2c: Option<&H2cFigures>) {
+    let random = |conns| {
+        rows.iter()
+            .find(|r| r.conns == conns && r.workload == "random key")
+    };
+    let met = |ok: bool| if ok { "met" } else { "**missed**" };
+    let mut lines = Vec::new();
+    if let (Some(lone), Some(busy)) = (random(1), random(64)) {
+        let bound = 40.0 + busy.cpu.fg_per_write;
+        lines.push(format!(
+            "a lone request's CPU {:.1} µs ≤ 40 µs + a write's at 64 connections ({:.1}) = {bound:.1} µs: {}",
+            lone.cpu.fg_per_request,
+            busy.cpu.fg_per_write,
+            met(lone.cpu.fg_per_request <= bound)
+        ));
+    }
+    if let Some(busy) = random(64) {
+        if let Some(pg) = busy.cpu.pg_through {
+            lines.push(format!(
+                "fencegate's CPU per write ≤ PostgreSQL's through it, 64 connections, HTTP/1.1: {:.1} against {pg:.1} µs ({:.2}×): {}",
+                busy.cpu.fg_per_write,
+                busy.cpu.fg_per_write / pg,
+                met(busy.cpu.fg_per_write <= pg)
+            ));
+        }
+    }
+    if let Some(h) = h2c {
+        if let Some(pg) = h.pg_through {
+            lines.push(format!(
+                "the same over h2c (reported): {:.1} against {pg:.1} µs ({:.2}×)",
+                h.fg_per_write,
+                h.fg_per_write / pg
+            ));
+        }
+        lines.push(format!(
+            "h2c ≥ 3× pgbench's 64 clients: {:.2}×: {}",
+            h.ratio,
+            met(h.ratio >= 3.0)
+        ));
+    }
+    if let Some(lone) = random(1) {
+        if let (Some(Some(floor)), Some((pg, ..))) = (lone.relay, &lone.pg) {
+            let fg = lone.fg_rate / pg;
+            lines.push(format!(
+                "one connection within 0.05 of the relay floor: fencegate {fg:.2}×, relay {floor:.2}× (gap {:.2}): {}",
+                floor - fg,
+                met(floor - fg <= 0.05)
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(t, "Targets:");
+    let _ = writeln!(t);
+    for line in lines {
+        let _ = writeln!(t, "- {line}");
+    }
+    let _ = writeln!(t);
 }
 
 /// The lines under the table: fencegate's memory and its log.

@@ -17,7 +17,7 @@ use crate::{
     database::reset_table,
     load_generator::{fencegate_step, scrape_metrics, Workload, TOKENS},
     pgbench::{pgbench_step, Scripts},
-    report::{errors_cell, mib, report_fg, report_pg, Row},
+    report::{errors_cell, mib, report_fg, report_pg, Cpu, H2cFigures, Row},
     server::{rss_kib, CpuTicks, Fencegate},
     settings::Settings,
     KEYS,
@@ -40,8 +40,9 @@ pub async fn measure(
     db: &mut PgConnection,
     admin: &mut PgConnection,
     scripts: &Scripts,
-) -> Result<(Vec<Row>, Option<Soak>)> {
+) -> Result<(Vec<Row>, Option<H2cFigures>, Option<Soak>)> {
     let mut rows = Vec::new();
+    let mut h2c = None;
     let steps: [(&str, &str, usize, Workload, &Path); 6] = [
         (
             "random",
@@ -138,6 +139,11 @@ pub async fn measure(
         // The whole system's CPU per applied write: fencegate + PostgreSQL through fencegate,
         // against PostgreSQL alone under pgbench (pgbench's own CPU, the client, not counted,
         // as fencegate's load generator is not). Writes only: the mix's GETs apply nothing.
+        let cpu = Cpu {
+            fg_per_request: r.cpu_ticks.per(r.stats.put_ok + r.stats.get_ok).0,
+            fg_per_write: r.cpu_ticks.per(r.db_applied.max(0) as u64).0,
+            pg_through: r.pg_cpu_us,
+        };
         if workload != (Workload::Mix { read_pct: 90 }) {
             system_cpu(r.cpu_ticks, r.db_applied, r.pg_cpu_us, p.pg_cpu_us);
         }
@@ -154,6 +160,7 @@ pub async fn measure(
             fg_errors: errors_cell(&r.stats),
             pg: Some(pg),
             relay,
+            cpu,
         });
     }
 
@@ -182,11 +189,16 @@ pub async fn measure(
             h.rate / pg.0
         );
         system_cpu(h.cpu, h.applied, h.pg_cpu_us, p.pg_cpu_us);
+        h2c = Some(H2cFigures {
+            ratio: h.rate / pg.0,
+            fg_per_write: h.cpu.per(h.applied.max(0) as u64).0,
+            pg_through: h.pg_cpu_us,
+        });
     }
 
     // Soak: 64 connections of random-key PUTs, RSS sampled while it runs.
     if !s.runs("soak") {
-        return Ok((rows, None));
+        return Ok((rows, h2c, None));
     }
     reset_table(db, admin).await?;
     let every = Duration::from_secs((s.soak.as_secs() / 12).clamp(1, 5));
@@ -248,7 +260,7 @@ pub async fn measure(
         every,
         scrapes,
     };
-    Ok((rows, Some(soak)))
+    Ok((rows, h2c, Some(soak)))
 }
 
 /// Prints the whole system's CPU per applied write through fencegate (`fg`: fencegate's CPU
