@@ -21,7 +21,7 @@ for r in $(seq 1 "$rounds"); do
       (cd "$here" && env "${env_set[@]}" BENCH_FENCEGATE="$bin" cargo bench --bench load --locked 2>&1)
     else
       (cd "$d" && env "${env_set[@]}" cargo bench --bench load --locked $feat 2>&1)
-    fi | grep -E "^  (fencegate|pgbench|ratio)|CPU .* per ok|system CPU|^\| random|^\| one hot|^\| hot" >> "$out"
+    fi | grep -E "^  (fencegate|pgbench|ratio|floor)|CPU .* per ok|system CPU|^\| random|^\| one hot|^\| hot|^- " >> "$out"
   done
 done
 echo "=== done" >> "$out"

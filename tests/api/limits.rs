@@ -369,3 +369,72 @@ async fn a_value_the_database_refuses_is_400_alone_and_amid_coalesced_neighbours
         }
     }
 }
+
+/// A lone write goes out from its own request, not through a coalescing worker; writes that
+/// arrive while it runs must still queue behind it and go out together, not each on its own.
+/// The lone write is held on a row lock, so the others provably arrive while it runs; each
+/// statement is its own transaction, so the rows one statement wrote share one `xmin`.
+#[tokio::test]
+async fn writes_arriving_while_a_lone_write_runs_still_go_out_together() {
+    let db = crate::pg::fresh_database().await;
+    let app = std::sync::Arc::new(
+        spawn_app_on(db.clone(), |s| {
+            s.database.coalesce_workers = Some(1);
+            s.database.lock_timeout_ms = 30_000;
+            s.server.request_timeout_ms = 30_000;
+        })
+        .await,
+    );
+    let held = unique("held");
+    app.kv_put(&held, "1", &json!("before")).await.expect(201);
+    let mut holder = lock_row(&db, &held).await;
+    let lone = {
+        let (app, held) = (app.clone(), held.clone());
+        tokio::spawn(async move { app.kv_put(&held, "2", &json!("after")).await.status })
+    };
+    // The lone write is in the database, waiting for the row lock.
+    let mut watch = PgConnection::connect(&db).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watch)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lone write never reached the row lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let prefix = unique("b");
+    let writes: Vec<_> = (0..20)
+        .map(|i| {
+            let (app, key) = (app.clone(), format!("{prefix}-{i}"));
+            tokio::spawn(async move { app.kv_put(&key, "1", &json!(i)).await.status })
+        })
+        .collect();
+    // Give the twenty time to queue (they cannot go out while the lone write holds the only
+    // worker's turn); however long this takes, they must not have been sent one by one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.execute("COMMIT").await.unwrap();
+    assert_eq!(lone.await.unwrap(), 200);
+    for write in writes {
+        assert_eq!(write.await.unwrap(), 201);
+    }
+    let statements: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM fencegate.fencegate_kv WHERE key LIKE $1",
+    )
+    .bind(format!("{prefix}-%"))
+    .fetch_one(&mut watch)
+    .await
+    .unwrap();
+    assert!(
+        statements <= 3,
+        "20 writes that waited together went out in {statements} statements"
+    );
+}

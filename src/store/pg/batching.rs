@@ -5,21 +5,30 @@
 //! out at once and batches grow only while the database is busy. The queue is bounded (callers
 //! wait when it is full) and so is a batch (`max_rows`). A worker owns the database work of its
 //! batch, so a caller that goes away (timeout, disconnect) abandons nothing.
+//!
+//! At most `workers` batches run at once, each under a run permit. A caller that finds nothing
+//! queued and a permit free ([`WorkQueue::idle`]) would be a batch of one, sent at once: it may
+//! run its work itself under that permit, instead of handing it to a worker task and being
+//! woken back (`coalesce::Coalescer::write`). A worker takes its permit after its first request
+//! arrives and before it collects the rest, so a batch still forms while the database is busy.
 
 use std::{future::Future, sync::Arc, task::Poll};
 
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot, Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::store::StoreError;
 
 pub(super) struct WorkQueue<J> {
     queue: mpsc::Sender<J>,
+    /// One permit per batch that may run at once (`workers`).
+    running: Arc<Semaphore>,
 }
 
 impl<J> Clone for WorkQueue<J> {
     fn clone(&self) -> Self {
         WorkQueue {
             queue: self.queue.clone(),
+            running: self.running.clone(),
         }
     }
 }
@@ -35,15 +44,26 @@ impl<J: Send + 'static> WorkQueue<J> {
         let (workers, max_rows) = (workers.max(1), max_rows.max(1));
         let (queue, rx) = mpsc::channel::<J>(max_rows * workers * 4);
         let (rx, serve) = (Arc::new(Mutex::new(rx)), Arc::new(serve));
+        let running = Arc::new(Semaphore::new(workers));
         for _ in 0..workers {
-            let (rx, serve) = (rx.clone(), serve.clone());
+            let (rx, serve, running) = (rx.clone(), serve.clone(), running.clone());
             tokio::spawn(async move {
-                while let Some(batch) = next_batch(&rx, max_rows).await {
+                while let Some((batch, _permit)) = next_batch(&rx, &running, max_rows).await {
                     survive_panic(serve(batch)).await;
                 }
             });
         }
-        WorkQueue { queue }
+        WorkQueue { queue, running }
+    }
+
+    /// A run permit, if nothing is queued and no more than `workers - 1` batches are running:
+    /// then a request sent now would be a batch of one, sent at once, and its caller may run it
+    /// itself while it holds the permit (module docs).
+    pub(super) fn idle(&self) -> Option<OwnedSemaphorePermit> {
+        if self.queue.capacity() != self.queue.max_capacity() {
+            return None; // something is queued: a batch is forming
+        }
+        self.running.clone().try_acquire_owned().ok()
     }
 
     /// Queues the request `job` builds around its reply channel, and waits for the reply.
@@ -72,6 +92,45 @@ impl<J: Send + 'static> WorkQueue<J> {
     }
 }
 
+/// Work a caller runs itself (`WorkQueue::idle`) that must not be abandoned half-way, as a
+/// worker's never is: if the caller goes away before it is done, the rest of it runs on a task
+/// of its own. Boxed so that it can move there; a drop before the end is rare (a timeout, a
+/// disconnect), so the common path pays one allocation and no task.
+pub(super) struct FinishOnDrop(Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl FinishOnDrop {
+    pub(super) fn new(work: impl Future<Output = ()> + Send + 'static) -> Self {
+        FinishOnDrop(Some(Box::pin(work)))
+    }
+}
+
+impl Future for FinishOnDrop {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let Some(work) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        let polled = work.as_mut().poll(cx);
+        if polled.is_ready() {
+            self.0 = None;
+        }
+        polled
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let Some(work) = self.0.take() {
+            // Outside a runtime (a shutdown) there is nowhere to finish it: dropped, like the
+            // workers' tasks then.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(survive_panic(work));
+            }
+        }
+    }
+}
+
 /// Runs a batch's work; a panic inside it ends that batch, not the worker. The batch's callers
 /// whose replies were not sent yet get 503 (their replies are dropped with the work), and
 /// whatever connection the work held goes back through the pool's check (which rolls back an
@@ -97,20 +156,26 @@ async fn survive_panic(work: impl Future<Output = ()>) {
     }
 }
 
-/// The next batch for a worker: waits for one request, then takes whatever else is already
-/// queued, up to `max`; `None` once the queue is closed. Whoever holds the receiver collects
-/// the next batch while the other workers execute theirs.
-async fn next_batch<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
+/// The next batch for a worker and its run permit: waits for one request, then for a permit
+/// (taken only while a caller runs its own request, [`WorkQueue::idle`]), then takes whatever
+/// else is queued by then, up to `max`; `None` once the queue is closed. Whoever holds the
+/// receiver collects the next batch while the other workers execute theirs.
+async fn next_batch<T>(
+    rx: &Mutex<mpsc::Receiver<T>>,
+    running: &Arc<Semaphore>,
+    max: usize,
+) -> Option<(Vec<T>, OwnedSemaphorePermit)> {
     let mut rx = rx.lock().await;
     let mut batch = Vec::with_capacity(max);
     batch.push(rx.recv().await?);
+    let permit = running.clone().acquire_owned().await.ok()?;
     while batch.len() < max {
         match rx.try_recv() {
             Ok(job) => batch.push(job),
             Err(_) => break,
         }
     }
-    Some(batch)
+    Some((batch, permit))
 }
 
 #[cfg(test)]

@@ -51,7 +51,11 @@ use sqlx::{types::Json, Connection, PgConnection, Row};
 use tokio::sync::oneshot;
 
 use self::lanes::Lanes;
-use super::{batching::WorkQueue, connections::Connections, sql::Statements};
+use super::{
+    batching::{FinishOnDrop, WorkQueue},
+    connections::Connections,
+    sql::Statements,
+};
 use crate::{
     fence::{FencingToken, Key, Rule, Scope},
     store::{sql::ByRule, StoreError},
@@ -163,12 +167,38 @@ impl Coalescer {
             reply,
         };
         // A write under a scope that has a lane (its fence is held) waits there, not here.
-        match self.shared.lanes.join(job) {
-            Ok(()) => outcome.await.unwrap_or(Err(StoreError::unavailable(
-                "the lane of a held scope running this write is gone",
-            ))),
-            Err(job) => self.queue.send(job, outcome).await,
+        let job = match self.shared.lanes.join(job) {
+            Ok(()) => {
+                return outcome.await.unwrap_or(Err(StoreError::unavailable(
+                    "the lane of a held scope running this write is gone",
+                )))
+            }
+            Err(job) => job,
+        };
+        // Nothing queued and a worker free: this write would go out at once as a batch of one.
+        // It is sent from here, the same way a worker would (`settle`), without the hand-off
+        // to the worker's task and back: at low load that hand-off was a sizeable part of a
+        // lone write's CPU (bench/RESULTS.md). Writes that arrive meanwhile queue for a worker,
+        // which takes a permit before it collects them, so a batch still forms behind this one.
+        // As a worker's, the work is never abandoned half-way: if this request goes away (a
+        // timeout, a disconnect), the rest of it runs on a task of its own (`FinishOnDrop`).
+        if let Some(permit) = self.queue.idle() {
+            metrics::histogram!("fencegate_coalesced_rows").record(1.0);
+            let shared = self.shared.clone();
+            let round = Round {
+                rule: job.rule,
+                jobs: vec![job],
+            };
+            FinishOnDrop::new(async move {
+                let _permit = permit;
+                settle(&shared, vec![round], Wait::Brief).await;
+            })
+            .await;
+            return outcome.await.unwrap_or(Err(StoreError::unavailable(
+                "the worker running this statement is gone",
+            )));
         }
+        self.queue.send(job, outcome).await
     }
 }
 

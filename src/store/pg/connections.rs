@@ -24,10 +24,11 @@
 //!
 //! The connections in use are known with the time they were taken, so readiness can say when
 //! statements are stuck ([`Connections::stuck`]): a pool whose connections wait for answers that
-//! do not come cannot take writes, however well a fresh connection answers.
+//! do not come cannot take writes, however well a fresh connection answers. Each connection in
+//! use stamps its own slot (one atomic per permit): this runs for every statement, and the map
+//! behind one lock it replaced cost every statement a lock, a hash and an allocation.
 
 use std::{
-    collections::HashMap,
     ops::{Deref, DerefMut},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -59,9 +60,10 @@ pub(in crate::store) struct Connections {
     acquire_timeout: Duration,
     /// `Settings::give_up_after_ms`, for the coalescer's and readers' statements.
     give_up_after: Option<Duration>,
-    /// When each connection in use was taken, by borrow number.
-    busy: Mutex<HashMap<u64, Instant>>,
-    next_borrow: AtomicU64,
+    /// When each connection in use was taken: µs since `epoch`, plus one; 0 is a free slot.
+    /// One slot per permit, so a permit holder always finds a free one.
+    busy: Box<[AtomicU64]>,
+    epoch: Instant,
 }
 
 struct Held {
@@ -81,8 +83,8 @@ pub(in crate::store) struct Borrowed<'a> {
     conns: &'a Connections,
     held: Option<Held>,
     clean: bool,
-    /// Its entry in `Connections::busy`.
-    borrow: u64,
+    /// Its slot in `Connections::busy`.
+    slot: usize,
     /// Released after `drop` put the connection back (fields drop after `Drop::drop`).
     _permit: OwnedSemaphorePermit,
 }
@@ -100,8 +102,10 @@ impl Connections {
             permits: Arc::new(Semaphore::new(max_connections.max(1) as usize)),
             acquire_timeout,
             give_up_after,
-            busy: Mutex::new(HashMap::new()),
-            next_borrow: AtomicU64::new(0),
+            busy: (0..max_connections.max(1))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            epoch: Instant::now(),
         }
     }
 
@@ -113,10 +117,18 @@ impl Connections {
     /// How many connections have been in use for longer than `after` (waiting for an answer,
     /// as a statement never does for that long when the database and the network are well).
     pub(in crate::store) fn stuck(&self, after: Duration) -> usize {
-        let busy = self.busy.lock().expect("busy connections lock");
-        busy.values()
-            .filter(|since| since.elapsed() > after)
+        let now = self.stamp();
+        let after = after.as_micros() as u64;
+        self.busy
+            .iter()
+            .map(|slot| slot.load(Ordering::Relaxed))
+            .filter(|&since| since != 0 && now.saturating_sub(since) > after)
             .count()
+    }
+
+    /// Now, as a slot holds it: µs since `epoch`, plus one (never 0, which means free).
+    fn stamp(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64 + 1
     }
 
     /// The most recently used idle connection if it is still young, else one from the pool.
@@ -158,16 +170,22 @@ impl Connections {
                 }
             }
         };
-        let borrow = self.next_borrow.fetch_add(1, Ordering::Relaxed);
-        self.busy
-            .lock()
-            .expect("busy connections lock")
-            .insert(borrow, Instant::now());
+        // Permits never outnumber slots and a slot is freed before its permit (`Drop`), so a
+        // free one is there; at low load the first.
+        let stamp = self.stamp();
+        let slot = self
+            .busy
+            .iter()
+            .position(|slot| {
+                slot.compare_exchange(0, stamp, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            })
+            .expect("a permit holder finds a free slot");
         Ok(Borrowed {
             conns: self,
             held: Some(held),
             clean: false,
-            borrow,
+            slot,
             _permit: permit,
         })
     }
@@ -220,11 +238,7 @@ impl Borrowed<'_> {
 
 impl Drop for Borrowed<'_> {
     fn drop(&mut self) {
-        self.conns
-            .busy
-            .lock()
-            .expect("busy connections lock")
-            .remove(&self.borrow);
+        self.conns.busy[self.slot].store(0, Ordering::Relaxed);
         if let Some(held) = self.held.take() {
             if self.clean {
                 self.conns.put_back(held);
