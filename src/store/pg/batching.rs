@@ -7,12 +7,24 @@
 //! batch, so a caller that goes away (timeout, disconnect) abandons nothing.
 //!
 //! At most `workers` batches run at once, each under a run permit. A caller that finds nothing
-//! queued and a permit free ([`WorkQueue::idle`]) would be a batch of one, sent at once: it may
-//! run its work itself under that permit, instead of handing it to a worker task and being
-//! woken back (`coalesce::Coalescer::write`). A worker takes its permit after its first request
-//! arrives and before it collects the rest, so a batch still forms while the database is busy.
+//! queued, a permit free and the last batch a lone request ([`WorkQueue::idle`]) would be a
+//! batch of one, sent at once: it may run its work itself under that permit, instead of handing
+//! it to a worker task and being woken back (`coalesce::Coalescer::write`). A worker takes its
+//! permit after its first request arrives and before it collects the rest, so a batch still
+//! forms while the database is busy. Under load, requests arrive in bursts (every client
+//! answered by one statement sends its next request at once): the burst's first request finds
+//! the queue empty, and running it alone would send a one-row statement ahead of every batch,
+//! which cost a quarter to a half of the writes per second over HTTP/2 (bench/RESULTS.md). So a
+//! caller runs its own request only while the batches have been lone requests.
 
-use std::{future::Future, sync::Arc, task::Poll};
+use std::{
+    future::Future,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    task::Poll,
+};
 
 use tokio::sync::{mpsc, oneshot, Mutex, OwnedSemaphorePermit, Semaphore};
 
@@ -22,6 +34,8 @@ pub(super) struct WorkQueue<J> {
     queue: mpsc::Sender<J>,
     /// One permit per batch that may run at once (`workers`).
     running: Arc<Semaphore>,
+    /// How many requests the last batch a worker took held.
+    last_batch: Arc<AtomicUsize>,
 }
 
 impl<J> Clone for WorkQueue<J> {
@@ -29,6 +43,7 @@ impl<J> Clone for WorkQueue<J> {
         WorkQueue {
             queue: self.queue.clone(),
             running: self.running.clone(),
+            last_batch: self.last_batch.clone(),
         }
     }
 }
@@ -45,23 +60,37 @@ impl<J: Send + 'static> WorkQueue<J> {
         let (queue, rx) = mpsc::channel::<J>(max_rows * workers * 4);
         let (rx, serve) = (Arc::new(Mutex::new(rx)), Arc::new(serve));
         let running = Arc::new(Semaphore::new(workers));
+        let last_batch = Arc::new(AtomicUsize::new(0));
         for _ in 0..workers {
-            let (rx, serve, running) = (rx.clone(), serve.clone(), running.clone());
+            let (rx, serve, running, last_batch) = (
+                rx.clone(),
+                serve.clone(),
+                running.clone(),
+                last_batch.clone(),
+            );
             tokio::spawn(async move {
                 while let Some((batch, _permit)) = next_batch(&rx, &running, max_rows).await {
+                    last_batch.store(batch.len(), Ordering::Relaxed);
                     survive_panic(serve(batch)).await;
                 }
             });
         }
-        WorkQueue { queue, running }
+        WorkQueue {
+            queue,
+            running,
+            last_batch,
+        }
     }
 
-    /// A run permit, if nothing is queued and no more than `workers - 1` batches are running:
-    /// then a request sent now would be a batch of one, sent at once, and its caller may run it
-    /// itself while it holds the permit (module docs).
+    /// A run permit, if nothing is queued, no more than `workers - 1` batches are running and
+    /// the last batch was a lone request: then a request sent now would be a batch of one, sent
+    /// at once, and its caller may run it itself while it holds the permit (module docs).
     pub(super) fn idle(&self) -> Option<OwnedSemaphorePermit> {
         if self.queue.capacity() != self.queue.max_capacity() {
             return None; // something is queued: a batch is forming
+        }
+        if self.last_batch.load(Ordering::Relaxed) > 1 {
+            return None; // under load: the rest of a burst may be on its way
         }
         self.running.clone().try_acquire_owned().ok()
     }
@@ -181,6 +210,50 @@ async fn next_batch<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A caller may run its own request only while the batches are lone requests: the first
+    /// request of a burst must not go out alone ahead of the batch behind it.
+    #[tokio::test]
+    async fn a_caller_runs_its_own_request_only_after_lone_batches() {
+        let queue = WorkQueue::start(
+            1,
+            8,
+            |jobs: Vec<(u32, oneshot::Sender<Result<usize, StoreError>>)>| async move {
+                let n = jobs.len();
+                for (_, reply) in jobs {
+                    let _ = reply.send(Ok(n));
+                }
+            },
+        );
+        assert!(
+            queue.idle().is_some(),
+            "nothing ran yet: a lone request may go out at once"
+        );
+        // Three asks queued before the worker runs (one thread: it runs when this task waits).
+        let asks: Vec<_> = (0..3)
+            .map(|i| {
+                let queue = queue.clone();
+                tokio::spawn(async move { queue.ask(|reply| (i, reply)).await })
+            })
+            .collect();
+        for ask in asks {
+            assert_eq!(
+                ask.await.unwrap().unwrap(),
+                3,
+                "the three went out together"
+            );
+        }
+        assert!(
+            queue.idle().is_none(),
+            "after a batch of three: a burst, let it form"
+        );
+        assert_eq!(queue.ask(|reply| (9, reply)).await.unwrap(), 1);
+        let permit = queue
+            .idle()
+            .expect("after a lone batch: a lone request may go out at once");
+        assert!(queue.idle().is_none(), "one worker: one permit");
+        drop(permit);
+    }
 
     #[tokio::test]
     async fn a_panicking_batch_fails_its_callers_and_the_worker_serves_the_next() {
