@@ -333,6 +333,7 @@ fn targets(t: &mut String, rows: &[Row], h2c: Option<&H2cFigures>) {
     if lines.is_empty() {
         return;
     }
+    let _ = writeln!(t);
     let _ = writeln!(t, "Targets:");
     let _ = writeln!(t);
     for line in lines {

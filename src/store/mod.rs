@@ -309,10 +309,11 @@ impl Store {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
-        // A write run by a backend's worker (PostgreSQL's coalescer) needs no task of its own:
-        // the worker owns the statement (and any transaction) and finishes it whether or not
-        // this request is still waiting. Skipping the extra task saves a cross-thread hop per
-        // write.
+        // A write run by a backend's coalescer needs no task of its own: a worker owns the
+        // statement (and any transaction), or the request sends it itself and hands what is
+        // left to a task of its own if it goes away (`pg::batching::FinishOnDrop`); either way
+        // it is finished whether or not this request is still waiting. Skipping the extra task
+        // saves a cross-thread hop per write.
         let outcome = if on_backend!(&self.backend, b => b.writes_on_workers()) {
             on_backend!(&self.backend, b => b.write(write, guard).await)
         } else {

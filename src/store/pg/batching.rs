@@ -4,7 +4,8 @@
 //! No timer: a worker takes whatever is queued the moment it is free, so a lone request goes
 //! out at once and batches grow only while the database is busy. The queue is bounded (callers
 //! wait when it is full) and so is a batch (`max_rows`). A worker owns the database work of its
-//! batch, so a caller that goes away (timeout, disconnect) abandons nothing.
+//! batch, and a caller that runs its own request hands what is left of it to a task of its own
+//! if it goes away ([`FinishOnDrop`]), so a timeout or a disconnect abandons nothing.
 //!
 //! At most `workers` batches run at once, each under a run permit. A caller that finds nothing
 //! queued, a permit free and the last batch a lone request ([`WorkQueue::idle`]) would be a
@@ -140,11 +141,20 @@ impl Future for FinishOnDrop {
         let Some(work) = self.0.as_mut() else {
             return Poll::Ready(());
         };
-        let polled = work.as_mut().poll(cx);
-        if polled.is_ready() {
-            self.0 = None;
+        // A panic ends the work, as a worker's batch: its reply is dropped with it (503 for the
+        // caller), and nothing is left to finish on drop.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) => {
+                self.0 = None;
+                Poll::Ready(())
+            }
+            Err(panic) => {
+                self.0 = None;
+                report_panic(panic);
+                Poll::Ready(())
+            }
         }
-        polled
     }
 }
 
@@ -175,14 +185,19 @@ async fn survive_panic(work: impl Future<Output = ()>) {
     })
     .await;
     if let Err(panic) = outcome {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a non-string panic".into());
-        metrics::counter!("fencegate_worker_panics_total").increment(1);
-        tracing::error!(panic = %what, "a coalescing worker panicked in a batch; its waiting requests got 503, the worker goes on");
+        report_panic(panic);
     }
+}
+
+/// Counts and logs a panic that ended a batch's work.
+fn report_panic(panic: Box<dyn std::any::Any + Send>) {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into());
+    metrics::counter!("fencegate_worker_panics_total").increment(1);
+    tracing::error!(panic = %what, "a coalescing worker panicked in a batch; its waiting requests got 503, the worker goes on");
 }
 
 /// The next batch for a worker and its run permit: waits for one request, then for a permit

@@ -49,8 +49,9 @@ impl KvStore for PgStore {
     }
 
     /// Applies one fenced write. Coalesced writes may run on the request's task (the
-    /// statement runs on a coalescer worker; only the refusal's explanation, a plain read,
-    /// runs here); every other path must run detached (`Store` does both).
+    /// coalescer finishes the statement even if the request goes away; only the refusal's
+    /// explanation, a plain read, runs here unguarded); every other path must run detached
+    /// (`Store` does both).
     async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let (key, value) = match write {
             Write::Put { key, value } => (key, Some(value)),

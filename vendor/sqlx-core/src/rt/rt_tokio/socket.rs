@@ -11,7 +11,7 @@ use crate::net::Socket;
 /// The two tokio streams sqlx reads from, as [`read_noting_drained`] needs them.
 trait ReadyStream {
     fn try_read_buf_dyn(&self, buf: &mut dyn ReadBuf) -> io::Result<usize>;
-    fn forget_readable(&self);
+    fn try_io_readable(&self, f: &mut dyn FnMut() -> io::Result<usize>) -> io::Result<usize>;
 }
 
 macro_rules! ready_stream {
@@ -21,12 +21,11 @@ macro_rules! ready_stream {
                 self.try_read_buf(&mut buf)
             }
 
-            fn forget_readable(&self) {
-                // `try_io` clears the readiness its closure reports `WouldBlock` for, without a
-                // system call: tokio's public way to say "this socket is drained".
-                let _ = self.try_io(tokio::io::Interest::READABLE, || {
-                    Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                });
+            fn try_io_readable(
+                &self,
+                f: &mut dyn FnMut() -> io::Result<usize>,
+            ) -> io::Result<usize> {
+                self.try_io(tokio::io::Interest::READABLE, f)
             }
         }
     };
@@ -41,13 +40,30 @@ ready_stream!(tokio::net::UnixStream);
 /// cleared, as tokio's own `poll_read` does. Without it, the next read after every reply was a
 /// `recvfrom` that returned `EAGAIN`: one wasted system call per statement (TLS reads after
 /// each write) before sqlx waited for readiness.
+///
+/// The read runs inside `try_io`, whose closure reports a short read as `WouldBlock`: tokio then
+/// clears the readiness it saw *before* the read, and keeps any that the I/O driver recorded
+/// since (on another thread, data that arrived after the read). Clearing after the read instead
+/// could erase that, and with edge-triggered epoll no new event would come: the statement would
+/// wait for a reply already there. Not on Windows (level-triggered), as in tokio.
 fn read_noting_drained(stream: &impl ReadyStream, buf: &mut dyn ReadBuf) -> io::Result<usize> {
-    let room = buf.chunk_mut().len();
-    let n = stream.try_read_buf_dyn(buf)?;
-    if n > 0 && n < room {
-        stream.forget_readable();
+    if cfg!(windows) {
+        return stream.try_read_buf_dyn(buf);
     }
-    Ok(n)
+    let room = buf.chunk_mut().len();
+    let mut short = 0;
+    let read = stream.try_io_readable(&mut || {
+        let n = stream.try_read_buf_dyn(&mut *buf)?;
+        if n > 0 && n < room {
+            short = n;
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match read {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && short > 0 => Ok(short),
+        other => other,
+    }
 }
 
 impl Socket for TcpStream {
