@@ -138,22 +138,24 @@ async fn serves_every_fenced_path(app: &TestApp) {
     assert_eq!(got["row"]["holder"], json!("a"), "{got}");
 }
 
-#[tokio::test]
-async fn serves_fenced_writes_behind_pgbouncer_in_transaction_mode() {
-    let (db, bouncer) = behind(PoolMode::Transaction, 4).await;
+/// Every fenced path through PgBouncer in `mode` (with `pool_size` server connections), and
+/// nothing of fencegate's in `public`.
+async fn serves_fenced_writes_behind(mode: PoolMode, pool_size: u32) {
+    let (db, bouncer) = behind(mode, pool_size).await;
     legacy_table(&db).await;
-    let app = spawn_behind(&bouncer.url(&db), PoolMode::Transaction).await;
+    let app = spawn_behind(&bouncer.url(&db), mode).await;
     serves_every_fenced_path(&app).await;
     assert_nothing_in_public(&db).await;
 }
 
 #[tokio::test]
+async fn serves_fenced_writes_behind_pgbouncer_in_transaction_mode() {
+    serves_fenced_writes_behind(PoolMode::Transaction, 4).await;
+}
+
+#[tokio::test]
 async fn serves_fenced_writes_behind_pgbouncer_in_session_mode() {
-    let (db, bouncer) = behind(PoolMode::Session, 20).await;
-    legacy_table(&db).await;
-    let app = spawn_behind(&bouncer.url(&db), PoolMode::Session).await;
-    serves_every_fenced_path(&app).await;
-    assert_nothing_in_public(&db).await;
+    serves_fenced_writes_behind(PoolMode::Session, 20).await;
 }
 
 /// Without `database.pooler`, start-up fails and the error names the setting.

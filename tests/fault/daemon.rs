@@ -47,23 +47,6 @@ pub fn postgres_ids() -> (u32, u32) {
         )
 }
 
-/// As root: hands `dir` (recursively) to the `postgres` user.
-pub fn give_to_postgres(dir: &Path) {
-    if !is_root() {
-        return;
-    }
-    let status = Command::new("chown")
-        .args(["-R", "postgres:"])
-        .arg(dir)
-        .status()
-        .expect("cannot run chown");
-    assert!(
-        status.success(),
-        "chown -R postgres: {} failed",
-        dir.display()
-    );
-}
-
 /// Once this test process is gone (killed: the guards did not run), kills every daemon group
 /// still listed in `scratch/pids` or `scratch/*/pids`, every postmaster under `scratch` (Patroni starts them in
 /// sessions of their own), and removes `scratch` unless `keep`.

@@ -245,7 +245,7 @@ impl PatroniCluster {
                 patroni_yaml(&name, api_port, pg_port, &dir, &bindir, etcd_port),
             )
             .map_err(|e| e.to_string())?;
-            daemon::give_to_postgres(&dir);
+            crate::support_pg::give_to_postgres(&dir, " (Patroni's directory)");
             let mut node = PatroniNode {
                 name,
                 pg_port,

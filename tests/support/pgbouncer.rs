@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support_pg::{free_port, is_root, shell_quote, watchdog};
+use crate::support_pg::{free_port, give_to_postgres, is_root, shell_quote, watchdog};
 
 const BINARY: &str = "/usr/sbin/pgbouncer";
 
@@ -115,17 +115,9 @@ impl PgBouncer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        give_to_postgres(dir.path(), " (PgBouncer's directory)");
         if is_root() {
             let (uid, gid) = postgres_ids();
-            let status = Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(dir.path())
-                .status()
-                .expect("cannot run chown");
-            assert!(
-                status.success(),
-                "chown of PgBouncer's dir to postgres failed"
-            );
             cmd.uid(uid).gid(gid);
         }
         let child = cmd

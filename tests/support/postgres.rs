@@ -159,20 +159,27 @@ fn prepare(bindir: &Path, dir: &Path, cleanup: &str, hint: &str) -> (PathBuf, Pa
         ),
         None,
     );
-    if is_root() {
-        let status = Command::new("chown")
-            .args(["-R", "postgres:"])
-            .arg(dir)
-            .status()
-            .expect("cannot run chown");
-        assert!(
-            status.success(),
-            "chown of {} to postgres failed: running as root needs a `postgres` user \
-             (Debian: apt-get install postgresql){hint}",
-            dir.display()
-        );
-    }
+    give_to_postgres(dir, hint);
     (pg_ctl, data, log)
+}
+
+/// As root, hands `dir` (recursively) to the `postgres` user, which the server binaries (and
+/// PgBouncer and Patroni) are run as; otherwise does nothing. `hint` ends the failure message.
+pub fn give_to_postgres(dir: &Path, hint: &str) {
+    if !is_root() {
+        return;
+    }
+    let status = Command::new("chown")
+        .args(["-R", "postgres:"])
+        .arg(dir)
+        .status()
+        .expect("cannot run chown");
+    assert!(
+        status.success(),
+        "chown of {} to postgres failed: running as root needs a `postgres` user \
+         (Debian: apt-get install postgresql){hint}",
+        dir.display()
+    );
 }
 
 /// A cluster in `dir` (`dir/data`, `dir/server.log`, the socket), listening on 127.0.0.1:`port`,

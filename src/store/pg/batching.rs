@@ -143,18 +143,11 @@ impl Future for FinishOnDrop {
         };
         // A panic ends the work, as a worker's batch: its reply is dropped with it (503 for the
         // caller), and nothing is left to finish on drop.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(())) => {
-                self.0 = None;
-                Poll::Ready(())
-            }
-            Err(panic) => {
-                self.0 = None;
-                report_panic(panic);
-                Poll::Ready(())
-            }
+        let polled = poll_surviving(work.as_mut(), cx);
+        if polled.is_ready() {
+            self.0 = None;
         }
+        polled
     }
 }
 
@@ -176,16 +169,20 @@ impl Drop for FinishOnDrop {
 /// open transaction). Without this, each panic would leave one worker fewer until a restart.
 async fn survive_panic(work: impl Future<Output = ()>) {
     let mut work = std::pin::pin!(work);
-    let outcome = std::future::poll_fn(|cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(())) => Poll::Ready(Ok(())),
-            Err(panic) => Poll::Ready(Err(panic)),
+    std::future::poll_fn(|cx| poll_surviving(work.as_mut(), cx)).await;
+}
+
+/// Polls a batch's work; a panic inside it ends the work (Ready), counted and logged.
+fn poll_surviving(
+    work: std::pin::Pin<&mut (impl Future<Output = ()> + ?Sized)>,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<()> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.poll(cx))) {
+        Ok(polled) => polled,
+        Err(panic) => {
+            report_panic(panic);
+            Poll::Ready(())
         }
-    })
-    .await;
-    if let Err(panic) = outcome {
-        report_panic(panic);
     }
 }
 

@@ -137,13 +137,7 @@ impl Coalescer {
         });
         let queue = WorkQueue::start(workers, max_rows, {
             let shared = shared.clone();
-            move |jobs: Vec<Job>| {
-                let shared = shared.clone();
-                async move {
-                    metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
-                    run_rounds(&shared, split_rounds(jobs)).await;
-                }
-            }
+            move |jobs: Vec<Job>| serve(shared.clone(), jobs)
         });
         Coalescer { queue, shared }
     }
@@ -183,15 +177,10 @@ impl Coalescer {
         // As a worker's, the work is never abandoned half-way: if this request goes away (a
         // timeout, a disconnect), the rest of it runs on a task of its own (`FinishOnDrop`).
         if let Some(permit) = self.queue.idle() {
-            metrics::histogram!("fencegate_coalesced_rows").record(1.0);
-            let shared = self.shared.clone();
-            let round = Round {
-                rule: job.rule,
-                jobs: vec![job],
-            };
+            let work = serve(self.shared.clone(), vec![job]);
             FinishOnDrop::new(async move {
                 let _permit = permit;
-                settle(&shared, vec![round], Wait::Brief).await;
+                work.await;
             })
             .await;
             return outcome.await.unwrap_or(Err(StoreError::unavailable(
@@ -200,6 +189,13 @@ impl Coalescer {
         }
         self.queue.send(job, outcome).await
     }
+}
+
+/// Serves a batch of waiting writes, whether a worker took it or a lone write runs itself
+/// (`Coalescer::write`): each is answered after its commit.
+async fn serve(shared: Arc<Shared>, jobs: Vec<Job>) {
+    metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
+    run_rounds(&shared, split_rounds(jobs)).await;
 }
 
 /// A statement's worth of writes: one rule, all scoped or all unscoped, each key at most once
