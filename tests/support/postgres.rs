@@ -84,11 +84,48 @@ pub fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
+/// A port on 127.0.0.1 that nothing listens on now, for a server a test starts later (and may
+/// restart on the same port). It is chosen *below* the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port from that range (what binding port 0 gives) can be
+/// taken at any moment as the local end of some outbound connection — the test's own clients,
+/// a pool's reconnects — and the server then fails with "Address already in use". Ports are
+/// never handed out twice by one test process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("cannot bind an ephemeral port on 127.0.0.1")
-        .port()
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let (lo, hi) = outside_ephemeral_range();
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for _ in 0..1000 {
+        let port = rand::Rng::gen_range(&mut rand::thread_rng(), lo..hi);
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 in {lo}..{hi} after 1000 tries")
+}
+
+/// Ports [lo, hi) that the kernel never picks for an outbound connection: below the ephemeral
+/// range if there is room (at least 5000 ports above 10000), otherwise above it.
+fn outside_ephemeral_range() -> (u16, u16) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|n| n.parse::<u32>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    match range {
+        (low, _) if low >= 15000 => (10000, low as u16),
+        (_, high) if high <= 60000 => (high as u16 + 1, 65535),
+        // The whole space is ephemeral: nothing is safe, take the lower part and hope.
+        _ => (10000, 20000),
+    }
 }
 
 /// Spawns a detached `sh` that waits until this test process is gone, then runs the shell commands
