@@ -2,7 +2,7 @@
 
 use axum::{extract::State, http::StatusCode, response::Response};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 use super::openapi as doc;
@@ -19,7 +19,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{FencingToken, Guard, Key, Rule, Scope, ScopeMismatch, Target},
-    store::{Answer, BatchOp as Op, BatchWritten, Done, RowWritten, Write, Written},
+    store::{Answer, BatchOp as Op, BatchWritten, Document, Done, RowWritten, Write, Written},
     tables::{RowBody, RowKey, RowWrite, TableOp},
 };
 
@@ -41,7 +41,7 @@ struct OpRequest {
     // `Option<Value>` cannot tell a missing value from `null`; a JSON null is a legal value.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Object>)]
-    value: Option<Value>,
+    value: Option<Box<RawValue>>,
     /// A table op: the resource name; `key` is then the URL form of the row key.
     #[serde(default)]
     resource: Option<String>,
@@ -79,8 +79,8 @@ pub struct OpResult {
     status: u16,
 }
 
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 #[utoipa::path(
@@ -321,7 +321,7 @@ fn parse_ops(state: &AppState, request: BatchRequest) -> Result<Vec<Op>, ApiErro
                 .map_err(|e| ApiError::InvalidBatch(format!("ops[{i}]: the key {e}")))?;
             let write = match (op.op.as_str(), op.value) {
                 ("put", Some(value)) => {
-                    crate::store::check_storable(&value)
+                    let value = Document::new(value)
                         .map_err(|e| ApiError::InvalidBatch(format!("ops[{i}]: {e}")))?;
                     Ok(Write::Put { key, value })
                 }

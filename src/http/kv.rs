@@ -21,7 +21,7 @@ use super::{
 use crate::{
     auth::{Actor, Right},
     fence::{FencingToken, Guard, Key, Scope, Target},
-    store::{Answer, Done, Write, Written},
+    store::{Answer, Document, Done, Write, Written},
 };
 
 /// Builds the guard for a kv write under `scope` (already resolved against the bindings):
@@ -132,10 +132,10 @@ pub async fn put(
     scope: ScopeHeader,
     proof: Proof,
     idem: IdemKey,
-    body: KeyedJson<serde_json::Value>,
+    body: KeyedJson<Box<serde_json::value::RawValue>>,
 ) -> Result<Accepted<Response>, ApiError> {
-    let value = body.value;
-    crate::store::check_storable(&value).map_err(ApiError::InvalidJson)?;
+    // Checked, not parsed: the text goes to the database as sent (`Document`).
+    let value = Document::new(body.value).map_err(ApiError::InvalidJson)?;
     let guard = key_guard(&state, &actor, &key, token, scope, &proof).await?;
     let (token, scope) = (guard.token, guard.scope().cloned());
     let Some(pending) = idem.0 else {

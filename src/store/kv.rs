@@ -1,12 +1,14 @@
 //! What a kv write carries and what it leaves, the same on every backend.
 
+use serde_json::value::RawValue;
+
 use super::{decode::ScopeState, StoreError};
 use crate::fence::{FencingToken, Guard, Key, Outcome, Scope};
 
 /// A kv operation inside a batch (or a single write).
 #[derive(Debug, Clone)]
 pub enum Write {
-    Put { key: Key, value: serde_json::Value },
+    Put { key: Key, value: Document },
     Delete { key: Key },
 }
 
@@ -18,26 +20,84 @@ impl Write {
     }
 }
 
-/// Refuses JSON values no backend can store: PostgreSQL `jsonb` rejects the NUL character
-/// (`\u0000`) in strings and object keys. Checked before any write, so such a value is a 400
-/// for the client (and identical on every backend), never a database error.
-pub fn check_storable(value: &serde_json::Value) -> Result<(), String> {
-    use serde_json::Value;
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if s.contains('\0') => {
+/// A JSON document to store, kept as the client's text: checked, never parsed into a tree.
+///
+/// A write's value goes from the request body to the database's `jsonb` (or SQLite's text)
+/// unchanged, so nothing is allocated per member, walked, or printed again; the database
+/// parses it once, as it must anyway. Numbers keep their exact text, as they did when the
+/// value was a `serde_json::Value` (the crate's `arbitrary_precision`).
+#[derive(Debug, Clone)]
+pub struct Document(Box<RawValue>);
+
+impl Document {
+    /// `raw` (one well-formed JSON value, as serde_json checked it) if every backend can store
+    /// it: PostgreSQL `jsonb` refuses the NUL character (`\u0000`) and a UTF-16 surrogate
+    /// escape that is not half of a pair, in strings and object keys alike. Checked before any
+    /// write, so such a value is a 400 for the client (and identical on every backend), never a
+    /// database error.
+    pub fn new(raw: Box<RawValue>) -> Result<Document, String> {
+        check_escapes(raw.get())?;
+        Ok(Document(raw))
+    }
+
+    /// A value built in code (tests, tools), under the same check.
+    pub fn from_value(value: &serde_json::Value) -> Result<Document, String> {
+        Document::new(serde_json::value::to_raw_value(value).map_err(|e| e.to_string())?)
+    }
+
+    /// The JSON text, as sent.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+}
+
+/// Serialized as the text it holds: `sqlx::types::Json(&document)` binds it as `jsonb` as sent.
+impl serde::Serialize for Document {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+/// The `\u` escapes of well-formed JSON `text` that `jsonb` cannot take (see
+/// [`Document::new`]). Outside strings JSON has no backslash, and inside one every backslash
+/// starts an escape, so a scan from backslash to backslash sees exactly the escapes.
+fn check_escapes(text: &str) -> Result<(), String> {
+    let bytes = text.as_bytes();
+    // The code unit of the `\uXXXX` at `at`, if one starts there.
+    let unit = |at: usize| -> Option<u16> {
+        let hex = bytes.get(at..at + 6)?;
+        (hex[0] == b'\\' && hex[1] == b'u')
+            .then(|| std::str::from_utf8(&hex[2..]).ok())
+            .flatten()
+            .and_then(|h| u16::from_str_radix(h, 16).ok())
+    };
+    let mut i = 0;
+    while let Some(found) = bytes[i..].iter().position(|&b| b == b'\\') {
+        let at = i + found;
+        i = at + 2;
+        let Some(code) = unit(at) else { continue };
+        i = at + 6;
+        match code {
+            0 => {
                 return Err(
-                    "JSON strings must not contain \\u0000 (PostgreSQL jsonb cannot store it)"
+                    "JSON strings and object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)"
                         .into(),
                 )
             }
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return Err("JSON object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)".into());
+            0xD800..=0xDBFF => match unit(at + 6) {
+                Some(0xDC00..=0xDFFF) => i = at + 12,
+                _ => {
+                    return Err(format!(
+                        "the escape {} is the first half of a UTF-16 surrogate pair, and no second half follows it",
+                        &text[at..at + 6]
+                    ))
                 }
-                stack.extend(map.values());
+            },
+            0xDC00..=0xDFFF => {
+                return Err(format!(
+                    "the escape {} is the second half of a UTF-16 surrogate pair, with no first half before it",
+                    &text[at..at + 6]
+                ))
             }
             _ => {}
         }
@@ -108,9 +168,9 @@ pub(in crate::store) trait KvStore {
 
 #[cfg(test)]
 mod tests {
-    use super::check_storable;
+    use super::Document;
     use proptest::prelude::*;
-    use serde_json::{json, Value};
+    use serde_json::{json, value::RawValue, Value};
 
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -137,18 +197,69 @@ mod tests {
         }
     }
 
+    fn text(json: &str) -> Result<Document, String> {
+        let raw: Box<RawValue> = serde_json::from_str(json).expect("well-formed JSON");
+        Document::new(raw)
+    }
+
+    /// Pieces of a JSON string's text, escapes that matter among them.
+    fn string_text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just(r"\u0000"),
+            Just(r"\\u0000"),
+            Just(r"\\"),
+            Just(r#"\""#),
+            Just(r"\uD83D"),
+            Just(r"\uDE00"),
+            Just(r"\udbff"),
+            Just(r"\udfff"),
+            Just(r"\u0041"),
+            Just(r"\n"),
+            Just("a"),
+            Just("é"),
+        ];
+        prop::collection::vec(piece, 0..8).prop_map(|p| format!("\"{}\"", p.concat()))
+    }
+
     proptest! {
         /// Fuzz: any JSON value is refused exactly when a string or key holds a NUL.
         #[test]
         fn storable_iff_no_nul(v in json_value()) {
-            prop_assert_eq!(check_storable(&v).is_ok(), !has_nul(&v));
+            prop_assert_eq!(Document::from_value(&v).is_ok(), !has_nul(&v));
+        }
+
+        /// Fuzz, with serde_json's own string parser as the oracle: a string's text is taken
+        /// exactly when it decodes to a string (every surrogate escape paired) without a NUL.
+        #[test]
+        fn escapes_are_judged_as_a_decoder_would(s in string_text()) {
+            let decoded = serde_json::from_str::<String>(&s);
+            let want = matches!(&decoded, Ok(d) if !d.contains('\0'));
+            prop_assert_eq!(text(&s).is_ok(), want, "{} decodes to {:?}", s, decoded);
+            let as_key = format!("{{{s}: 1}}");
+            prop_assert_eq!(text(&as_key).is_ok(), want);
         }
     }
 
     #[test]
     fn nul_deep_inside_is_found() {
-        assert!(check_storable(&json!({"a": [1, {"b": "x\u{0}"}]})).is_err());
-        assert!(check_storable(&json!({"a\u{0}": 1})).is_err());
-        assert!(check_storable(&json!({"a": ["fine", 1, null]})).is_ok());
+        assert!(Document::from_value(&json!({"a": [1, {"b": "x\u{0}"}]})).is_err());
+        assert!(Document::from_value(&json!({"a\u{0}": 1})).is_err());
+        assert!(Document::from_value(&json!({"a": ["fine", 1, null]})).is_ok());
+    }
+
+    #[test]
+    fn the_text_is_kept_as_sent() {
+        let sent = r#"{"n": 1.50, "big": 123456789012345678901234567890, "s": "\u00e9\/"}"#;
+        assert_eq!(text(sent).unwrap().as_str(), sent);
+    }
+
+    #[test]
+    fn surrogates_must_pair() {
+        assert!(text(r#""\uD83D\uDE00""#).is_ok());
+        let lone = text(r#""\uD83Dx""#).unwrap_err();
+        assert!(lone.contains(r"\uD83D"), "{lone}");
+        assert!(text(r#""\uDE00""#).is_err());
+        assert!(text(r#""\uD83D\u0041""#).is_err());
+        assert!(text(r#""\uD83D""#).is_err());
     }
 }

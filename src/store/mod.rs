@@ -82,7 +82,7 @@ use backend::{Backend as _, HighAvailability as _, KvStore as _, LockStore as _}
 pub(crate) use decode::{holder_from, scope_state_from, token_from_db};
 pub use errors::{Cause, DbKind, Jumper, Lack, StoreError, Unstorable};
 pub use idempotency::{Answer, Done, IdemId, Keep, Keyed, Render, MAX_KEPT_BODY};
-pub use kv::{check_storable, Claimed, Entry, Write, Written};
+pub use kv::{Claimed, Document, Entry, Write, Written};
 pub use pg::{kv_put_scoped_sql, kv_put_sql, KV_GET};
 pub use refusals::RefusalFilter;
 pub use settings::{Pooler, Settings, SqlWriters};

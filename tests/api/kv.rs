@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::{enc, kv, spawn_app, spawn_app_with, TOKEN};
+use crate::helpers::{enc, kv, spawn_app, spawn_app_with, unique, TOKEN};
 
 #[tokio::test]
 async fn put_creates_then_updates_with_a_version_bump() {
@@ -309,6 +309,79 @@ async fn strings_with_nul_and_unusual_escapes_are_values_like_any_other() {
             app.assert_absent(&key).await;
         }
     }
+}
+
+/// The value's text goes to the database as sent, so every escape the database would refuse
+/// is refused here first, with a 400 that names it: a NUL however it is spelled, and a UTF-16
+/// surrogate escape that is not half of a pair. An escaped backslash before `u0000` is just
+/// text, and a pair is one character.
+#[tokio::test]
+async fn escapes_are_checked_in_the_text_as_sent() {
+    let app = spawn_app().await;
+    let put_raw = |key: String, body: &'static str| {
+        let app = &app;
+        async move {
+            app.send(
+                app.req(Method::PUT, &kv(&key))
+                    .header(TOKEN, "1")
+                    .header("content-type", "application/json")
+                    .body(body),
+            )
+            .await
+        }
+    };
+    for (i, body) in [
+        r#"{"s": "a\u0000b"}"#,
+        r#"["\u0000"]"#,
+        r#"{"\u0000": 1}"#,
+        r#""\uD83D""#,
+        r#"{"s": "\uDE00 after"}"#,
+        r#"{"s": "\ud83d\u0041"}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = unique(&format!("refused{i}"));
+        let r = put_raw(key.clone(), body).await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        let problem = r.assert_problem_shape();
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(r"\u0000") || detail.contains("surrogate"),
+            "{body}: the problem does not say what is wrong: {problem}"
+        );
+        app.assert_absent(&key).await;
+    }
+    for (i, (body, want)) in [
+        (r#"{"s": "\\u0000"}"#, json!({"s": "\\u0000"})),
+        (r#""\uD83D\uDE00 \u00E9\/""#, json!("\u{1F600} é/")),
+        (r#"  {"s" : [1 ,2] }  "#, json!({"s": [1, 2]})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = unique(&format!("kept{i}"));
+        let r = put_raw(key.clone(), body).await;
+        assert_eq!(r.status, 201, "{body}: {r:?}");
+        app.assert_value(&key, &want, "1").await;
+    }
+    // In a batch: refused with the op's index, and nothing of the batch applied.
+    let (ok, bad) = (unique("batch-ok"), unique("batch-bad"));
+    let body = format!(
+        r#"{{"ops": [{{"op": "put", "key": "{ok}", "value": 1}}, {{"op": "put", "key": "{bad}", "value": "\udc00"}}]}}"#
+    );
+    let r = app.batch_raw("1", &body).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    let problem = r.assert_problem_shape();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ops[1]"),
+        "{problem}"
+    );
+    app.assert_absent(&ok).await;
+    app.assert_absent(&bad).await;
 }
 
 /// Numbers in values are kept digit for digit, beyond i64/u64/f64: a proxy must not round

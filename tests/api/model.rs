@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use fencegate::{
     config::Settings,
     fence::{Fenced, FencingToken, Guard, Key, Outcome, Rule, Scope, ScopeRule, Target},
-    store::{Store, Write},
+    store::{Document, Store, Write},
 };
 use proptest::{
     prelude::*,
@@ -216,7 +216,7 @@ async fn check(
                 let value = json!({"op": n});
                 let write = Write::Put {
                     key: Key::parse(&key(*k), 512).unwrap(),
-                    value: value.clone(),
+                    value: Document::from_value(&value).unwrap(),
                 };
                 let got = seen(store.write(write, &guard(*token, *sc)).await.unwrap());
                 (
@@ -252,7 +252,7 @@ async fn check(
                         match v {
                             Some(value) => Write::Put {
                                 key,
-                                value: value.clone(),
+                                value: Document::from_value(value).unwrap(),
                             },
                             None => Write::Delete { key },
                         }

@@ -71,7 +71,7 @@ type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 /// One queued write. `value: None` is a delete (a tombstone).
 pub struct Job {
     pub key: Key,
-    pub value: Option<serde_json::Value>,
+    pub value: Option<crate::store::Document>,
     pub token: FencingToken,
     pub rule: Rule,
     /// The scope whose fence guards the write; `None`: the key's own fence.
@@ -146,7 +146,7 @@ impl Coalescer {
     pub async fn write(
         &self,
         key: Key,
-        value: Option<serde_json::Value>,
+        value: Option<crate::store::Document>,
         token: FencingToken,
         rule: Rule,
         scope: Option<Scope>,
@@ -501,7 +501,7 @@ async fn execute(
     }
     let jobs = &round.jobs;
     let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
-    let values: Vec<Option<Json<&serde_json::Value>>> =
+    let values: Vec<Option<Json<&crate::store::Document>>> =
         jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
@@ -534,7 +534,7 @@ mod tests {
         let (reply, _) = oneshot::channel();
         Job {
             key: Key::parse(key, 64).unwrap(),
-            value: Some(serde_json::json!(token)),
+            value: Some(crate::store::Document::from_value(&serde_json::json!(token)).unwrap()),
             token: FencingToken::from_db(token).unwrap(),
             rule,
             scope: scope.map(|s| Scope::parse(s, 64).unwrap()),

@@ -163,7 +163,7 @@ impl SqliteStore {
         guard: &Guard,
     ) -> Result<Option<i64>, StoreError> {
         let (key, value, deleted) = match write {
-            Write::Put { key, value } => (key, Some(value.to_string()), false),
+            Write::Put { key, value } => (key, Some(value.as_str()), false),
             Write::Delete { key } => (key, None, true),
         };
         let version = match &guard.target {
