@@ -45,9 +45,11 @@ macro_rules! on_backend {
 macro_rules! detached {
     ($self:ident, $b:ident => $call:expr) => {{
         let backend = $self.backend.clone();
-        $crate::store::run_detached($self.give_up_after, async move {
+        // Boxed: until it is spawned the work sits in the caller's future, whose size (the
+        // largest of its arms, paid on every request that builds it) it would double.
+        Box::pin($crate::store::run_detached($self.give_up_after, async move {
             on_backend!(&backend, $b => $call)
-        })
+        }))
         .await
     }};
 }

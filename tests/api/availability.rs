@@ -256,7 +256,7 @@ async fn large_bodies_holding_the_buffer_refuse_large_ones_but_never_small_ones(
     let app = spawn_app_with(|s| {
         s.server.body_limit_bytes = 100_000;
         s.server.max_buffered_bytes = 100_000;
-        s.server.body_timeout_ms = 2000;
+        s.server.body_timeout_ms = 4000;
     })
     .await;
     let mut holder = connect(&app).await;
@@ -268,8 +268,28 @@ async fn large_bodies_holding_the_buffer_refuse_large_ones_but_never_small_ones(
         .write_all(format!("\"{}", "h".repeat(89_999)).as_bytes())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
 
+    // The holder's bytes count once the server has read them, which on a loaded machine can
+    // take a while. Wait for it with probes that declare a large body and send none of it:
+    // refused from their headers once the holder's bytes are in, and holding nothing while
+    // they wait for a body (a probe that sent its body could take the budget first, and the
+    // holder would be the one refused).
+    let started = std::time::Instant::now();
+    loop {
+        let mut probe = connect(&app).await;
+        probe
+            .write_all(put_head(&unique("probe"), 50_002).as_bytes())
+            .await
+            .unwrap();
+        let status = read_status(&mut probe, Duration::from_millis(200)).await;
+        if status == Some(503) {
+            break;
+        }
+        assert!(
+            status.is_none() && started.elapsed() < Duration::from_secs(3),
+            "a probe declaring a large body was answered {status:?} (or the holder's bytes were not read within 3 s)"
+        );
+    }
     let large = json!("l".repeat(50_000));
     let refused = app.kv_put("large", "1", &large).await;
     refused.problem(503, "unavailable");
@@ -279,7 +299,7 @@ async fn large_bodies_holding_the_buffer_refuse_large_ones_but_never_small_ones(
         .expect(201);
 
     assert_eq!(
-        read_status(&mut holder, Duration::from_secs(4)).await,
+        read_status(&mut holder, Duration::from_secs(6)).await,
         Some(408)
     );
     app.kv_put("large", "1", &large).await.expect(201);

@@ -28,7 +28,10 @@ impl KvStore for SqliteStore {
     }
 
     async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
-        match self.batch(std::slice::from_ref(&write), guard).await? {
+        // Boxed: `Store::write` holds this future inline beside PostgreSQL's (one `match` on the
+        // backend), and every request's future is as large as its largest arm (`pg/kv.rs`).
+        let batch = Box::pin(self.batch(std::slice::from_ref(&write), guard));
+        match batch.await? {
             Outcome::Accepted(mut written) => Ok(Outcome::Accepted(written.remove(0))),
             Outcome::Stale(stale) => Ok(Outcome::Stale(stale)),
             Outcome::Mismatch(refused) => Ok(Outcome::Mismatch(refused)),
