@@ -30,11 +30,13 @@ impl Write {
 pub struct Document(Box<RawValue>);
 
 impl Document {
-    /// `raw` (one well-formed JSON value, as serde_json checked it) if every backend can store
-    /// it: PostgreSQL `jsonb` refuses the NUL character (`\u0000`) and a UTF-16 surrogate
-    /// escape that is not half of a pair, in strings and object keys alike. Checked before any
-    /// write, so such a value is a 400 for the client (and identical on every backend), never a
-    /// database error.
+    /// `raw` (one well-formed JSON value, as serde_json checked it; it does not limit nesting
+    /// when it keeps a value as text) if every backend can store it and read it back:
+    /// PostgreSQL `jsonb` refuses the NUL character (`\u0000`) and a UTF-16 surrogate escape
+    /// that is not half of a pair, in strings and object keys alike, and a read parses at most
+    /// [`MAX_DEPTH`] levels of nesting. Checked before any write, so such a value is a 400 for
+    /// the client (and identical on every backend), never a database error or a value that
+    /// cannot be read.
     pub fn new(raw: Box<RawValue>) -> Result<Document, String> {
         check_escapes(raw.get())?;
         Ok(Document(raw))
@@ -58,9 +60,14 @@ impl serde::Serialize for Document {
     }
 }
 
-/// The `\u` escapes of well-formed JSON `text` that `jsonb` cannot take (see
-/// [`Document::new`]). Outside strings JSON has no backslash, and inside one every backslash
-/// starts an escape, so a scan from backslash to backslash sees exactly the escapes.
+/// The deepest nesting of arrays and objects a value may have: what serde_json allows when it
+/// parses a value, as every read of a stored value does. A deeper value would be stored but
+/// could never be read back, and PostgreSQL's own parser runs out of stack far deeper.
+pub const MAX_DEPTH: usize = 127;
+
+/// What `jsonb` and a later read cannot take in well-formed JSON `text` (see
+/// [`Document::new`]): nesting beyond [`MAX_DEPTH`], and the `\u` escapes it refuses. One pass:
+/// outside strings JSON has no backslash, and inside one every backslash starts an escape.
 fn check_escapes(text: &str) -> Result<(), String> {
     let bytes = text.as_bytes();
     // The code unit of the `\uXXXX` at `at`, if one starts there.
@@ -71,33 +78,49 @@ fn check_escapes(text: &str) -> Result<(), String> {
             .flatten()
             .and_then(|h| u16::from_str_radix(h, 16).ok())
     };
-    let mut i = 0;
-    while let Some(found) = bytes[i..].iter().position(|&b| b == b'\\') {
-        let at = i + found;
-        i = at + 2;
-        let Some(code) = unit(at) else { continue };
-        i = at + 6;
-        match code {
-            0 => {
-                return Err(
-                    "JSON strings and object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)"
-                        .into(),
-                )
-            }
-            0xD800..=0xDBFF => match unit(at + 6) {
-                Some(0xDC00..=0xDFFF) => i = at + 12,
-                _ => {
+    let (mut i, mut depth, mut in_string) = (0, 0usize, false);
+    while i < bytes.len() {
+        let at = i;
+        i += 1;
+        match bytes[at] {
+            b'"' => in_string = !in_string,
+            b'[' | b'{' if !in_string => {
+                depth += 1;
+                if depth > MAX_DEPTH {
                     return Err(format!(
-                        "the escape {} is the first half of a UTF-16 surrogate pair, and no second half follows it",
-                        &text[at..at + 6]
-                    ))
+                        "arrays and objects are nested more than {MAX_DEPTH} deep; flatten the value"
+                    ));
                 }
-            },
-            0xDC00..=0xDFFF => {
-                return Err(format!(
-                    "the escape {} is the second half of a UTF-16 surrogate pair, with no first half before it",
-                    &text[at..at + 6]
-                ))
+            }
+            b']' | b'}' if !in_string => depth -= 1,
+            b'\\' => {
+                i = at + 2;
+                let Some(code) = unit(at) else { continue };
+                i = at + 6;
+                match code {
+                    0 => {
+                        return Err(
+                            "JSON strings and object keys must not contain \\u0000 (PostgreSQL jsonb cannot store it)"
+                                .into(),
+                        )
+                    }
+                    0xD800..=0xDBFF => match unit(at + 6) {
+                        Some(0xDC00..=0xDFFF) => i = at + 12,
+                        _ => {
+                            return Err(format!(
+                                "the escape {} is the first half of a UTF-16 surrogate pair, and no second half follows it",
+                                &text[at..at + 6]
+                            ))
+                        }
+                    },
+                    0xDC00..=0xDFFF => {
+                        return Err(format!(
+                            "the escape {} is the second half of a UTF-16 surrogate pair, with no first half before it",
+                            &text[at..at + 6]
+                        ))
+                    }
+                    _ => {}
+                }
             }
             _ => {}
         }
@@ -251,6 +274,26 @@ mod tests {
     fn the_text_is_kept_as_sent() {
         let sent = r#"{"n": 1.50, "big": 123456789012345678901234567890, "s": "\u00e9\/"}"#;
         assert_eq!(text(sent).unwrap().as_str(), sent);
+    }
+
+    /// serde_json's own parse is the oracle: what it can read back is what may be stored.
+    #[test]
+    fn nesting_stops_where_a_read_would() {
+        for depth in [1, 2, 126, 127, 128, 129, 5000] {
+            for (open, close) in [("[", "]"), ("{\"k\":", "}")] {
+                let leaf = if open == "[" { "" } else { "1" };
+                let json = format!("{}{leaf}{}", open.repeat(depth), close.repeat(depth));
+                let readable = serde_json::from_str::<Value>(&json).is_ok();
+                assert_eq!(readable, depth <= super::MAX_DEPTH, "depth {depth}");
+                let doc = serde_json::from_str::<Box<RawValue>>(&json)
+                    .map_err(|e| e.to_string())
+                    .and_then(Document::new);
+                assert_eq!(doc.is_ok(), readable, "depth {depth} {open}: {doc:?}");
+            }
+        }
+        // Brackets inside strings are text, however many.
+        let json = format!("[\"{}\", \"\\\"[\"]", "[".repeat(500));
+        assert!(text(&json).is_ok());
     }
 
     #[test]

@@ -384,6 +384,59 @@ async fn escapes_are_checked_in_the_text_as_sent() {
     app.assert_absent(&bad).await;
 }
 
+/// A value nested deeper than a read can parse is refused before it is stored (it could never
+/// be read back), and one at the limit is stored and read back whole; in a batch as alone.
+#[tokio::test]
+async fn values_nested_deeper_than_a_read_can_parse_are_refused() {
+    let app = spawn_app().await;
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let put_raw = |key: &str, body: String| {
+        app.send(
+            app.req(Method::PUT, &kv(key))
+                .header(TOKEN, "1")
+                .header("content-type", "application/json")
+                .body(body),
+        )
+    };
+    let deepest = unique("deepest");
+    put_raw(&deepest, nested(127)).await.expect(201);
+    // Read as text: the answer wraps the value one level deeper than serde_json would parse.
+    let got = app.req(Method::GET, &kv(&deepest)).send().await.unwrap();
+    assert_eq!(got.status(), 200);
+    let got = got.text().await.unwrap();
+    assert!(got.contains(&format!("\"value\":{}", nested(127))), "{got}");
+    for depth in [128, 100_000] {
+        let key = unique("too-deep");
+        let r = put_raw(&key, nested(depth)).await;
+        let problem = r.problem(400, "invalid-json");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("127"),
+            "{problem}"
+        );
+        app.assert_absent(&key).await;
+    }
+    let (ok, deep) = (unique("batch-ok"), unique("batch-deep"));
+    let body = format!(
+        r#"{{"ops": [{{"op": "put", "key": "{ok}", "value": 1}}, {{"op": "put", "key": "{deep}", "value": {}}}]}}"#,
+        nested(128)
+    );
+    let r = app.batch_raw("1", &body).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    let problem = r.assert_problem_shape();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ops[1]"),
+        "{problem}"
+    );
+    app.assert_absent(&ok).await;
+    app.assert_absent(&deep).await;
+}
+
 /// Numbers in values are kept digit for digit, beyond i64/u64/f64: a proxy must not round
 /// what it stores (JSON parsers that go through f64 would turn these into approximations).
 #[tokio::test]
