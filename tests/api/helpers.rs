@@ -117,6 +117,17 @@ impl TestApp {
         .await
     }
 
+    /// A PUT of `body` as it is written (not re-encoded), as `application/json`.
+    pub async fn kv_put_text(&self, key: &str, token: &str, body: impl Into<String>) -> Resp {
+        self.send(
+            self.req(Method::PUT, &kv(key))
+                .header(TOKEN, token)
+                .header("content-type", "application/json")
+                .body(body.into()),
+        )
+        .await
+    }
+
     pub async fn kv_put_scoped(&self, key: &str, token: &str, scope: &str, value: &Value) -> Resp {
         self.send(
             self.req(Method::PUT, &kv(key))
