@@ -68,12 +68,13 @@ pub struct Edge {
 }
 
 impl Edge {
-    /// The request as the handler will see it (its body read in full), with the permit of its
-    /// body's bytes; or why it is refused.
+    /// The request as the handler will see it, its body read in full (as [`Admitted`]: the
+    /// request's own body is then empty), with the permit of the body's bytes; or why it is
+    /// refused.
     pub(super) async fn admit(
         &self,
         req: Request,
-    ) -> Result<(Request, Option<OwnedSemaphorePermit>), ApiError> {
+    ) -> Result<(Request, Bytes, Option<OwnedSemaphorePermit>), ApiError> {
         // RFC 9112 3.2: a request with more than one Host is 400. Were only the first checked,
         // `Host: localhost` then `Host: evil.example` would pass the rebinding check below.
         if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
@@ -87,7 +88,7 @@ impl Edge {
         check_transfer_coding(req.headers())?;
         if req.body().is_end_stream() {
             body_read(req.extensions());
-            return Ok((req, None));
+            return Ok((req, Bytes::new(), None));
         }
         check_content_type(req.headers())?;
         let declared = declared_length(req.headers())?;
@@ -115,7 +116,7 @@ impl Edge {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-        Ok((Request::from_parts(parts, Body::from(bytes)), permit))
+        Ok((Request::from_parts(parts, Body::empty()), bytes, permit))
     }
 }
 
@@ -135,9 +136,13 @@ async fn read_body(
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), ApiError> {
     let mut permit: Option<OwnedSemaphorePermit> = None;
     let mut charged = 0usize;
+    // A body that came in one frame (the usual small one) is kept as it came, without a copy;
+    // a second frame starts `buf`.
+    let mut first: Option<Bytes> = None;
     let mut buf = Vec::new();
     loop {
-        let next = match rate_deadline(started, buf.len(), edge.min_body_rate) {
+        let received = first.as_ref().map_or(buf.len(), Bytes::len);
+        let next = match rate_deadline(started, received, edge.min_body_rate) {
             None => body.frame().await,
             Some(at) => tokio::time::timeout_at(at, body.frame())
                 .await
@@ -149,7 +154,7 @@ async fn read_body(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        let len = buf.len() + data.len();
+        let len = received + data.len();
         if len > edge.body_limit {
             return Err(ApiError::PayloadTooLarge {
                 limit: edge.body_limit,
@@ -170,9 +175,20 @@ async fn read_body(
             }
             charged += owed;
         }
+        if data.is_empty() {
+            continue;
+        }
+        if buf.is_empty() && first.is_none() {
+            first = Some(data);
+            continue;
+        }
+        if let Some(first) = first.take() {
+            buf.reserve(len);
+            buf.extend_from_slice(&first);
+        }
         buf.extend_from_slice(&data);
     }
-    Ok((Bytes::from(buf), permit))
+    Ok((first.unwrap_or_else(|| Bytes::from(buf)), permit))
 }
 
 /// When a body that started at `started` and has `received` bytes falls below `rate` bytes a

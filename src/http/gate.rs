@@ -36,7 +36,7 @@ use tower::{Layer, Service};
 use super::{
     auth,
     edge::Edge,
-    extract::BodyLimit,
+    extract::Admitted,
     problem::ApiError,
     routes::{self, Credential},
 };
@@ -131,11 +131,12 @@ where
     // 1. The edge: Host, Content-Type, the body read in full (its bytes held until the handler
     //    is done with them).
     let (mut req, _body_bytes) = match rules.edge.admit(req).await {
-        Ok(admitted) => admitted,
+        Ok((mut req, body, permit)) => {
+            req.extensions_mut().insert(Admitted(body));
+            (req, permit)
+        }
         Err(err) => return err.into_response(),
     };
-    req.extensions_mut()
-        .insert(BodyLimit(rules.edge.body_limit));
     // 2. An in-flight slot, taken only once the body is read: a client trickling a body holds
     //    a connection, never a slot. None free: 503 at once (shed), not a queue.
     let _slot = if access.shed() {

@@ -6,12 +6,12 @@
 //! path (its parameters) and query, the fencing headers (token, scope, proof) and the body. A
 //! retry with the same key must send the same request; another one is 422.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use axum::{
     extract::{FromRequest, FromRequestParts, MatchedPath, Request},
     http::{header, request::Parts, HeaderName, HeaderValue, StatusCode},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -61,14 +61,14 @@ fn part(hasher: &mut Sha256, bytes: Option<&[u8]>) {
 /// The key's value, if it is one: 1..=255 bytes of visible ASCII, sent once.
 pub fn parse_key(parts: &Parts) -> Result<Option<String>, ApiError> {
     let mut values = parts.headers.get_all(&KEY).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return match parts.headers.contains_key(&KEY) {
-            true => Err(ApiError::InvalidIdempotencyKey(
-                "the Idempotency-Key header appears more than once; send exactly one".into(),
-            )),
-            false => Ok(None),
-        };
+    let Some(value) = values.next() else {
+        return Ok(None);
     };
+    if values.next().is_some() {
+        return Err(ApiError::InvalidIdempotencyKey(
+            "the Idempotency-Key header appears more than once; send exactly one".into(),
+        ));
+    }
     let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > MAX_KEY_BYTES {
         return Err(ApiError::InvalidIdempotencyKey(format!(
@@ -159,19 +159,27 @@ pub fn json_answer(status: StatusCode, body: &impl Serialize) -> Answer {
     Answer {
         status: status.as_u16(),
         headers: vec![(
-            header::CONTENT_TYPE.as_str().to_owned(),
-            "application/json".to_owned(),
+            Cow::Borrowed(header::CONTENT_TYPE.as_str()),
+            Cow::Borrowed(JSON),
         )],
         body: serde_json::to_vec(body).expect("a response body serializes"),
     }
 }
 
+const JSON: &str = "application/json";
+
 /// The response for `answer`; `replayed`: with `Idempotent-Replayed: true`.
 pub fn respond(answer: Answer, replayed: bool) -> Response {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
-    let mut response = (status, answer.body).into_response();
+    let mut response = Response::new(axum::body::Body::from(answer.body));
+    *response.status_mut() = status;
     let headers = response.headers_mut();
     for (name, value) in &answer.headers {
+        // The answer of every write as it is made: nothing to parse.
+        if name == header::CONTENT_TYPE.as_str() && value == JSON {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+            continue;
+        }
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
@@ -212,9 +220,9 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
         let keyed = req.headers().contains_key(&KEY);
-        let bytes = super::extract::read_body(req, state).await?;
+        let bytes = super::extract::read_body(req)?;
         let value = super::extract::parse_json(&bytes)?;
         let digest = keyed.then(|| Sha256::digest(&bytes).into());
         Ok(KeyedJson { value, digest })

@@ -24,7 +24,6 @@ mod tables;
 use std::{sync::Arc, time::Duration};
 
 use axum::{
-    extract::DefaultBodyLimit,
     http::{header, HeaderName, HeaderValue, Method},
     Extension, Router,
 };
@@ -168,9 +167,9 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         loopback_hosts_only: limits.loopback_hosts_only,
     };
     // The gate (edge, in-flight limit, timeout, auth: `gate`) is one service per route, and
-    // asks of each request what its route's access says (`routes`). axum's own body limit
-    // stays in step with the edge's.
-    let body_limit = DefaultBodyLimit::max(limits.body_bytes);
+    // asks of each request what its route's access says (`routes`). The edge reads every body
+    // within the limit and hands it to the handlers' extractors (`extract::Admitted`), so
+    // axum's own body limit has nothing to do.
     let gate = gate::GateLayer::new(
         edge,
         limits.max_in_flight,
@@ -188,13 +187,12 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     // One `layer` call with the whole stack: axum wraps every route once per call (a boxed
     // service cloned, and its future boxed, for each request), so layering them one call at a
     // time cost a lone PUT that much again per layer. Outermost first: the request id, span,
-    // metrics and error log (`observe`), CORS if configured, the gate, axum's body limit.
+    // metrics and error log (`observe`), CORS if configured, the gate.
     app.layer(
         ServiceBuilder::new()
             .layer(observe::ObserveLayer::new(state.events.clone()))
             .option_layer(cors(&limits.cors_origins))
-            .layer(gate)
-            .layer(body_limit),
+            .layer(gate),
     )
 }
 

@@ -16,7 +16,7 @@
 //! The statements are in `pg/idempotency.rs` and `sqlite/idempotency.rs`; this module holds
 //! what both share and the facade's methods.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use super::{
     BatchOp, BatchWritten, Claimed, RowWritten, Store, StoreError, TableError, Write, Written,
@@ -49,8 +49,9 @@ pub struct IdemId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     pub status: u16,
-    /// (lower-case name, value), in order.
-    pub headers: Vec<(String, String)>,
+    /// (lower-case name, value), in order; static when fencegate wrote them (no allocation per
+    /// request), owned when read back from a kept row.
+    pub headers: Vec<(Cow<'static, str>, Cow<'static, str>)>,
     pub body: Vec<u8>,
 }
 
@@ -59,7 +60,7 @@ impl Answer {
         let map: serde_json::Map<String, serde_json::Value> = self
             .headers
             .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
             .collect();
         serde_json::Value::Object(map).to_string()
     }
@@ -71,7 +72,11 @@ impl Answer {
             serde_json::from_str(headers).map_err(|_| corrupt())?;
         let headers = map
             .into_iter()
-            .map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())).ok_or_else(corrupt))
+            .map(|(k, v)| {
+                v.as_str()
+                    .map(|v| (Cow::Owned(k), Cow::Owned(v.to_owned())))
+                    .ok_or_else(corrupt)
+            })
             .collect::<Result<_, _>>()?;
         let status = u16::try_from(status).map_err(|_| {
             StoreError::Corrupt("an idempotency row's status is out of range".into())

@@ -225,27 +225,42 @@ fn split_rounds(mut jobs: Vec<Job>) -> Vec<Round> {
     let mut rounds = Vec::new();
     while !jobs.is_empty() {
         let (rule, scoped) = (jobs[0].rule, jobs[0].scope.is_some());
-        let mut keys = HashSet::default();
-        let mut claims: HashMap<Scope, FencingToken> = HashMap::default();
-        let (round, rest): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| {
-            if job.rule != rule || job.scope.is_some() != scoped || keys.contains(&job.key) {
-                return false;
-            }
-            if let Some(scope) = &job.scope {
-                match claims.entry(scope.clone()) {
-                    Entry::Vacant(claim) => {
-                        claim.insert(job.token);
+        // Which jobs join this round, decided on borrowed keys and scopes (no copy of either
+        // per write), then the jobs split by it.
+        let joins: Vec<bool> = {
+            let mut keys: HashSet<&str> = HashSet::default();
+            let mut claims: HashMap<&Scope, FencingToken> = HashMap::default();
+            jobs.iter()
+                .map(|job| {
+                    if job.rule != rule
+                        || job.scope.is_some() != scoped
+                        || keys.contains(job.key.as_str())
+                    {
+                        return false;
                     }
-                    // The scope's claim in this round is for this token: one more write under
-                    // it, if the rule admits a token equal to the fence the claim leaves.
-                    Entry::Occupied(claim)
-                        if *claim.get() == job.token && rule.accepts(job.token, *claim.get()) => {}
-                    Entry::Occupied(_) => return false,
-                }
-            }
-            keys.insert(job.key.clone());
-            true
-        });
+                    if let Some(scope) = &job.scope {
+                        match claims.entry(scope) {
+                            Entry::Vacant(claim) => {
+                                claim.insert(job.token);
+                            }
+                            // The scope's claim in this round is for this token: one more write
+                            // under it, if the rule admits a token equal to the fence the claim
+                            // leaves.
+                            Entry::Occupied(claim)
+                                if *claim.get() == job.token
+                                    && rule.accepts(job.token, *claim.get()) => {}
+                            Entry::Occupied(_) => return false,
+                        }
+                    }
+                    keys.insert(job.key.as_str());
+                    true
+                })
+                .collect()
+        };
+        let mut joins = joins.into_iter();
+        let (round, rest): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|_| joins.next().unwrap_or(false));
         rounds.push(Round { rule, jobs: round });
         jobs = rest;
     }
