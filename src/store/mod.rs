@@ -141,33 +141,73 @@ tokio::task_local! {
 /// server) would otherwise hold its connection, and the writes queued behind it, until TCP
 /// gives up. Every connection the dropped work held is closed, never reused: its transaction
 /// may have been cut anywhere, even inside `BEGIN` (`pg::connections`, [`given_up`]).
-pub(crate) async fn give_up<T, E>(
+///
+/// A future of its own rather than an `async fn`: an `async fn` keeps its argument and the
+/// future it awaits side by side, so `work` was held (and moved) two and three times over, and
+/// the coalescer's statement future, boxed once per lone write, was 9 KB (bench/RESULTS.md).
+pub(crate) fn give_up<T, E, F>(
     limit: Option<std::time::Duration>,
-    work: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, E>
+    work: F,
+) -> tokio::task::futures::TaskLocalFuture<std::cell::Cell<bool>, GivingUp<F>>
 where
+    F: std::future::Future<Output = Result<T, E>>,
     E: From<StoreError>,
 {
-    let Some(limit) = limit else {
-        return work.await;
-    };
-    GIVEN_UP
-        .scope(std::cell::Cell::new(false), async move {
-            let work = std::pin::pin!(work);
-            match tokio::time::timeout(limit, work).await {
-                Ok(result) => result,
-                Err(_) => {
-                    // The work is dropped as this block ends, still inside the scope, so its
-                    // connections see the flag when they are dropped.
-                    GIVEN_UP.with(|given_up| given_up.set(true));
-                    Err(StoreError::unavailable(
-                        "the database did not answer in time; the statement was given up and its outcome is unknown",
-                    )
-                    .into())
-                }
-            }
-        })
-        .await
+    GIVEN_UP.scope(
+        std::cell::Cell::new(false),
+        GivingUp {
+            work: Some(work),
+            deadline: limit.map(tokio::time::sleep),
+        },
+    )
+}
+
+pin_project_lite::pin_project! {
+    /// `work` until it ends or `deadline` passes ([`give_up`]); polled inside the scope of
+    /// [`GIVEN_UP`], so the work is dropped there when it is given up.
+    pub(crate) struct GivingUp<F> {
+        #[pin]
+        work: Option<F>,
+        #[pin]
+        deadline: Option<tokio::time::Sleep>,
+    }
+}
+
+impl<T, E, F> std::future::Future for GivingUp<F>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+    E: From<StoreError>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(work) = this.work.as_mut().as_pin_mut() else {
+            panic!("GivingUp polled after it ended");
+        };
+        if let std::task::Poll::Ready(done) = work.poll(cx) {
+            this.work.set(None);
+            return std::task::Poll::Ready(done);
+        }
+        let due = this
+            .deadline
+            .as_pin_mut()
+            .is_some_and(|deadline| deadline.poll(cx).is_ready());
+        if due {
+            // Dropped here, inside the scope, so its connections see the flag as they go.
+            GIVEN_UP.with(|given_up| given_up.set(true));
+            this.work.set(None);
+            std::task::Poll::Ready(Err(StoreError::unavailable(
+                    "the database did not answer in time; the statement was given up and its outcome is unknown",
+                )
+                .into()))
+        } else {
+            std::task::Poll::Pending
+        }
+    }
 }
 
 /// Whether the work running now is being dropped by [`give_up`].

@@ -167,9 +167,26 @@ impl Drop for FinishOnDrop {
 /// whose replies were not sent yet get 503 (their replies are dropped with the work), and
 /// whatever connection the work held goes back through the pool's check (which rolls back an
 /// open transaction). Without this, each panic would leave one worker fewer until a restart.
-async fn survive_panic(work: impl Future<Output = ()>) {
-    let mut work = std::pin::pin!(work);
-    std::future::poll_fn(|cx| poll_surviving(work.as_mut(), cx)).await;
+///
+/// Not an `async fn`, which would hold `work` twice (its argument, and the future it awaits).
+fn survive_panic<W: Future<Output = ()>>(work: W) -> SurvivePanic<W> {
+    SurvivePanic { work }
+}
+
+pin_project_lite::pin_project! {
+    /// A batch's work that survives its own panic ([`survive_panic`]).
+    struct SurvivePanic<W> {
+        #[pin]
+        work: W,
+    }
+}
+
+impl<W: Future<Output = ()>> Future for SurvivePanic<W> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        poll_surviving(self.project().work, cx)
+    }
 }
 
 /// Polls a batch's work; a panic inside it ends the work (Ready), counted and logged.

@@ -177,10 +177,12 @@ impl Coalescer {
         // As a worker's, the work is never abandoned half-way: if this request goes away (a
         // timeout, a disconnect), the rest of it runs on a task of its own (`FinishOnDrop`).
         if let Some(permit) = self.queue.idle() {
-            let work = serve(self.shared.clone(), vec![job]);
+            // `serve` is called inside the block, so the block holds its future once (made
+            // outside and awaited inside, it held it twice: 9 KB boxed per lone write).
+            let shared = self.shared.clone();
             FinishOnDrop::new(async move {
                 let _permit = permit;
-                work.await;
+                serve(shared, vec![job]).await;
             })
             .await;
             return outcome.await.unwrap_or(Err(StoreError::unavailable(
