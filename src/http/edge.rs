@@ -113,6 +113,9 @@ impl Edge {
             check_numbers(&bytes, self.max_number_digits, self.body_limit)
                 .map_err(ApiError::InvalidJson)?;
         }
+        // The length of the body as read (a chunked one declared none). The request itself
+        // goes on with an empty body: handlers take the bytes from `extract::Admitted` (the
+        // gate puts them there), never through axum's body extractors.
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));

@@ -174,18 +174,28 @@ pub fn respond(answer: Answer, replayed: bool) -> Response {
     let mut response = Response::new(axum::body::Body::from(answer.body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    let mut typed = false;
     for (name, value) in &answer.headers {
         // The answer of every write as it is made: nothing to parse.
         if name == header::CONTENT_TYPE.as_str() && value == JSON {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+            typed = true;
             continue;
         }
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
         ) {
+            typed |= name == header::CONTENT_TYPE;
             headers.insert(name, value);
         }
+    }
+    if !typed {
+        // A kept answer without a usable type (never one fencegate wrote): bytes, as ever.
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
     }
     if replayed {
         headers.insert(REPLAYED.clone(), HeaderValue::from_static("true"));
@@ -226,5 +236,43 @@ where
         let value = super::extract::parse_json(&bytes)?;
         let digest = keyed.then(|| Sha256::digest(&bytes).into());
         Ok(KeyedJson { value, digest })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh answer, a kept one read back (owned headers) and a kept one with no type all
+    /// answer as the first answer did.
+    #[test]
+    fn answers_keep_their_type_fresh_and_replayed() {
+        let fresh = respond(
+            json_answer(StatusCode::CREATED, &serde_json::json!({"a": 1})),
+            false,
+        );
+        assert_eq!(fresh.status(), StatusCode::CREATED);
+        assert_eq!(fresh.headers()[header::CONTENT_TYPE], JSON);
+        assert!(fresh.headers().get(REPLAYED_HEADER).is_none());
+        let kept = Answer {
+            status: 200,
+            headers: vec![(
+                Cow::Owned("content-type".into()),
+                Cow::Owned("application/json".into()),
+            )],
+            body: b"{}".to_vec(),
+        };
+        let replayed = respond(kept, true);
+        assert_eq!(replayed.headers()[header::CONTENT_TYPE], JSON);
+        assert_eq!(replayed.headers()[REPLAYED_HEADER], "true");
+        let untyped = Answer {
+            status: 200,
+            headers: Vec::new(),
+            body: b"x".to_vec(),
+        };
+        assert_eq!(
+            respond(untyped, true).headers()[header::CONTENT_TYPE],
+            "application/octet-stream"
+        );
     }
 }

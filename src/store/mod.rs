@@ -157,19 +157,24 @@ where
         std::cell::Cell::new(false),
         GivingUp {
             work: Some(work),
-            deadline: limit.map(tokio::time::sleep),
+            limit,
+            deadline: None,
         },
     )
 }
 
 pin_project_lite::pin_project! {
-    /// `work` until it ends or `deadline` passes ([`give_up`]); polled inside the scope of
-    /// [`GIVEN_UP`], so the work is dropped there when it is given up.
+    /// `work` until it ends or `limit` has passed since its first poll ([`give_up`]); polled
+    /// inside the scope of [`GIVEN_UP`], so the work is dropped there when it is given up.
     pub(crate) struct GivingUp<F> {
         #[pin]
         work: Option<F>,
+        limit: Option<std::time::Duration>,
+        // Set at the first poll, as `tokio::time::timeout` inside an `async fn` was; outside
+        // tokio's cooperative budget, so that work which spends the task's budget on every
+        // poll cannot hold the deadline off (`timeout` polls its delay the same way).
         #[pin]
-        deadline: Option<tokio::time::Sleep>,
+        deadline: Option<tokio::task::Unconstrained<tokio::time::Sleep>>,
     }
 }
 
@@ -185,6 +190,10 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let mut this = self.project();
+        if let (Some(limit), None) = (*this.limit, this.deadline.as_ref().as_pin_ref()) {
+            this.deadline
+                .set(Some(tokio::task::unconstrained(tokio::time::sleep(limit))));
+        }
         let Some(work) = this.work.as_mut().as_pin_mut() else {
             panic!("GivingUp polled after it ended");
         };
@@ -551,5 +560,82 @@ impl Store {
     /// (open, idle) connections, for the pool gauges.
     pub fn pool_stats(&self) -> (u32, usize) {
         on_backend!(&self.backend, b => b.pool_stats())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering},
+            Arc,
+        },
+        time::Duration,
+    };
+
+    use super::{give_up, given_up, StoreError};
+
+    /// What `given_up()` said when it was dropped.
+    struct Probe(Arc<AtomicBool>);
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.0.store(given_up(), Ordering::SeqCst);
+        }
+    }
+
+    /// Work with no answer is dropped at the deadline inside the scope, with the flag set (so
+    /// its connections are closed, never reused), and the caller gets 503.
+    #[tokio::test]
+    async fn work_past_the_deadline_is_dropped_as_given_up() {
+        let seen = Arc::new(AtomicBool::new(false));
+        let probe = Probe(seen.clone());
+        let out = give_up(Some(Duration::from_millis(50)), async move {
+            let _probe = probe;
+            std::future::pending::<()>().await;
+            Ok::<(), StoreError>(())
+        })
+        .await;
+        assert!(matches!(out, Err(StoreError::Unavailable(_))), "{out:?}");
+        assert!(seen.load(Ordering::SeqCst), "dropped with the flag set");
+        assert!(!given_up(), "the flag is the scope's only");
+    }
+
+    /// Work that ends in time is its own answer, and dropped without the flag.
+    #[tokio::test]
+    async fn work_in_time_is_not_given_up() {
+        let seen = Arc::new(AtomicBool::new(true));
+        let probe = Probe(seen.clone());
+        let out = give_up(Some(Duration::from_secs(5)), async move {
+            let _probe = probe;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<u32, StoreError>(7)
+        })
+        .await;
+        assert_eq!(out.unwrap(), 7);
+        assert!(!seen.load(Ordering::SeqCst));
+        assert_eq!(
+            give_up(None, async { Ok::<u32, StoreError>(8) })
+                .await
+                .unwrap(),
+            8
+        );
+    }
+
+    /// Work that spends the task's whole cooperative budget on every poll (rows arriving
+    /// without end, say) cannot hold the deadline off.
+    #[tokio::test]
+    async fn work_that_spends_the_whole_budget_is_still_given_up() {
+        let busy = give_up(Some(Duration::from_millis(50)), async {
+            loop {
+                tokio::task::consume_budget().await;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), StoreError>(())
+        });
+        let out = tokio::time::timeout(Duration::from_secs(5), busy)
+            .await
+            .expect("given up at its deadline, long before 5 s");
+        assert!(matches!(out, Err(StoreError::Unavailable(_))), "{out:?}");
     }
 }
