@@ -68,9 +68,9 @@ pub struct Edge {
 }
 
 impl Edge {
-    /// The request as the handler will see it, its body read in full (as [`Admitted`]: the
-    /// request's own body is then empty), with the permit of the body's bytes; or why it is
-    /// refused.
+    /// The request as the handler will see it, its body read in full and returned beside it
+    /// (the gate hands it on as `extract::Admitted`; the request's own body is then empty),
+    /// with the permit of the body's bytes; or why it is refused.
     pub(super) async fn admit(
         &self,
         req: Request,
