@@ -176,16 +176,18 @@ pub fn respond(answer: Answer, replayed: bool) -> Response {
     let headers = response.headers_mut();
     let mut typed = false;
     for (name, value) in &answer.headers {
-        // The answer of every write as it is made: nothing to parse.
-        if name == header::CONTENT_TYPE.as_str() && value == JSON {
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
-            typed = true;
-            continue;
-        }
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
+        // Headers fencegate wrote itself are static and valid: taken as they are. Those read
+        // back from a kept row are checked, and one that is not a header is left out.
+        let parsed = match (name, value) {
+            (Cow::Borrowed(name), Cow::Borrowed(value)) => Some((
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            )),
+            _ => HeaderName::from_bytes(name.as_bytes())
+                .ok()
+                .zip(HeaderValue::from_str(value).ok()),
+        };
+        if let Some((name, value)) = parsed {
             typed |= name == header::CONTENT_TYPE;
             headers.insert(name, value);
         }
