@@ -578,6 +578,12 @@ mod tests {
     /// What `given_up()` said when it was dropped.
     struct Probe(Arc<AtomicBool>);
 
+    /// A probe, and where it will say what it saw (`initially` until it is dropped).
+    fn probe(initially: bool) -> (Probe, Arc<AtomicBool>) {
+        let seen = Arc::new(AtomicBool::new(initially));
+        (Probe(seen.clone()), seen)
+    }
+
     impl Drop for Probe {
         fn drop(&mut self) {
             self.0.store(given_up(), Ordering::SeqCst);
@@ -588,8 +594,7 @@ mod tests {
     /// its connections are closed, never reused), and the caller gets 503.
     #[tokio::test]
     async fn work_past_the_deadline_is_dropped_as_given_up() {
-        let seen = Arc::new(AtomicBool::new(false));
-        let probe = Probe(seen.clone());
+        let (probe, seen) = probe(false);
         let out = give_up(Some(Duration::from_millis(50)), async move {
             let _probe = probe;
             std::future::pending::<()>().await;
@@ -604,8 +609,7 @@ mod tests {
     /// Work that ends in time is its own answer, and dropped without the flag.
     #[tokio::test]
     async fn work_in_time_is_not_given_up() {
-        let seen = Arc::new(AtomicBool::new(true));
-        let probe = Probe(seen.clone());
+        let (probe, seen) = probe(true);
         let out = give_up(Some(Duration::from_secs(5)), async move {
             let _probe = probe;
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -637,3 +637,47 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_is_stored() {
     assert_eq!(exchange(&mut stream, chunked).await.0, 201);
     app.assert_value("plain", &json!("raw"), "1").await;
 }
+
+/// A body that arrives in many pieces (a declared length, then chunked) is stored exactly as
+/// sent: the edge keeps a one-piece body as it came and joins the pieces of any other.
+#[tokio::test]
+async fn a_body_in_many_pieces_is_stored_as_sent() {
+    let app = spawn_app_with(|_| {}).await;
+    let value = json!({"pieces": "abcdefghij".repeat(30), "n": [1, 2, 3]});
+    let body = value.to_string();
+    let mut sized = connect(&app).await;
+    sized
+        .write_all(put_head("pieces", body.len()).as_bytes())
+        .await
+        .unwrap();
+    for piece in body.as_bytes().chunks(70) {
+        sized.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(
+        read_status(&mut sized, Duration::from_secs(3)).await,
+        Some(201)
+    );
+    app.assert_value("pieces", &value, "1").await;
+
+    let mut chunked = connect(&app).await;
+    chunked
+        .write_all(b"PUT /v1/kv/chunks HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for piece in body.as_bytes().chunks(70) {
+        chunked
+            .write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+            .await
+            .unwrap();
+        chunked.write_all(piece).await.unwrap();
+        chunked.write_all(b"\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    chunked.write_all(b"0\r\n\r\n").await.unwrap();
+    assert_eq!(
+        read_status(&mut chunked, Duration::from_secs(3)).await,
+        Some(201)
+    );
+    app.assert_value("chunks", &value, "1").await;
+}
