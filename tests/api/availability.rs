@@ -93,6 +93,24 @@ fn put_head(key: &str, length: usize) -> String {
     format!("PUT /v1/kv/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
 }
 
+/// Sends a PUT of `body` to `key` under its declared length, in pieces of `piece` bytes with
+/// `pause` after each: a slow client, as the edge sees it.
+async fn put_in_pieces(
+    stream: &mut tokio::net::TcpStream,
+    key: &str,
+    body: &str,
+    piece: usize,
+    pause: Duration,
+) {
+    stream
+        .write_all(put_head(key, body.len()).as_bytes())
+        .await
+        .unwrap();
+    for chunk in body.as_bytes().chunks(piece) {
+        stream.write_all(chunk).await.unwrap();
+        tokio::time::sleep(pause).await;
+    }
+}
 /// Takes lock `name` for a minute; returns its token.
 async fn acquire(app: &TestApp, name: &str) -> String {
     let granted = app
@@ -233,14 +251,14 @@ async fn a_body_slower_than_the_minimum_rate_is_408_long_before_the_body_timeout
     // 3000 bytes at 2000 bytes a second, past the first second: served.
     let mut steady = connect(&app).await;
     let body = format!("\"{}\"", "s".repeat(2998));
-    steady
-        .write_all(put_head("steady", body.len()).as_bytes())
-        .await
-        .unwrap();
-    for chunk in body.as_bytes().chunks(500) {
-        steady.write_all(chunk).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    put_in_pieces(
+        &mut steady,
+        "steady",
+        &body,
+        500,
+        Duration::from_millis(250),
+    )
+    .await;
     assert_eq!(
         read_status(&mut steady, Duration::from_secs(3)).await,
         Some(201)
@@ -646,14 +664,7 @@ async fn a_body_in_many_pieces_is_stored_as_sent() {
     let value = json!({"pieces": "abcdefghij".repeat(30), "n": [1, 2, 3]});
     let body = value.to_string();
     let mut sized = connect(&app).await;
-    sized
-        .write_all(put_head("pieces", body.len()).as_bytes())
-        .await
-        .unwrap();
-    for piece in body.as_bytes().chunks(70) {
-        sized.write_all(piece).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+    put_in_pieces(&mut sized, "pieces", &body, 70, Duration::from_millis(30)).await;
     assert_eq!(
         read_status(&mut sized, Duration::from_secs(3)).await,
         Some(201)
