@@ -71,7 +71,10 @@ h2load -c 4 -m 16 -t 1 -D "$secs" -i "$work/uris" -d "$work/body.json" \
   -H "x-fencing-token: $(date +%s)999999" | grep -E "^requests:" || true
 wrk -t1 -c16 -d$((secs / 2 + 1))s "$base/v1/kv/1" | grep -E "requests in|Non-2xx" || true
 
+# A server that died mid-training leaves a profile of part of the path: refuse it.
+kill -0 "$pid" 2>/dev/null || { echo "pgo.sh: fencegate exited during training ($work/serve.log):" >&2; tail -5 "$work/serve.log" >&2; exit 1; }
 kill -INT "$pid"; wait "$pid" || true; pid=""
+ls "$work"/raw/*.profraw >/dev/null 2>&1 || { echo "pgo.sh: training wrote no profile" >&2; exit 1; }
 "$profdata" merge -o "$work/fencegate.profdata" "$work/raw"
 
 echo "pgo.sh: profile-guided build (target/pgo-use)"
