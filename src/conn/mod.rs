@@ -60,7 +60,7 @@ pub use unread::Unread;
 
 use std::{future::Future, sync::Arc, task::Poll, time::Duration};
 
-use axum::Router;
+use crate::http::App;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
@@ -129,7 +129,7 @@ enum Exit {
 pub async fn serve(
     stream: TcpStream,
     handle: Handle,
-    router: Router,
+    app: App,
     options: Arc<Options>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -141,7 +141,7 @@ pub async fn serve(
         return watch(
             stream,
             state,
-            router,
+            app,
             None,
             &options,
             Protocol::Detect,
@@ -186,7 +186,7 @@ pub async fn serve(
         .peer_certificates()
         .and_then(|chain| chain.first())
         .map(|der| Arc::new(crate::tls::client_cert(der)));
-    watch(stream, state, router, cert, &options, protocol, shutdown).await
+    watch(stream, state, app, cert, &options, protocol, shutdown).await
 }
 
 /// The protocol of a connection: decided by ALPN on TLS, by the first bytes on plain HTTP.
@@ -202,7 +202,7 @@ enum Protocol {
 async fn watch<I>(
     io: I,
     state: Arc<State>,
-    router: Router,
+    app: App,
     cert: Option<Arc<crate::auth::ClientCert>>,
     options: &Options,
     protocol: Protocol,
@@ -217,7 +217,7 @@ async fn watch<I>(
         state: state.clone(),
     });
     let service = Serve {
-        router,
+        app,
         state: state.clone(),
         cert,
         unread: options.unread.clone(),

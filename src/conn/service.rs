@@ -1,4 +1,4 @@
-//! The router as hyper calls it for one connection: each request's phase, and the end of a
+//! The application (`http::App`) as hyper calls it for one connection: each request's phase, and the end of a
 //! streamed response, reported to the watchdog.
 
 use std::{
@@ -8,9 +8,10 @@ use std::{
     task::{Context, Poll},
 };
 
-use axum::{body::Body, extract::Request, response::Response, Router};
+use axum::{body::Body, extract::Request, response::Response};
+
+use crate::http::App;
 use hyper::body::Incoming;
-use tower::ServiceExt;
 
 use super::{
     state::{State, Watch, BODY, HANDLING},
@@ -68,7 +69,7 @@ impl Drop for InFlight {
 /// verified client certificate, and charges HTTP/2 responses to the unread budget (`unread`).
 #[derive(Clone)]
 pub(super) struct Serve {
-    pub(super) router: Router,
+    pub(super) app: App,
     pub(super) state: Arc<State>,
     pub(super) cert: Option<Arc<crate::auth::ClientCert>>,
     pub(super) unread: Arc<Unread>,
@@ -109,9 +110,9 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
         if let Some(cert) = &self.cert {
             req.extensions_mut().insert(cert.clone());
         }
-        let router = self.router.clone();
+        let app = self.app.clone();
         Box::pin(async move {
-            let Ok(mut response) = router.oneshot(req).await;
+            let mut response = app.serve(req).await;
             if multiplexed {
                 // `Connection: close` (after a 401, or a body left unread) means nothing in
                 // HTTP/2, where a refused stream leaves the others and the connection whole.

@@ -3,7 +3,7 @@
 
 use axum::{
     body::Bytes,
-    extract::{FromRequest, FromRequestParts, MatchedPath, Request},
+    extract::{FromRequest, FromRequestParts, Request},
     http::{request::Parts, HeaderMap, HeaderName},
 };
 
@@ -162,11 +162,7 @@ impl FromRequestParts<AppState> for ScopePath {
 /// the raw request path at the position of the parameter in the route's template: axum's own
 /// extractors (even `RawPathParams`) hand out leniently decoded text.
 async fn path_segment(parts: &mut Parts, _: &AppState) -> Result<String, String> {
-    let template = parts
-        .extensions
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-        .unwrap_or_default();
+    let template = super::routes::template(&parts.extensions).unwrap_or_default();
     let raw = parameter_segment(template, parts.uri.path())
         .ok_or_else(|| "this route has no path parameter".to_owned())?;
     crate::percent::decode_strict(raw.as_bytes()).map_err(|why| format!("the path segment: {why}"))

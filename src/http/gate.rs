@@ -26,7 +26,7 @@ use std::{
 };
 
 use axum::{
-    extract::{MatchedPath, Request},
+    extract::Request,
     response::{IntoResponse, Response},
 };
 use futures_util::FutureExt as _;
@@ -123,11 +123,7 @@ async fn pass<S>(rules: Arc<Rules>, mut inner: S, req: Request) -> Response
 where
     S: Service<Request, Response = Response, Error = Infallible>,
 {
-    let access = routes::access(
-        req.extensions()
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str),
-    );
+    let access = routes::access(routes::template(req.extensions()));
     // 1. The edge: Host, Content-Type, the body read in full (its bytes held until the handler
     //    is done with them).
     let (mut req, _body_bytes) = match rules.edge.admit(req).await {

@@ -9,7 +9,7 @@
 use std::{borrow::Cow, sync::Arc};
 
 use axum::{
-    extract::{FromRequest, FromRequestParts, MatchedPath, Request},
+    extract::{FromRequest, FromRequestParts, Request},
     http::{header, request::Parts, HeaderName, HeaderValue, StatusCode},
     response::Response,
 };
@@ -93,11 +93,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdemKey {
         let Some(key) = parse_key(parts)? else {
             return Ok(IdemKey(None));
         };
-        let template = parts
-            .extensions
-            .get::<MatchedPath>()
-            .map(MatchedPath::as_str)
-            .unwrap_or_default();
+        let template = super::routes::template(&parts.extensions).unwrap_or_default();
         let route = format!("{} {template}", parts.method);
         let mut hasher = Sha256::new();
         part(&mut hasher, Some(route.as_bytes()));

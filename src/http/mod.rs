@@ -5,6 +5,7 @@ pub mod auth;
 mod batch;
 mod binding;
 mod console;
+mod dispatch;
 mod edge;
 mod embedded;
 mod extract;
@@ -20,6 +21,8 @@ pub mod problem;
 mod report;
 mod routes;
 mod tables;
+
+pub use dispatch::App;
 
 use std::{sync::Arc, time::Duration};
 
@@ -147,8 +150,9 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     (described, rest, doc)
 }
 
-/// The whole application as a `Router`; tests build exactly this.
-pub fn app(state: AppState, limits: Limits) -> Router {
+/// The whole application: the router, and the kv route beside it (`dispatch`); the server and
+/// the tests build exactly this.
+pub fn app(state: AppState, limits: Limits) -> App {
     let (described, rest, doc) = routers();
     let served = openapi::Served::new(
         &doc,
@@ -187,13 +191,14 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     // One `layer` call with the whole stack: axum wraps every route once per call (a boxed
     // service cloned, and its future boxed, for each request), so layering them one call at a
     // time cost a lone PUT that much again per layer. Outermost first: the request id, span,
-    // metrics and error log (`observe`), CORS if configured, the gate.
-    app.layer(
-        ServiceBuilder::new()
-            .layer(observe::ObserveLayer::new(state.events.clone()))
-            .option_layer(cors(&limits.cors_origins))
-            .layer(gate),
-    )
+    // metrics and error log (`observe`), CORS if configured, the gate. The kv route gets the
+    // same layers, the same values, over its handlers (`dispatch`).
+    let layers = ServiceBuilder::new()
+        .layer(observe::ObserveLayer::new(state.events.clone()))
+        .option_layer(cors(&limits.cors_origins))
+        .layer(gate);
+    let kv = layers.service(dispatch::KvRoute(state.clone()));
+    App::new(app.layer(layers), kv)
 }
 
 /// CORS for exactly the listed origins, allowing the fencing headers and Content-Type; none

@@ -33,7 +33,7 @@ use std::{
 };
 
 use axum::{
-    extract::{MatchedPath, Request},
+    extract::Request,
     http::{HeaderName, HeaderValue, Method, Response, StatusCode},
 };
 use tower::{Layer, Service};
@@ -119,10 +119,7 @@ where
             }
         };
         let method = method_label(req.method());
-        let matched = req
-            .extensions()
-            .get::<MatchedPath>()
-            .map(|m| routes::find(m.as_str()));
+        let matched = routes::template(req.extensions()).map(routes::find);
         let route = match matched {
             None => "unmatched",
             Some(None) => "other",

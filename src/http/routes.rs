@@ -145,6 +145,20 @@ pub const ALL: &[Route] = &[
     route(ADMIN_EVENTS, Access::Guarded),
 ];
 
+/// The template of a request that `dispatch` sent to its route without axum's router (which
+/// sets `MatchedPath` for the requests it routes).
+#[derive(Clone, Copy, Debug)]
+pub struct Matched(pub &'static str);
+
+/// The route template a request matched, whichever way it was routed; `None`: no route (the
+/// fallback).
+pub fn template(extensions: &axum::http::Extensions) -> Option<&str> {
+    match extensions.get::<axum::extract::MatchedPath>() {
+        Some(matched) => Some(matched.as_str()),
+        None => extensions.get::<Matched>().map(|m| m.0),
+    }
+}
+
 /// The route of a matched template; `None` for a request no route matched (the fallback).
 pub fn find(template: &str) -> Option<&'static Route> {
     ALL.iter().find(|r| r.path == template)

@@ -170,7 +170,7 @@ pub async fn serve_reloadable(
     let _resets = AbortOnDrop(tokio::spawn(state.store.clone().watch_resets()));
     // The database's role (a standby it started against being promoted) and replication.
     let _replication = AbortOnDrop(tokio::spawn(state.store.clone().watch_replication()));
-    let router = app(state, limits);
+    let app = app(state, limits);
     // Listening for SIGHUP before announcing: a reload sent once the address is known is
     // never the signal's default action (exit).
     let _reloads = match reload {
@@ -205,7 +205,7 @@ pub async fn serve_reloadable(
     let slots = Slots::new(server.max_connections, server.max_connections_per_client);
     accept(
         &listener,
-        &router,
+        &app,
         &options,
         &slots,
         &stopped,
@@ -245,7 +245,7 @@ pub async fn serve_reloadable(
 /// off when accept fails.
 async fn accept(
     listener: &TcpListener,
-    router: &axum::Router,
+    app: &crate::http::App,
     options: &Arc<conn::Options>,
     slots: &Arc<Slots>,
     stopped: &watch::Receiver<bool>,
@@ -276,9 +276,9 @@ async fn accept(
                 }
                 let handle = conn::Handle::new();
                 let slot = slots.take(peer.ip(), handle.clone());
-                let (router, options, stopped) = (router.clone(), options.clone(), stopped.clone());
+                let (app, options, stopped) = (app.clone(), options.clone(), stopped.clone());
                 connections.spawn(async move {
-                    conn::serve(stream, handle, router, options, stopped).await;
+                    conn::serve(stream, handle, app, options, stopped).await;
                     drop(slot);
                 });
             }
