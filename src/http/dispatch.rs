@@ -41,10 +41,10 @@ impl App {
     }
 
     /// The response to `req`.
-    pub async fn serve(mut self, mut req: Request) -> Response {
+    pub async fn serve(self, mut req: Request) -> Response {
         if is_kv(req.method(), req.uri().path()) {
             req.extensions_mut().insert(routes::Matched(routes::KV));
-            let Ok(response) = self.kv.call(req).await;
+            let Ok(response) = self.kv.oneshot(req).await;
             response
         } else {
             let Ok(response) = self.router.oneshot(req).await;
@@ -104,6 +104,31 @@ mod tests {
             .await
             .unwrap();
         (!body.is_empty()).then(|| String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// `KvRoute` calls the handlers the router has on the kv route: the document, which is made
+    /// of what the router serves, names exactly these operations there.
+    #[test]
+    fn the_router_has_the_same_kv_handlers() {
+        let doc = serde_json::to_value(super::super::routers().2).unwrap();
+        let item = doc["paths"][routes::KV].as_object().unwrap();
+        let mut ops: Vec<(String, String)> = item
+            .iter()
+            .filter_map(|(method, op)| {
+                Some((method.clone(), op.get("operationId")?.as_str()?.to_owned()))
+            })
+            .collect();
+        ops.sort();
+        let expected = [
+            ("delete", "kv_delete"),
+            ("get", "kv_get"),
+            ("put", "kv_put"),
+        ]
+        .map(|(m, id)| (m.to_owned(), id.to_owned()));
+        assert_eq!(
+            ops, expected,
+            "the kv route's handlers changed: change KvRoute with them"
+        );
     }
 
     #[tokio::test]

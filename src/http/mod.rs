@@ -118,6 +118,7 @@ fn routers() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(openapi::docs))
+        // `dispatch::KvRoute` calls these three without the router: change both together.
         .routes(routes!(kv::put, kv::get, kv::delete))
         .routes(routes!(
             tables::put,
