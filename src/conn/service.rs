@@ -110,9 +110,9 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
         if let Some(cert) = &self.cert {
             req.extensions_mut().insert(cert.clone());
         }
-        let app = self.app.clone();
+        let served = self.app.serve(req);
         Box::pin(async move {
-            let mut response = app.serve(req).await;
+            let mut response = served.await;
             if multiplexed {
                 // `Connection: close` (after a 401, or a body left unread) means nothing in
                 // HTTP/2, where a refused stream leaves the others and the connection whole.

@@ -40,14 +40,18 @@ impl App {
         App { router, kv }
     }
 
-    /// The response to `req`.
-    pub async fn serve(self, mut req: Request) -> Response {
-        if is_kv(req.method(), req.uri().path()) {
+    /// The response to `req`. Only the half that serves it is cloned into the future (a
+    /// clone of the kv stack is half a dozen reference counts, paid by every request if `serve`
+    /// took the whole `App`).
+    pub fn serve(&self, mut req: Request) -> impl Future<Output = Response> + Send + 'static {
+        let target = if is_kv(req.method(), req.uri().path()) {
             req.extensions_mut().insert(routes::Matched(routes::KV));
-            let Ok(response) = self.kv.oneshot(req).await;
-            response
+            Either::Left(self.kv.clone())
         } else {
-            let Ok(response) = self.router.oneshot(req).await;
+            Either::Right(self.router.clone())
+        };
+        async move {
+            let Ok(response) = target.oneshot(req).await;
             response
         }
     }

@@ -164,8 +164,8 @@ impl<'a> Heads<'a> {
 
 /// Tells the connection's watchdog the request has no body left to wait for. The watch is
 /// taken out of the request, as nothing after the edge needs it: the request's extensions
-/// then hold three entries when the gate adds the body, not four, and their table is not
-/// grown and rehashed on every request.
+/// then hold one entry fewer when the gate adds the body (at most three), and their table is
+/// not grown and rehashed on every request.
 fn body_read(extensions: &mut axum::http::Extensions) {
     if let Some(watch) = extensions.remove::<crate::conn::Watch>() {
         watch.body_read();
