@@ -528,8 +528,9 @@ async fn the_command_is_killed_before_the_lease_can_pass_on_when_the_server_dies
     );
     command.env("D", dir.path()).stderr(Stdio::piped());
     let mut wrapper = command.spawn().unwrap();
+    // The shell creates the file before it writes the pid into it: wait for the pid itself.
     eventually("the job to start", Duration::from_secs(90), || {
-        dir.path().join("pid").exists()
+        read(&dir.path().join("pid")).trim().parse::<i32>().is_ok()
     })
     .await;
     let job_pid = pid_in(&dir.path().join("pid"));
