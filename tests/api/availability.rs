@@ -692,3 +692,84 @@ async fn a_body_in_many_pieces_is_stored_as_sent() {
     );
     app.assert_value("chunks", &value, "1").await;
 }
+
+/// Everything the server sends until it closes the connection (None: still open after `limit`).
+async fn rest_until_closed(stream: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(limit, stream.read_to_end(&mut rest)).await;
+    match read {
+        Ok(Ok(_)) | Ok(Err(_)) => Some(rest),
+        Err(_) => None,
+    }
+}
+
+/// Request smuggling by framing: a request that declares its body two ways (`Content-Length`
+/// and `Transfer-Encoding: chunked`, in either order) is read by its chunks, as RFC 9112 6.3
+/// has it, and its connection is closed after the answer, so bytes the other framing would
+/// have made a second request are never served. Lengths that disagree or are not plain digits
+/// are 400 and store nothing; whitespace around a length is allowed.
+#[tokio::test]
+async fn a_body_framed_two_ways_never_smuggles_a_second_request() {
+    let app = spawn_app_with(|_| {}).await;
+    let smuggled = "PUT /v1/kv/smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length: 1\r\n\r\n1";
+    for (key, framing) in [
+        (
+            "cl-then-te",
+            "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+        ),
+        (
+            "te-then-cl",
+            "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+        ),
+    ] {
+        let mut stream = connect(&app).await;
+        let request = format!(
+            "PUT /v1/kv/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\n{framing}\r\n5\r\n\"raw\"\r\n0\r\n\r\n{smuggled}"
+        );
+        let (status, text) = exchange(&mut stream, request.as_bytes()).await;
+        assert_eq!(status, 201, "{key}: {text}");
+        let rest = rest_until_closed(&mut stream, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|| panic!("{key}: the connection stayed open"));
+        assert!(
+            rest.is_empty(),
+            "{key}: a second response came: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        app.assert_value(key, &json!("raw"), "1").await;
+    }
+    app.assert_absent("smuggled").await;
+
+    for (key, lengths) in [
+        ("two", "Content-Length: 1\r\nContent-Length: 2\r\n"),
+        ("plus", "Content-Length: +1\r\n"),
+        ("minus", "Content-Length: -1\r\n"),
+        ("list", "Content-Length: 1, 1\r\n"),
+        ("inner-space", "Content-Length: 1 1\r\n"),
+        ("hex", "Content-Length: 0x1\r\n"),
+        ("huge", "Content-Length: 99999999999999999999999\r\n"),
+    ] {
+        let mut stream = connect(&app).await;
+        let request = format!(
+            "PUT /v1/kv/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\n{lengths}\r\n1{smuggled}"
+        );
+        let (status, text) = exchange(&mut stream, request.as_bytes()).await;
+        assert_eq!(status, 400, "{key}: {text}");
+        let rest = rest_until_closed(&mut stream, Duration::from_secs(3))
+            .await
+            .unwrap_or_else(|| panic!("{key}: the connection stayed open"));
+        assert!(
+            rest.is_empty(),
+            "{key}: a second response came: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        app.assert_absent(key).await;
+    }
+    app.assert_absent("smuggled").await;
+
+    let mut stream = connect(&app).await;
+    let spaced = "PUT /v1/kv/spaced HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Fencing-Token: 1\r\nContent-Type: application/json\r\nContent-Length:   1  \r\n\r\n1";
+    let (status, text) = exchange(&mut stream, spaced.as_bytes()).await;
+    assert_eq!(status, 201, "{text}");
+    app.assert_value("spaced", &json!(1), "1").await;
+}
