@@ -43,6 +43,11 @@ macro_rules! name_type {
                 check(raw, max_bytes).map(|()| $name(raw.to_owned()))
             }
 
+            /// [`Self::parse`] of text already owned (a decoded path segment): kept, not copied.
+            pub fn parse_owned(raw: String, max_bytes: usize) -> Result<Self, NameError> {
+                check(&raw, max_bytes).map(|()| $name(raw))
+            }
+
             pub fn as_str(&self) -> &str {
                 &self.0
             }

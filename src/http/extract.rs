@@ -135,7 +135,7 @@ impl FromRequestParts<AppState> for KeyPath {
         let raw = path_segment(parts, state)
             .await
             .map_err(ApiError::InvalidKey)?;
-        Key::parse(&raw, state.kv.max_key_bytes)
+        Key::parse_owned(raw, state.kv.max_key_bytes)
             .map(KeyPath)
             .map_err(ApiError::invalid_key)
     }
@@ -151,7 +151,7 @@ impl FromRequestParts<AppState> for ScopePath {
         let raw = path_segment(parts, state)
             .await
             .map_err(ApiError::InvalidScope)?;
-        Scope::parse(&raw, state.kv.max_key_bytes)
+        Scope::parse_owned(raw, state.kv.max_key_bytes)
             .map(ScopePath)
             .map_err(ApiError::invalid_scope)
     }

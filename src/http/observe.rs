@@ -333,11 +333,18 @@ impl RequestIds {
 
     fn next(&self) -> HeaderValue {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut id = String::with_capacity(self.prefix.len() + 21);
-        id.push_str(&self.prefix);
-        id.push('-');
-        id.push_str(itoa::Buffer::new().format(n));
-        HeaderValue::try_from(id)
+        // Built on the stack and copied once: a `String` handed to `HeaderValue` is a second
+        // allocation whenever its capacity is not its length (bytes' shared representation).
+        // The prefix is 12 hex digits, the counter at most 20 decimal ones.
+        let mut id = [0u8; 64];
+        let mut digits = itoa::Buffer::new();
+        let n = digits.format(n).as_bytes();
+        let prefix = self.prefix.as_bytes();
+        let len = prefix.len() + 1 + n.len();
+        id[..prefix.len()].copy_from_slice(prefix);
+        id[prefix.len()] = b'-';
+        id[prefix.len() + 1..len].copy_from_slice(n);
+        HeaderValue::from_bytes(&id[..len])
             .expect("hex digits, a dash and decimal digits are a valid header value")
     }
 }
