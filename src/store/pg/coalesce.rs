@@ -506,19 +506,13 @@ async fn execute(
 ) -> Result<Applied, StoreError> {
     let statement = statement(sql, round, wait);
     if let [job] = round.jobs.as_slice() {
-        let scope = job.scope.as_ref().map(Scope::as_str);
-        let mut args = sized_arguments(
-            5,
-            job.key.as_str().len()
-                + job.value.as_ref().map_or(0, |v| v.as_str().len())
-                + scope.map_or(0, str::len),
-        );
+        let mut args = sized_arguments(&round.jobs);
         bind(&mut args, job.key.as_str())?;
         bind(&mut args, job.value.as_ref().map(Json))?;
         bind(&mut args, job.value.is_none())?;
         bind(&mut args, job.token.get())?;
-        if let Some(scope) = scope {
-            bind(&mut args, scope)?;
+        if let Some(scope) = &job.scope {
+            bind(&mut args, scope.as_str())?;
         }
         let version: Option<i64> = sqlx::query_scalar_with(statement, args)
             .fetch_optional(&mut *conn)
@@ -531,30 +525,18 @@ async fn execute(
         jobs.iter().map(|j| j.value.as_ref().map(Json)).collect();
     let deleted: Vec<bool> = jobs.iter().map(|j| j.value.is_none()).collect();
     let tokens: Vec<i64> = jobs.iter().map(|j| j.token.get()).collect();
-    let scopes: Vec<&str> = if round.scoped() {
+    let scopes: Option<Vec<&str>> = round.scoped().then(|| {
         jobs.iter()
             .map(|j| j.scope.as_ref().map_or("", Scope::as_str))
             .collect()
-    } else {
-        Vec::new()
-    };
-    // Each element: its length prefix, the key, the value (a version byte and its text), the
-    // flag, the token and the scope.
-    let texts: usize = jobs
-        .iter()
-        .map(|j| {
-            j.key.as_str().len()
-                + j.value.as_ref().map_or(0, |v| v.as_str().len())
-                + j.scope.as_ref().map_or(0, |s| s.as_str().len())
-        })
-        .sum();
-    let mut args = sized_arguments(5, texts + jobs.len() * 40);
+    });
+    let mut args = sized_arguments(jobs);
     bind(&mut args, &keys)?;
     bind(&mut args, &values)?;
     bind(&mut args, &deleted)?;
     bind(&mut args, &tokens)?;
-    if round.scoped() {
-        bind(&mut args, &scopes)?;
+    if let Some(scopes) = &scopes {
+        bind(&mut args, scopes)?;
     }
     let rows = sqlx::query_with(statement, args)
         .fetch_all(&mut *conn)
@@ -585,15 +567,25 @@ impl Applied {
     }
 }
 
-/// Arguments with room for `count` values and `texts` bytes of text besides their fixed-size
-/// parts. sqlx's `bind` starts from empty buffers and grows them value by value: three or four
-/// reallocations and copies for a lone write (about 1,500 instructions of a lone PUT,
-/// callgrind).
-fn sized_arguments(count: usize, texts: usize) -> PgArguments {
+/// Arguments with room for the statement's values for `jobs` (a lone write's five, or the
+/// combined statement's five arrays). sqlx's `bind` starts from empty buffers and grows them
+/// value by value: three or four reallocations and copies for a lone write (about 1,500
+/// instructions of a lone PUT, callgrind).
+fn sized_arguments(jobs: &[Job]) -> PgArguments {
+    // Per write: its key, value and scope as text, and at most 40 bytes besides (each text's
+    // length, the `jsonb` version byte, the flag, the token, an array element's length); per
+    // value, its length and an array's header.
+    const VALUES: usize = 5;
+    let texts: usize = jobs
+        .iter()
+        .map(|j| {
+            j.key.as_str().len()
+                + j.value.as_ref().map_or(0, |v| v.as_str().len())
+                + j.scope.as_ref().map_or(0, |s| s.as_str().len())
+        })
+        .sum();
     let mut args = PgArguments::default();
-    // Per value: a 4-byte length, and up to 8 bytes (an `int8`), 1 (a `jsonb` version byte or
-    // a `bool`); arrays add a header and a length per element (in `texts` by the caller).
-    args.reserve(count, texts + count * 32);
+    args.reserve(VALUES, texts + jobs.len() * 40 + VALUES * 32);
     args
 }
 
