@@ -251,25 +251,28 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
 
     // Job 1 writes "one-N" every 50 ms under the lock's token and scope, logging each status.
     let job1 = r#"echo $$ > "$D/pid1"; i=0; while :; do i=$((i+1)); "$FG" kv put "$K" "\"one-$i\"" >/dev/null 2>&1; echo "$i $?" >> "$D/log1"; sleep 0.05; done"#;
-    let mut one = fencegate(
-        &app.address,
-        &[
-            "lock",
-            &lock,
-            "--ttl-ms",
-            "1000",
-            "--kill-grace-ms",
-            "500",
-            "--",
-            "sh",
-            "-c",
-            job1,
-        ],
-    );
-    one.env("D", dir.path())
-        .env("K", &key)
-        .stderr(Stdio::piped());
-    let mut one = one.spawn().unwrap();
+    let start_one = || {
+        let mut one = fencegate(
+            &app.address,
+            &[
+                "lock",
+                &lock,
+                "--ttl-ms",
+                "1000",
+                "--kill-grace-ms",
+                "500",
+                "--",
+                "sh",
+                "-c",
+                job1,
+            ],
+        );
+        one.env("D", dir.path())
+            .env("K", &key)
+            .stderr(Stdio::piped());
+        one.spawn().unwrap()
+    };
+    let mut one = start_one();
     // A deadline, not a guess: the wrapper starts a process that starts the job, which took
     // over 20 s on a loaded 2-core machine (3.4 s when quiet).
     let give_up = Instant::now() + Duration::from_secs(90);
@@ -277,10 +280,17 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
         if Instant::now() > give_up || one.try_wait().unwrap().is_some() {
             let _ = one.start_kill();
             let out = one.wait_with_output().await.unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // On a starved machine the grant of a 1 s lease can arrive past its soft stop
+            // (500 ms); the wrapper then rightly runs nothing and releases the lock. That is
+            // not what this test is about: start it again, within the same deadline.
+            if Instant::now() <= give_up && stderr.contains("took too long to arrive") {
+                one = start_one();
+                continue;
+            }
             panic!(
-                "no accepted write of job 1 (wrapper: {:?}, {}); its log:\n{}",
+                "no accepted write of job 1 (wrapper: {:?}, {stderr}); its log:\n{}",
                 out.status,
-                String::from_utf8_lossy(&out.stderr),
                 read(&log1)
             );
         }
