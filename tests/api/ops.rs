@@ -74,6 +74,47 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
     );
 }
 
+/// Requests per statement are Prometheus histograms (buckets that add up across processes),
+/// not summaries, and each statement counts once: a lone write is a statement of one row.
+/// PostgreSQL only: SQLite combines nothing.
+#[tokio::test]
+async fn requests_per_statement_are_histograms_counting_every_statement() {
+    let app = spawn_app().await;
+    let count = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_count ")))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let before = app.get("/metrics").await.text;
+    let key = unique("k");
+    app.kv_put(&key, "1", &json!(1)).await.expect(201);
+    app.kv_get(&enc(&key)).await.expect(200);
+    let text = app.get("/metrics").await.text;
+    if crate::BACKEND == crate::pg::Backend::Sqlite {
+        return; // one writer, no statements combined
+    }
+    for name in ["fencegate_coalesced_rows", "fencegate_coalesced_reads"] {
+        assert!(
+            text.lines()
+                .any(|l| l == format!("# TYPE {name} histogram")),
+            "{name} is not a histogram:\n{text}"
+        );
+        for le in ["1", "1024", "+Inf"] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{name}_bucket{{le=\"{le}\"}} "))),
+                "no {name} bucket le={le}:\n{text}"
+            );
+        }
+        assert!(!text.contains(&format!("{name}{{quantile")), "{text}");
+        // Other tests share the process's recorder: at least this test's statement.
+        assert!(
+            count(&text, name) > count(&before, name),
+            "{name} did not count this test's statement:\n{text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_response_carries_a_request_id_and_a_client_id_is_kept() {
     let app = spawn_app().await;

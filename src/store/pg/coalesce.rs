@@ -200,7 +200,7 @@ impl Coalescer {
 /// Serves a batch of waiting writes, whether a worker took it or a lone write runs itself
 /// (`Coalescer::write`): each is answered after its commit.
 async fn serve(shared: Arc<Shared>, jobs: Vec<Job>) {
-    metrics::histogram!("fencegate_coalesced_rows").record(jobs.len() as f64);
+    crate::telemetry::coalesced_rows().record(jobs.len() as f64);
     run_rounds(&shared, split_rounds(jobs)).await;
 }
 

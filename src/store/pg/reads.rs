@@ -39,7 +39,7 @@ impl Reads {
         let queue = WorkQueue::start(workers, max_rows, move |jobs: Vec<ReadJob>| {
             let conns = conns.clone();
             async move {
-                metrics::histogram!("fencegate_coalesced_reads").record(jobs.len() as f64);
+                crate::telemetry::coalesced_reads().record(jobs.len() as f64);
                 answer(&conns, jobs).await;
             }
         });
