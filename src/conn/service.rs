@@ -9,6 +9,7 @@ use std::{
 };
 
 use axum::{body::Body, extract::Request, response::Response};
+use futures_util::FutureExt as _;
 
 use crate::http::App;
 use hyper::body::Incoming;
@@ -110,9 +111,10 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
         if let Some(cert) = &self.cert {
             req.extensions_mut().insert(cert.clone());
         }
+        // What follows the response is a `map`: an `async` block awaiting `served` would hold
+        // it twice (as captured, and as awaited), and the box is copied at its full size.
         let served = self.app.serve(req);
-        Box::pin(async move {
-            let mut response = served.await;
+        Box::pin(served.map(move |mut response| {
             if multiplexed {
                 // `Connection: close` (after a 401, or a body left unread) means nothing in
                 // HTTP/2, where a refused stream leaves the others and the connection whole.
@@ -140,6 +142,6 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
                     _request: request,
                 })
             }))
-        })
+        }))
     }
 }

@@ -50,10 +50,9 @@ impl App {
         } else {
             Either::Right(self.router.clone())
         };
-        async move {
-            let Ok(response) = target.oneshot(req).await;
-            response
-        }
+        // A `map` of the call rather than an `async` block that makes it: the block would hold
+        // the service and the request beside the call that took them.
+        target.oneshot(req).map(|Ok(response)| response)
     }
 }
 

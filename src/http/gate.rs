@@ -107,14 +107,17 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let rules = self.rules.clone();
         // Everything runs inside the future, so inside `observe`'s span (auth records the actor
-        // on it), and a panic anywhere in it becomes a 500 here.
-        Box::pin(async move {
-            let guarded = AssertUnwindSafe(pass(rules, inner, req))
+        // on it), and a panic anywhere in it becomes a 500 here. A `map`, not an `async` block:
+        // a block would hold the request it passes on beside the future it awaits.
+        Box::pin(
+            AssertUnwindSafe(pass(rules, inner, req))
                 .catch_unwind()
-                .await;
-            Ok(guarded
-                .unwrap_or_else(|_| ApiError::Internal("handler panicked".into()).into_response()))
-        })
+                .map(|guarded| {
+                    Ok(guarded.unwrap_or_else(|_| {
+                        ApiError::Internal("handler panicked".into()).into_response()
+                    }))
+                }),
+        )
     }
 }
 

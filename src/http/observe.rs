@@ -36,6 +36,7 @@ use axum::{
     extract::Request,
     http::{HeaderName, HeaderValue, Method, Response, StatusCode},
 };
+use futures_util::FutureExt as _;
 use tower::{Layer, Service};
 
 use super::{
@@ -138,8 +139,11 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (events, metrics) = (self.events.clone(), self.metrics.clone());
-        Box::pin(async move {
-            let Ok(mut response) = inner.call(req).instrument(span.clone()).await;
+        // The inner future is made here and what follows it is a `map`, not an `async` block
+        // that calls it: a block holds what it captures (the request, the inner service) for
+        // its whole life beside the future it awaits, and the box is copied at its full size.
+        let handled = inner.call(req).instrument(span.clone());
+        Box::pin(handled.map(move |Ok(mut response)| {
             let status = response.status();
             let elapsed = started.elapsed();
             let failure = response.extensions().get::<ServerFailure>();
@@ -198,7 +202,7 @@ where
                 }
             }
             Ok(response)
-        })
+        }))
     }
 }
 
