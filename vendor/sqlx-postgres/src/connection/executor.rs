@@ -253,7 +253,7 @@ impl PgConnection {
     /// FENCEGATE: `run` in two halves. This one sends the statement; `next_result` reads its
     /// results one at a time. `run` wraps them in a stream for `fetch_many`; `fetch_optional`
     /// reads them directly, without the stream's boxed future, shared slot and span (about
-    /// 1,500 instructions of a one-row statement, measured with callgrind).
+    /// 1,100 instructions of a one-row statement, measured with callgrind).
     async fn send<'q>(
         &mut self,
         query: &'q str,
@@ -392,6 +392,7 @@ impl PgConnection {
             skip,
         } = sent;
         let format = *format;
+        // Indented as upstream's stream body, so that the diff against it stays small.
         {
             loop {
                 let message = self.inner.stream.recv().await?;
