@@ -226,24 +226,29 @@ fn describe() {
     );
 }
 
-/// `fencegate_coalesced_rows`, resolved once: `histogram!` builds its key and looks it up in
-/// the recorder's registry on every call (about 200 instructions per statement). Resolved
-/// against the process's recorder, which is installed first if it is not yet: a handle taken
-/// before it would record nowhere, for good.
+/// `fencegate_coalesced_rows`, resolved once (see [`resolved`]).
 pub fn coalesced_rows() -> &'static metrics::Histogram {
     static ROWS: OnceLock<metrics::Histogram> = OnceLock::new();
-    ROWS.get_or_init(|| {
-        metrics_handle();
-        metrics::histogram!("fencegate_coalesced_rows")
-    })
+    resolved(&ROWS, "fencegate_coalesced_rows")
 }
 
-/// `fencegate_coalesced_reads`, resolved once (as [`coalesced_rows`]).
+/// `fencegate_coalesced_reads`, resolved once (see [`resolved`]).
 pub fn coalesced_reads() -> &'static metrics::Histogram {
     static READS: OnceLock<metrics::Histogram> = OnceLock::new();
-    READS.get_or_init(|| {
+    resolved(&READS, "fencegate_coalesced_reads")
+}
+
+/// The histogram `name` without labels, resolved once into `cell`: `histogram!` builds its key
+/// and looks it up in the recorder's registry on every call (about 200 instructions per
+/// statement). Resolved against the process's recorder, which is installed first if it is not
+/// yet: a handle taken before it would record nowhere, for good.
+fn resolved(
+    cell: &'static OnceLock<metrics::Histogram>,
+    name: &'static str,
+) -> &'static metrics::Histogram {
+    cell.get_or_init(|| {
         metrics_handle();
-        metrics::histogram!("fencegate_coalesced_reads")
+        metrics::histogram!(name)
     })
 }
 

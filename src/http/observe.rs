@@ -317,6 +317,9 @@ fn status_label(status: StatusCode) -> metrics::SharedString {
     }
 }
 
+/// Hex digits of a request id's random prefix.
+const ID_PREFIX: usize = 12;
+
 /// Request ids: a random prefix chosen at start-up, then a counter (`1b4e28ba2fa1-42`).
 /// Unique within a process and, with 48 random bits, across processes in practice; a UUID per
 /// request cost a `getrandom` system call per request, which a lone write pays in full.
@@ -330,7 +333,7 @@ impl RequestIds {
     fn new() -> Self {
         let random = uuid::Uuid::new_v4().simple().to_string();
         RequestIds {
-            prefix: random[..12].into(),
+            prefix: random[..ID_PREFIX].into(),
             next: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -339,8 +342,8 @@ impl RequestIds {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         // Built on the stack and copied once: a `String` handed to `HeaderValue` is a second
         // allocation whenever its capacity is not its length (bytes' shared representation).
-        // The prefix is 12 hex digits, the counter at most 20 decimal ones.
-        let mut id = [0u8; 64];
+        // The prefix, a dash, and a `u64` in at most 20 decimal digits.
+        let mut id = [0u8; ID_PREFIX + 1 + 20];
         let mut digits = itoa::Buffer::new();
         let n = digits.format(n).as_bytes();
         let prefix = self.prefix.as_bytes();

@@ -241,6 +241,13 @@ async fn the_api_key_in_the_environment_is_sent_as_the_bearer() {
     assert_eq!(code, Some(0), "{body} {err}");
 }
 
+/// The wrapper ran nothing because its lock's grant arrived past the lease's soft stop (half
+/// of a 1 s lease): right on a starved machine, where the request took that long, and beside
+/// the point of the tests with short leases, which then start their wrapper again.
+fn grant_came_too_late(stderr: &str) -> bool {
+    stderr.contains("took too long to arrive")
+}
+
 #[tokio::test]
 async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_writes_are_refused() {
     let app = spawn_app().await;
@@ -281,10 +288,7 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
             let _ = one.start_kill();
             let out = one.wait_with_output().await.unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
-            // On a starved machine the grant of a 1 s lease can arrive past its soft stop
-            // (500 ms); the wrapper then rightly runs nothing and releases the lock. That is
-            // not what this test is about: start it again, within the same deadline.
-            if Instant::now() <= give_up && stderr.contains("took too long to arrive") {
+            if Instant::now() <= give_up && grant_came_too_late(&stderr) {
                 one = start_one();
                 continue;
             }
@@ -305,24 +309,33 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
     // The wrapper freezes (a GC pause, a VM stall); its job does not.
     signal(&one, Signal::SIGSTOP);
     let job2 = r#""$FG" kv put "$K" '"two"' && sleep 0.5"#;
-    let mut two = fencegate(
-        &app.address,
-        &[
-            "lock",
-            &lock,
-            "--ttl-ms",
-            "1000",
-            "--wait-ms",
-            // A deadline for the takeover (lease 1 lapses after 1 s), generous for a loaded machine.
-            "60000",
-            "--",
-            "sh",
-            "-c",
-            job2,
-        ],
-    );
-    two.env("K", &key);
-    let (code, _, err) = run(two).await;
+    let two = || {
+        let mut two = fencegate(
+            &app.address,
+            &[
+                "lock",
+                &lock,
+                "--ttl-ms",
+                "1000",
+                "--wait-ms",
+                // A deadline for the takeover (lease 1 lapses after 1 s), generous for a loaded machine.
+                "60000",
+                "--",
+                "sh",
+                "-c",
+                job2,
+            ],
+        );
+        two.env("K", &key);
+        two
+    };
+    let give_up = Instant::now() + Duration::from_secs(90);
+    let (code, _, err) = loop {
+        let (code, out, err) = run(two()).await;
+        if code == Some(0) || Instant::now() > give_up || !grant_came_too_late(&err) {
+            break (code, out, err);
+        }
+    };
     assert_eq!(
         code,
         Some(0),

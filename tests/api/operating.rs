@@ -187,7 +187,7 @@ async fn a_refused_write_is_one_log_line_at_the_default_level() {
 }
 
 /// The value of a counter without labels in a Prometheus text (0 when absent).
-fn counter(text: &str, name: &str) -> u64 {
+pub(crate) fn counter(text: &str, name: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .map_or(0, |v| v.trim().parse().unwrap())

@@ -80,11 +80,7 @@ async fn metrics_count_accepted_and_stale_writes_without_leaking_names() {
 #[tokio::test]
 async fn requests_per_statement_are_histograms_counting_every_statement() {
     let app = spawn_app().await;
-    let count = |text: &str, name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}_count ")))
-            .map_or(0, |v| v.trim().parse().unwrap())
-    };
+    let count = |text: &str, name: &str| crate::operating::counter(text, &format!("{name}_count"));
     let before = app.get("/metrics").await.text;
     let key = unique("k");
     app.kv_put(&key, "1", &json!(1)).await.expect(201);
