@@ -82,6 +82,33 @@ async fn missing_token_is_428_and_changes_nothing() {
     app.assert_absent("fresh").await;
 }
 
+/// A token under a misspelled or look-alike name is no token: 428, as if it were missing, for a
+/// key that exists and one that does not; nothing is written.
+#[tokio::test]
+async fn a_token_under_a_misspelled_header_is_missing_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.kv_put("k", "5", &json!("old")).await.expect(201);
+    for name in [
+        "X-Fencing-Tokn",
+        "Fencing-Token",
+        "X-Fencing_Token",
+        "X-Fence-Token",
+    ] {
+        for key in ["k", "never-written"] {
+            let r = app
+                .send(
+                    app.req(Method::PUT, &kv(key))
+                        .header(name, "9")
+                        .json(&json!("new")),
+                )
+                .await;
+            r.problem(428, "missing-token");
+        }
+    }
+    app.assert_value("k", &json!("old"), "5").await;
+    app.assert_absent("never-written").await;
+}
+
 #[tokio::test]
 async fn zero_and_i64_max_are_accepted() {
     let app = spawn_app().await;
