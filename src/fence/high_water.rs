@@ -8,8 +8,10 @@
 //!
 //! Bounded: a shard that reaches its capacity is cleared (forgetting only costs round trips).
 //!
-//! A fence's name is hashed once per call (keyed SipHash: names come from requests), and that
-//! one hash picks both the shard and the slot in it.
+//! A fence's name is hashed once per write (keyed SipHash: names come from requests): the
+//! [`Slot`] taken before the database work serves the lookup and the update after it, and that
+//! one hash picks both the shard and the place in it. Lookups are by [`FenceRef`], so a write's
+//! key is not copied to look it up (only to insert it, the first time its fence is seen).
 //!
 //! The one exception to "a fence never goes down" is an audited admin reset
 //! (`store::admin`), after which every process clears its cache. A value read from the
@@ -28,7 +30,7 @@ use std::{
 
 use hashbrown::HashTable;
 
-use super::{Fenced, FencingToken, Guard, Key, Rule, Stale, Target};
+use super::{FenceRef, Fenced, FencingToken, Guard, Key, Rule, Stale, Target};
 
 const SHARDS: usize = 32;
 
@@ -53,33 +55,55 @@ impl HighWater {
         }
     }
 
-    /// The fence's hash and its shard. The shard is taken from bits 32..37 of the hash, which
-    /// the table inside does not use to place or tell apart entries (it uses the low bits and
-    /// the top seven), so entries of one shard still spread over all of its slots.
-    fn shard(&self, fence: &Fenced) -> (u64, &Mutex<Shard>) {
-        let hash = self.hasher.hash_one(fence);
-        (hash, &self.shards[((hash >> 32) as usize) % SHARDS])
+    /// Where `fence` is (or would be) in the cache: its hash, computed once. Take it before the
+    /// write, pass it to [`HighWater::refuse_at`] and, after the database work, to
+    /// [`HighWater::observe_at`] with the same fence.
+    pub fn slot(&self, fence: FenceRef<'_>) -> Slot {
+        if self.per_shard == 0 {
+            return Slot(0);
+        }
+        Slot(self.hasher.hash_one(fence))
+    }
+
+    /// The shard a slot falls in. The shard is taken from bits 32..37 of the hash, which the
+    /// table inside does not use to place or tell apart entries (it uses the low bits and the
+    /// top seven), so entries of one shard still spread over all of its places.
+    fn shard(&self, slot: Slot) -> &Mutex<Shard> {
+        &self.shards[((slot.0 >> 32) as usize) % SHARDS]
     }
 
     /// The fence guarding a write of `key` under `guard`.
-    pub fn fence_of(guard: &Guard, key: &Key) -> Fenced {
+    pub fn guarding<'a>(guard: &'a Guard, key: &'a Key) -> FenceRef<'a> {
         match &guard.target {
-            Target::Key => Fenced::Key(key.clone()),
-            Target::Scope(scope) => Fenced::Scope(scope.clone()),
+            Target::Key => FenceRef::Key(key),
+            Target::Scope(scope) => FenceRef::Scope(scope),
         }
     }
 
     /// `Some(refusal)` if the cached fence already refuses the token; `None` means "ask the
     /// database" (never "accepted").
     pub fn refuse(&self, fence: &Fenced, token: FencingToken, rule: Rule) -> Option<Stale> {
+        let fence = fence.borrowed();
+        self.refuse_at(self.slot(fence), fence, token, rule)
+    }
+
+    /// [`HighWater::refuse`] at a slot taken for `fence`.
+    pub fn refuse_at(
+        &self,
+        slot: Slot,
+        fence: FenceRef<'_>,
+        token: FencingToken,
+        rule: Rule,
+    ) -> Option<Stale> {
         if self.per_shard == 0 {
             return None;
         }
-        let (hash, shard) = self.shard(fence);
-        let cached = shard
+        debug_assert_eq!(self.slot(fence), slot, "a slot taken for another fence");
+        let cached = self
+            .shard(slot)
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .find(hash, |(f, _)| f == fence)?
+            .find(slot.0, |(f, _)| f.borrowed() == fence)?
             .1;
         super::stale(rule, token, cached, fence)
     }
@@ -105,26 +129,36 @@ impl HighWater {
     /// refusal that reported the current value), unless the cache was cleared since `since`
     /// (the epoch taken before the database work). Only ever raises the cached value.
     pub fn observe(&self, since: u64, fence: &Fenced, token: FencingToken) {
+        let fence = fence.borrowed();
+        self.observe_at(since, self.slot(fence), fence, token)
+    }
+
+    /// [`HighWater::observe`] at a slot taken for `fence`.
+    pub fn observe_at(&self, since: u64, slot: Slot, fence: FenceRef<'_>, token: FencingToken) {
         if self.per_shard == 0 {
             return;
         }
-        let (hash, shard) = self.shard(fence);
-        let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert_eq!(self.slot(fence), slot, "a slot taken for another fence");
+        let mut shard = self.shard(slot).lock().unwrap_or_else(|p| p.into_inner());
         if self.epoch.load(Ordering::SeqCst) != since {
             return;
         }
-        if let Some((_, cached)) = shard.find_mut(hash, |(f, _)| f == fence) {
+        if let Some((_, cached)) = shard.find_mut(slot.0, |(f, _)| f.borrowed() == fence) {
             *cached = (*cached).max(token);
             return;
         }
         if shard.len() >= self.per_shard {
             shard.clear();
         }
-        shard.insert_unique(hash, (fence.clone(), token), |(f, _)| {
-            self.hasher.hash_one(f)
+        shard.insert_unique(slot.0, (fence.owned(), token), |(f, _)| {
+            self.hasher.hash_one(f.borrowed())
         });
     }
 }
+
+/// A fence's place in the cache ([`HighWater::slot`]): its keyed hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot(u64);
 
 #[cfg(test)]
 mod tests {
@@ -149,6 +183,31 @@ mod tests {
         let stale = cache.refuse(&k, t(9), Rule::Inclusive).unwrap();
         assert_eq!((stale.presented, stale.current), (t(9), t(10)));
         assert!(cache.refuse(&k, t(10), Rule::Strict).is_some());
+    }
+
+    #[test]
+    fn a_borrowed_fence_at_its_slot_is_the_owned_fence() {
+        let cache = HighWater::new(1000);
+        let key = Key::parse("k", 10).unwrap();
+        let owned = Fenced::Key(key.clone());
+        cache.observe(0, &owned, t(10));
+        let fence = FenceRef::Key(&key);
+        let slot = cache.slot(fence);
+        assert!(cache
+            .refuse_at(slot, fence, t(9), Rule::Inclusive)
+            .is_some());
+        assert!(cache
+            .refuse_at(slot, fence, t(10), Rule::Inclusive)
+            .is_none());
+        cache.observe_at(0, slot, fence, t(20));
+        let stale = cache.refuse(&owned, t(19), Rule::Inclusive).unwrap();
+        assert_eq!(stale.fenced, owned, "the refusal names the fence, owned");
+        // A scope of the same name is another fence.
+        let scope = super::super::Scope::parse("k", 10).unwrap();
+        let other = FenceRef::Scope(&scope);
+        assert!(cache
+            .refuse_at(cache.slot(other), other, t(1), Rule::Inclusive)
+            .is_none());
     }
 
     #[test]

@@ -17,10 +17,10 @@ mod settings;
 mod token;
 mod verdict;
 
-pub use high_water::HighWater;
+pub use high_water::{HighWater, Slot};
 pub use name::{Key, NameError, Scope};
 pub use poison::{issued, Jump, JumpCap, NotIssued, Reserved};
-pub use rule::{Fenced, Guard, Outcome, RowRef, Rule, Stale, Target};
+pub use rule::{FenceRef, Fenced, Guard, Outcome, RowRef, Rule, Stale, Target};
 pub use scoping::{Bindings, ScopeMismatch, ScopeRule};
 pub use settings::{bindings, KvSettings, ScopeBinding};
 pub use token::{FencingToken, TokenError};

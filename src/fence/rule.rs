@@ -118,6 +118,39 @@ pub enum Fenced {
     },
 }
 
+impl Fenced {
+    /// This fence, borrowed: how the reject-only cache looks it up without copying a name.
+    pub fn borrowed(&self) -> FenceRef<'_> {
+        match self {
+            Fenced::Key(key) => FenceRef::Key(key),
+            Fenced::Scope(scope) => FenceRef::Scope(scope),
+            Fenced::Row { resource, key } => FenceRef::Row { resource, key },
+        }
+    }
+}
+
+/// A [`Fenced`] by reference. Equal and hashed alike exactly when the owned fences are equal,
+/// so a cache keyed by it can find a fence from a write's borrowed key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FenceRef<'a> {
+    Key(&'a Key),
+    Scope(&'a Scope),
+    Row { resource: &'a str, key: &'a str },
+}
+
+impl FenceRef<'_> {
+    pub fn owned(self) -> Fenced {
+        match self {
+            FenceRef::Key(key) => Fenced::Key(key.clone()),
+            FenceRef::Scope(scope) => Fenced::Scope(scope.clone()),
+            FenceRef::Row { resource, key } => Fenced::Row {
+                resource: resource.to_owned(),
+                key: key.to_owned(),
+            },
+        }
+    }
+}
+
 /// The result of a fenced write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {

@@ -24,8 +24,8 @@
 //! never compared).
 
 use super::{
-    issued, Fenced, FencingToken, Guard, Jump, JumpCap, NotIssued, Outcome, Reserved, Rule, Scope,
-    ScopeMismatch, ScopeRule, Stale,
+    issued, FenceRef, Fenced, FencingToken, Guard, Jump, JumpCap, NotIssued, Outcome, Reserved,
+    Rule, Scope, ScopeMismatch, ScopeRule, Stale,
 };
 
 /// The checks every fenced write makes besides the accept rule, fixed by configuration when
@@ -116,13 +116,13 @@ pub fn stale(
     rule: Rule,
     token: FencingToken,
     current: FencingToken,
-    fenced: &Fenced,
+    fenced: FenceRef<'_>,
 ) -> Option<Stale> {
     (!rule.accepts(token, current)).then(|| Stale {
         row: None,
         presented: token,
         current,
-        fenced: fenced.clone(),
+        fenced: fenced.owned(),
     })
 }
 
@@ -166,7 +166,7 @@ pub fn verdict(seen: &Seen, guard: &Guard, checks: &Checks) -> Result<(), Refusa
     let refused: Vec<Stale> = fences
         .iter()
         .filter_map(|(fenced, fence)| {
-            fence.and_then(|current| stale(guard.rule, token, current, fenced))
+            fence.and_then(|current| stale(guard.rule, token, current, fenced.borrowed()))
         })
         .collect();
     if !refused.is_empty() {

@@ -355,8 +355,14 @@ impl Store {
     /// without copying the value.
     pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let since = self.high_water.epoch();
-        let fence = HighWater::fence_of(guard, write.key());
-        if let Some(stale) = self.high_water.refuse(&fence, guard.token, guard.rule) {
+        // The fence's place in the cache, taken once: the write's key moves on with it, and
+        // what the database reports is learnt at the same place (`learn_write`).
+        let fence = HighWater::guarding(guard, write.key());
+        let slot = self.high_water.slot(fence);
+        if let Some(stale) = self
+            .high_water
+            .refuse_at(slot, fence, guard.token, guard.rule)
+        {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
@@ -373,7 +379,11 @@ impl Store {
         };
         self.pressure.observe(&outcome);
         let outcome = outcome?;
-        self.learn(since, &outcome, &fence, guard.token);
+        // The written key is the write's, so its fence is at the slot taken above.
+        self.learn(since, &outcome, |written| {
+            let fence = HighWater::guarding(guard, &written.key);
+            self.high_water.observe_at(since, slot, fence, guard.token)
+        });
         Ok(outcome)
     }
 
@@ -392,11 +402,9 @@ impl Store {
         match &outcome {
             Outcome::Accepted(written) => {
                 for w in written {
-                    self.high_water.observe(
-                        since,
-                        &HighWater::fence_of(guard, &w.key),
-                        guard.token,
-                    );
+                    let fence = HighWater::guarding(guard, &w.key);
+                    let slot = self.high_water.slot(fence);
+                    self.high_water.observe_at(since, slot, fence, guard.token);
                 }
             }
             Outcome::Stale(stale) => self.learn_refusals(since, stale),
@@ -406,10 +414,12 @@ impl Store {
         Ok(outcome)
     }
 
-    /// `since`: the cache's epoch before the database work (see `HighWater::observe`).
-    fn learn<T>(&self, since: u64, outcome: &Outcome<T>, fence: &Fenced, token: FencingToken) {
+    /// What the database said of a write's fences, into the cache: `accepted` records an
+    /// accepted write's. `since`: the cache's epoch before the database work (see
+    /// `HighWater::observe`).
+    fn learn<T>(&self, since: u64, outcome: &Outcome<T>, accepted: impl FnOnce(&T)) {
         match outcome {
-            Outcome::Accepted(_) => self.high_water.observe(since, fence, token),
+            Outcome::Accepted(done) => accepted(done),
             Outcome::Stale(stale) => self.learn_refusals(since, stale),
             Outcome::Mismatch(_) | Outcome::NotIssued(_) | Outcome::Jump(_) => {}
         }
@@ -485,7 +495,9 @@ impl Store {
         let outcome = detached!(self, b => b.claim(&owned_scope, token).await);
         self.pressure.observe(&outcome);
         let outcome = outcome?;
-        self.learn(since, &outcome, &fence, token);
+        self.learn(since, &outcome, |_| {
+            self.high_water.observe(since, &fence, token)
+        });
         Ok(outcome)
     }
 
