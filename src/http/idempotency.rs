@@ -17,7 +17,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::{
-    extract::{PROOF_HEADER, SCOPE_HEADER, TOKEN_HEADER},
+    extract::{single_header, Header, PROOF_HEADER, SCOPE_HEADER, TOKEN_HEADER},
     problem::{accepted, ApiError},
     report::Accepted,
     AppState,
@@ -60,16 +60,15 @@ fn part(hasher: &mut Sha256, bytes: Option<&[u8]>) {
 
 /// The key's value, if it is one: 1..=255 bytes of visible ASCII, sent once.
 pub fn parse_key(parts: &Parts) -> Result<Option<String>, ApiError> {
-    let mut values = parts.headers.get_all(&KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
+    let bytes = match single_header(&parts.headers, &KEY) {
+        Header::Missing => return Ok(None),
+        Header::Repeated => {
+            return Err(ApiError::InvalidIdempotencyKey(
+                "the Idempotency-Key header appears more than once; send exactly one".into(),
+            ))
+        }
+        Header::One(bytes) => bytes,
     };
-    if values.next().is_some() {
-        return Err(ApiError::InvalidIdempotencyKey(
-            "the Idempotency-Key header appears more than once; send exactly one".into(),
-        ));
-    }
-    let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > MAX_KEY_BYTES {
         return Err(ApiError::InvalidIdempotencyKey(format!(
             "the Idempotency-Key header must be 1 to {MAX_KEY_BYTES} bytes, got {}",

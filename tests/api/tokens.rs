@@ -62,6 +62,39 @@ async fn two_token_headers_are_malformed() {
     app.assert_absent("k").await;
 }
 
+/// Every header a write reads once is refused when sent twice, whatever stands between the
+/// two (here another header, so the values are not adjacent in the request), and the write
+/// changes nothing.
+#[tokio::test]
+async fn every_fencing_header_sent_twice_is_refused_and_changes_nothing() {
+    let app = spawn_app().await;
+    app.kv_put("k", "5", &json!("old")).await.expect(201);
+    let cases: [(&str, &str, u16, &str); 4] = [
+        (TOKEN, "6", 400, "malformed-token"),
+        ("X-Fencing-Scope", "s", 400, "invalid-scope"),
+        ("X-Fencing-Proof", "c2ln", 422, "invalid-token-proof"),
+        ("Idempotency-Key", "once", 400, "invalid-request"),
+    ];
+    for (name, value, status, slug) in cases {
+        let mut rb = app.req(Method::PUT, &kv("k")).json(&json!("new"));
+        if name != TOKEN {
+            rb = rb.header(TOKEN, "6");
+        }
+        // The second copy in other letter case: header names are case-insensitive.
+        rb = rb
+            .header(name, value)
+            .header("X-Between", "1")
+            .header(name.to_ascii_lowercase(), value);
+        let body = app.send(rb).await.problem(status, slug);
+        let detail = body["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains("more than once"),
+            "{name} twice: the problem says why: {detail}"
+        );
+    }
+    app.assert_value("k", &json!("old"), "5").await;
+}
+
 #[tokio::test]
 async fn missing_token_is_428_and_changes_nothing() {
     let app = spawn_app().await;
