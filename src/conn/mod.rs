@@ -251,6 +251,10 @@ async fn watch<I>(
     tokio::pin!(timer);
     // What the timer is set for; `None` once it fired (nothing set).
     let mut armed = Some(now + timeouts.idle);
+    // Whether the timer has been polled since it was last set: once it has, it holds this
+    // task's waker, and whether it fired is a load (`is_elapsed`) instead of a poll, which
+    // costs about 120 instructions, three times per request (callgrind).
+    let mut registered = false;
     let stop = shutdown.changed();
     tokio::pin!(stop);
     let reaped = state.reap.notified();
@@ -285,9 +289,19 @@ async fn watch<I>(
             if armed.is_none_or(|armed| at < armed) {
                 timer.as_mut().reset(at);
                 armed = Some(at);
+                registered = false;
             }
         }
-        if armed.is_none() || timer.as_mut().poll(cx).is_pending() {
+        if armed.is_none() {
+            return Poll::Pending;
+        }
+        let fired = if registered {
+            timer.is_elapsed()
+        } else {
+            registered = true;
+            timer.as_mut().poll(cx).is_ready()
+        };
+        if !fired {
             return Poll::Pending;
         }
         // The timer fired: for the deadline it was set for, or for one that has moved since.
