@@ -145,3 +145,109 @@ impl hyper::service::Service<Request<Incoming>> for Serve {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{
+            atomic::{AtomicBool, AtomicUsize, Ordering},
+            Arc,
+        },
+        task::{Context, Poll},
+    };
+
+    use http_body_util::BodyExt as _;
+    use hyper::{body::Incoming, Request, Response};
+    use tokio::io::AsyncWriteExt as _;
+
+    /// Counts the polls of a request's future made after its body was read.
+    struct Counted<F> {
+        inner: Pin<Box<F>>,
+        body_read: Arc<AtomicBool>,
+        polls: Arc<AtomicUsize>,
+    }
+
+    impl<F: Future> Future for Counted<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            if self.body_read.load(Ordering::SeqCst) {
+                self.polls.fetch_add(1, Ordering::SeqCst);
+            }
+            self.inner.as_mut().poll(cx)
+        }
+    }
+
+    /// hyper (vendor/hyper/FENCEGATE.md) does not wake the connection's task when a request
+    /// takes a body that arrived in one piece: once the body is read and the request waits
+    /// (here for `release`, as a write waits for the database), nothing polls it again until
+    /// what it waits for is ready. Upstream's wake-up polled every request with a body once
+    /// more, every layer of its future included.
+    #[tokio::test]
+    async fn a_request_that_read_its_body_is_not_polled_again_for_nothing() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let body_read = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let released = Arc::new(tokio::sync::Mutex::new(Some(released)));
+        let service = {
+            let (body_read, polls) = (body_read.clone(), polls.clone());
+            hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (flag, released) = (body_read.clone(), released.clone());
+                Counted {
+                    inner: Box::pin(async move {
+                        let body = req.into_body().collect().await?.to_bytes();
+                        flag.store(true, Ordering::SeqCst);
+                        if let Some(released) = released.lock().await.take() {
+                            let _ = released.await;
+                        }
+                        Ok::<_, hyper::Error>(Response::new(http_body_util::Full::new(body)))
+                    }),
+                    body_read: body_read.clone(),
+                    polls: polls.clone(),
+                }
+            })
+        };
+        let conn = tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(server), service),
+        );
+        client
+            .write_all(b"PUT /v1/kv/k HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        for _ in 0..50 {
+            if body_read.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            body_read.load(Ordering::SeqCst),
+            "the request read its body"
+        );
+        // Time for any wake-up to be acted on.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            0,
+            "the request was polled again after reading its body, with nothing to wake it"
+        );
+        release.send(()).unwrap();
+        let mut answer = vec![0u8; 256];
+        let n = tokio::io::AsyncReadExt::read(&mut client, &mut answer)
+            .await
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer[..n]);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("hello"), "{answer}");
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "one poll, when released");
+        drop(client);
+        let _ = conn.await;
+    }
+}
