@@ -31,6 +31,9 @@ pub(super) struct State {
     write_blocked_since: AtomicU64,
     /// The connection cap asks the connection to close (see [`Handle::close_if_idle`]).
     pub(super) reap: Notify,
+    /// Set before `reap` is notified, and left set until the watchdog has seen the
+    /// notification: the watchdog polls `reap` only then (and once, to be woken by it).
+    pub(super) reap_asked: AtomicBool,
     /// HTTP/2 (from its first request on): reads and writes are frames, not progress.
     pub(super) multiplexed: AtomicBool,
     /// Requests being handled (HTTP/1: 0 or 1).
@@ -170,6 +173,7 @@ impl Handle {
             headers_since: AtomicU64::new(0),
             write_blocked_since: AtomicU64::new(0),
             reap: Notify::new(),
+            reap_asked: AtomicBool::new(false),
             multiplexed: AtomicBool::new(false),
             active: AtomicU32::new(0),
             unread: AtomicUsize::new(0),
@@ -197,6 +201,8 @@ impl Handle {
     /// may have started one since [`Handle::idle_since`]). Counted as
     /// `fencegate_connections_closed_total{reason="reaped at the connection cap"}`.
     pub fn close_if_idle(&self) {
+        // Set first: the watchdog woken by the notification finds it set.
+        self.0.reap_asked.store(true, Ordering::Release);
         self.0.reap.notify_one();
     }
 }
