@@ -194,6 +194,16 @@ pub async fn serve(
     watch(stream, state, app, cert, &options, protocol, shutdown).await
 }
 
+/// One poll outside tokio's cooperative budget. The watchdog polls its timer and the shutdown
+/// signal once and then relies on their wake-ups: a poll that the budget refused (hyper may
+/// have spent it on the same pass) would register nothing, and nothing would poll them again.
+fn unconstrained_poll<T>(
+    cx: &mut std::task::Context<'_>,
+    poll: impl FnMut(&mut std::task::Context<'_>) -> Poll<T>,
+) -> Poll<T> {
+    std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(poll))).poll(cx)
+}
+
 /// The protocol of a connection: decided by ALPN on TLS, by the first bytes on plain HTTP.
 #[derive(Clone, Copy)]
 enum Protocol {
@@ -294,7 +304,7 @@ async fn watch<I>(
         }
         if !draining && (!stop_polled || shutdown_seen.has_changed().unwrap_or(true)) {
             stop_polled = true;
-            if let Poll::Ready(changed) = stop.as_mut().poll(cx) {
+            if let Poll::Ready(changed) = unconstrained_poll(cx, |cx| stop.as_mut().poll(cx)) {
                 draining = true;
                 if changed.is_err() || !state.handling() {
                     // Nothing of a request has been acted on: close now.
@@ -318,7 +328,7 @@ async fn watch<I>(
             timer.is_elapsed()
         } else {
             registered = true;
-            timer.as_mut().poll(cx).is_ready()
+            unconstrained_poll(cx, |cx| timer.as_mut().poll(cx)).is_ready()
         };
         if !fired {
             return Poll::Pending;
@@ -339,6 +349,43 @@ async fn watch<I>(
         Exit::Closed(why) => {
             tracing::debug!(why, "closing a connection");
             metrics::counter!("fencegate_connections_closed_total", "reason" => why).increment(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{future::Future as _, pin::pin, task::Poll, time::Duration};
+
+    /// The watchdog polls its timer once and then only reads whether it fired: that poll must
+    /// register the timer even when hyper spent the task's cooperative budget on the same pass
+    /// (a poll refused for budget creates no timer, which then never fires).
+    #[tokio::test]
+    async fn a_timer_polled_once_with_the_budget_spent_still_fires() {
+        for outside_the_budget in [true, false] {
+            let mut timer = pin!(tokio::time::sleep(Duration::from_millis(20)));
+            std::future::poll_fn(|cx| {
+                let mut spend = pin!(async {
+                    while tokio::task::coop::has_budget_remaining() {
+                        tokio::task::coop::consume_budget().await;
+                    }
+                });
+                assert!(spend.as_mut().poll(cx).is_ready(), "spent in this poll");
+                let polled = if outside_the_budget {
+                    super::unconstrained_poll(cx, |cx| timer.as_mut().poll(cx))
+                } else {
+                    timer.as_mut().poll(cx)
+                };
+                assert!(polled.is_pending());
+                Poll::Ready(())
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            assert_eq!(
+                timer.is_elapsed(),
+                outside_the_budget,
+                "a timer polled outside the budget fires; one refused by it was never made"
+            );
         }
     }
 }

@@ -242,8 +242,6 @@ async fn read_body(
     Ok((first.unwrap_or_else(|| Bytes::from(buf)), permit))
 }
 
-/// When a body that started at `started` and has `received` bytes falls below `rate` bytes a
-/// second (after the grace) if no more of it comes; `None`: no minimum rate.
 /// `work`, or `None` if it has not ended by `deadline`: `tokio::time::timeout_at`, with its
 /// timer made only if `work` does not end at its first poll. A body that arrived with its
 /// headers (the usual small one) is then read without a timer: making one and dropping it cost
@@ -289,6 +287,8 @@ impl<F: std::future::Future> std::future::Future for By<F> {
     }
 }
 
+/// When a body that started at `started` and has `received` bytes falls below `rate` bytes a
+/// second (after the grace) if no more of it comes; `None`: no minimum rate.
 fn rate_deadline(started: Instant, received: usize, rate: u64) -> Option<Instant> {
     (rate > 0)
         .then(|| started + RATE_GRACE + Duration::from_secs_f64(received as f64 / rate as f64))
