@@ -82,8 +82,7 @@ impl HighWater {
 
     /// `Some(refusal)` if the cached fence already refuses the token; `None` means "ask the
     /// database" (never "accepted").
-    pub fn refuse(&self, fence: &Fenced, token: FencingToken, rule: Rule) -> Option<Stale> {
-        let fence = fence.borrowed();
+    pub fn refuse(&self, fence: FenceRef<'_>, token: FencingToken, rule: Rule) -> Option<Stale> {
         self.refuse_at(self.slot(fence), fence, token, rule)
     }
 
@@ -128,8 +127,7 @@ impl HighWater {
     /// Records that `fence` was at least `token` (after an accepted write, a claim, or a
     /// refusal that reported the current value), unless the cache was cleared since `since`
     /// (the epoch taken before the database work). Only ever raises the cached value.
-    pub fn observe(&self, since: u64, fence: &Fenced, token: FencingToken) {
-        let fence = fence.borrowed();
+    pub fn observe(&self, since: u64, fence: FenceRef<'_>, token: FencingToken) {
         self.observe_at(since, self.slot(fence), fence, token)
     }
 
@@ -173,16 +171,16 @@ mod tests {
         let cache = HighWater::new(1000);
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
         assert!(
-            cache.refuse(&k, t(1), Rule::Inclusive).is_none(),
+            cache.refuse(k.borrowed(), t(1), Rule::Inclusive).is_none(),
             "unknown fence: ask the database"
         );
-        cache.observe(0, &k, t(10));
-        cache.observe(0, &k, t(5)); // an older observation must not lower it
-        assert!(cache.refuse(&k, t(10), Rule::Inclusive).is_none());
-        assert!(cache.refuse(&k, t(11), Rule::Inclusive).is_none());
-        let stale = cache.refuse(&k, t(9), Rule::Inclusive).unwrap();
+        cache.observe(0, k.borrowed(), t(10));
+        cache.observe(0, k.borrowed(), t(5)); // an older observation must not lower it
+        assert!(cache.refuse(k.borrowed(), t(10), Rule::Inclusive).is_none());
+        assert!(cache.refuse(k.borrowed(), t(11), Rule::Inclusive).is_none());
+        let stale = cache.refuse(k.borrowed(), t(9), Rule::Inclusive).unwrap();
         assert_eq!((stale.presented, stale.current), (t(9), t(10)));
-        assert!(cache.refuse(&k, t(10), Rule::Strict).is_some());
+        assert!(cache.refuse(k.borrowed(), t(10), Rule::Strict).is_some());
     }
 
     #[test]
@@ -190,7 +188,7 @@ mod tests {
         let cache = HighWater::new(1000);
         let key = Key::parse("k", 10).unwrap();
         let owned = Fenced::Key(key.clone());
-        cache.observe(0, &owned, t(10));
+        cache.observe(0, owned.borrowed(), t(10));
         let fence = FenceRef::Key(&key);
         let slot = cache.slot(fence);
         assert!(cache
@@ -200,7 +198,9 @@ mod tests {
             .refuse_at(slot, fence, t(10), Rule::Inclusive)
             .is_none());
         cache.observe_at(0, slot, fence, t(20));
-        let stale = cache.refuse(&owned, t(19), Rule::Inclusive).unwrap();
+        let stale = cache
+            .refuse(owned.borrowed(), t(19), Rule::Inclusive)
+            .unwrap();
         assert_eq!(stale.fenced, owned, "the refusal names the fence, owned");
         // A scope of the same name is another fence.
         let scope = super::super::Scope::parse("k", 10).unwrap();
@@ -216,7 +216,7 @@ mod tests {
         for i in 0..10_000 {
             cache.observe(
                 0,
-                &Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()),
+                Fenced::Key(Key::parse(&i.to_string(), 10).unwrap()).borrowed(),
                 t(i),
             );
         }
@@ -228,8 +228,8 @@ mod tests {
     fn disabled_cache_refuses_nothing() {
         let cache = HighWater::new(0);
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
-        cache.observe(0, &k, t(10));
-        assert!(cache.refuse(&k, t(1), Rule::Inclusive).is_none());
+        cache.observe(0, k.borrowed(), t(10));
+        assert!(cache.refuse(k.borrowed(), t(1), Rule::Inclusive).is_none());
     }
 
     #[test]
@@ -238,12 +238,16 @@ mod tests {
         let k = Fenced::Key(Key::parse("k", 10).unwrap());
         let since = cache.epoch(); // a write starts; the database says the fence is 1000...
         cache.clear(); // ...while a reset lowers it and clears the cache
-        cache.observe(since, &k, t(1000)); // the write's late observation
+        cache.observe(since, k.borrowed(), t(1000)); // the write's late observation
         assert!(
-            cache.refuse(&k, t(500), Rule::Inclusive).is_none(),
+            cache
+                .refuse(k.borrowed(), t(500), Rule::Inclusive)
+                .is_none(),
             "the old fence came back"
         );
-        cache.observe(cache.epoch(), &k, t(1000));
-        assert!(cache.refuse(&k, t(500), Rule::Inclusive).is_some());
+        cache.observe(cache.epoch(), k.borrowed(), t(1000));
+        assert!(cache
+            .refuse(k.borrowed(), t(500), Rule::Inclusive)
+            .is_some());
     }
 }

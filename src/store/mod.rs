@@ -75,7 +75,9 @@ pub mod unfenced;
 use std::sync::Arc;
 
 use crate::{
-    fence::{self, Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, Stale},
+    fence::{
+        self, FenceRef, Fenced, FencingToken, Guard, HighWater, Key, Outcome, Rule, Scope, Stale,
+    },
     locks::{Acquired, Held, Ttl},
 };
 
@@ -356,7 +358,7 @@ impl Store {
     pub async fn write(&self, write: Write, guard: &Guard) -> Result<Outcome<Written>, StoreError> {
         let since = self.high_water.epoch();
         // The fence's place in the cache, taken once: the write's key moves on with it, and
-        // what the database reports is learnt at the same place (`learn_write`).
+        // what the database reports is learnt at the same place (below).
         let fence = HighWater::guarding(guard, write.key());
         let slot = self.high_water.slot(fence);
         if let Some(stale) = self
@@ -403,8 +405,7 @@ impl Store {
             Outcome::Accepted(written) => {
                 for w in written {
                     let fence = HighWater::guarding(guard, &w.key);
-                    let slot = self.high_water.slot(fence);
-                    self.high_water.observe_at(since, slot, fence, guard.token);
+                    self.high_water.observe(since, fence, guard.token);
                 }
             }
             Outcome::Stale(stale) => self.learn_refusals(since, stale),
@@ -427,7 +428,8 @@ impl Store {
 
     fn learn_refusals(&self, since: u64, stale: &[Stale]) {
         for s in stale {
-            self.high_water.observe(since, &s.fenced, s.current);
+            self.high_water
+                .observe(since, s.fenced.borrowed(), s.current);
         }
     }
 
@@ -446,7 +448,7 @@ impl Store {
             Some(scope) => {
                 if let Some(stale) =
                     self.high_water
-                        .refuse(&Fenced::Scope(scope.clone()), guard.token, guard.rule)
+                        .refuse(FenceRef::Scope(scope), guard.token, guard.rule)
                 {
                     metrics::counter!("fencegate_cache_refusals_total").increment(1);
                     return Ok(Refusal::Stale(vec![stale]));
@@ -486,8 +488,8 @@ impl Store {
         token: FencingToken,
     ) -> Result<Outcome<Claimed>, StoreError> {
         let since = self.high_water.epoch();
-        let fence = Fenced::Scope(scope.clone());
-        if let Some(stale) = self.high_water.refuse(&fence, token, Rule::Inclusive) {
+        let fence = FenceRef::Scope(scope);
+        if let Some(stale) = self.high_water.refuse(fence, token, Rule::Inclusive) {
             metrics::counter!("fencegate_cache_refusals_total").increment(1);
             return Ok(Outcome::Stale(vec![stale]));
         }
@@ -496,7 +498,7 @@ impl Store {
         self.pressure.observe(&outcome);
         let outcome = outcome?;
         self.learn(since, &outcome, |_| {
-            self.high_water.observe(since, &fence, token)
+            self.high_water.observe(since, fence, token)
         });
         Ok(outcome)
     }
@@ -522,7 +524,7 @@ impl Store {
         if let Acquired::Granted(lease) = &acquired {
             // The grant claimed the scope: this process can refuse the old holder at once.
             self.high_water
-                .observe(since, &Fenced::Scope(name.clone()), lease.token);
+                .observe(since, FenceRef::Scope(name), lease.token);
         }
         Ok(acquired)
     }
