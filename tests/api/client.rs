@@ -244,6 +244,14 @@ async fn the_api_key_in_the_environment_is_sent_as_the_bearer() {
 /// The wrapper ran nothing because its lock's grant arrived past the lease's soft stop (half
 /// of a 1 s lease): right on a starved machine, where the request took that long, and beside
 /// the point of the tests with short leases, which then start their wrapper again.
+/// `fencegate lock LOCK --ttl-ms 1000 OPTIONS -- sh -c JOB`: the paused-wrapper test's wrappers.
+fn locked_job(url: &str, lock: &str, options: &[&str], job: &str) -> Command {
+    let mut args = vec!["lock", lock, "--ttl-ms", "1000"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["--", "sh", "-c", job]);
+    fencegate(url, &args)
+}
+
 fn grant_came_too_late(stderr: &str) -> bool {
     stderr.contains("took too long to arrive")
 }
@@ -259,21 +267,7 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
     // Job 1 writes "one-N" every 50 ms under the lock's token and scope, logging each status.
     let job1 = r#"echo $$ > "$D/pid1"; i=0; while :; do i=$((i+1)); "$FG" kv put "$K" "\"one-$i\"" >/dev/null 2>&1; echo "$i $?" >> "$D/log1"; sleep 0.05; done"#;
     let start_one = || {
-        let mut one = fencegate(
-            &app.address,
-            &[
-                "lock",
-                &lock,
-                "--ttl-ms",
-                "1000",
-                "--kill-grace-ms",
-                "500",
-                "--",
-                "sh",
-                "-c",
-                job1,
-            ],
-        );
+        let mut one = locked_job(&app.address, &lock, &["--kill-grace-ms", "500"], job1);
         one.env("D", dir.path())
             .env("K", &key)
             .stderr(Stdio::piped());
@@ -310,22 +304,8 @@ async fn a_paused_wrapper_loses_its_lease_its_command_is_killed_and_its_late_wri
     signal(&one, Signal::SIGSTOP);
     let job2 = r#""$FG" kv put "$K" '"two"' && sleep 0.5"#;
     let two = || {
-        let mut two = fencegate(
-            &app.address,
-            &[
-                "lock",
-                &lock,
-                "--ttl-ms",
-                "1000",
-                "--wait-ms",
-                // A deadline for the takeover (lease 1 lapses after 1 s), generous for a loaded machine.
-                "60000",
-                "--",
-                "sh",
-                "-c",
-                job2,
-            ],
-        );
+        // A deadline for the takeover (lease 1 lapses after 1 s), generous for a loaded machine.
+        let mut two = locked_job(&app.address, &lock, &["--wait-ms", "60000"], job2);
         two.env("K", &key);
         two
     };
