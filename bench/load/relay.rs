@@ -20,9 +20,19 @@ use tokio::process::{Child, Command};
 
 /// A running relay to the database of `db_url`; killed when dropped.
 pub struct Relay {
-    _child: Child,
+    child: Child,
     /// `db_url` with the relay's address in place of the server's.
     pub url: String,
+}
+
+impl Relay {
+    /// The relay's CPU time so far: the same hop's cost as fencegate's, without its work.
+    pub fn cpu_ticks(&self) -> crate::server::CpuTicks {
+        self.child
+            .id()
+            .map(crate::server::cpu_ticks_of)
+            .unwrap_or_default()
+    }
 }
 
 /// Starts haproxy in the foreground on a free loopback port, relaying to `db_url`'s server.
@@ -111,7 +121,7 @@ pub async fn start(haproxy: &Path, db_url: &str, dir: &Path) -> Result<Relay> {
     url.set_port(Some(port))
         .map_err(|()| anyhow::anyhow!("relay URL: cannot set the port"))?;
     Ok(Relay {
-        _child: child,
+        child,
         url: url.into(),
     })
 }

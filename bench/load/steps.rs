@@ -17,7 +17,7 @@ use crate::{
     database::reset_table,
     load_generator::{fencegate_step, scrape_metrics, Workload, TOKENS},
     pgbench::{pgbench_step, Scripts},
-    report::{errors_cell, mib, report_fg, report_pg, Cpu, H2cFigures, Row},
+    report::{errors_cell, mib, report_fg, report_pg, Cpu, H2cFigures, RelayFloor, Row},
     server::{rss_kib, CpuTicks, Fencegate},
     settings::Settings,
     KEYS,
@@ -148,7 +148,10 @@ pub async fn measure(
             system_cpu(r.cpu_ticks, r.db_applied, r.pg_cpu_us, p.pg_cpu_us);
         }
         let relay = match conns {
-            1 => Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate).await?),
+            1 => {
+                let fg_cpu = r.cpu_ticks.per(r.stats.put_ok + r.stats.get_ok);
+                Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate, fg_cpu).await?)
+            }
             _ => None,
         };
         rows.push(Row {
@@ -290,9 +293,9 @@ fn system_cpu(fg: CpuTicks, applied: i64, fg_pg: Option<f64>, pg: Option<f64>) {
 }
 
 /// The one-connection step's floor: pgbench through a relay that only copies bytes, on a
-/// freshly reset table as the other sides (`relay`). Returns (relay ÷ direct), or `None` when
-/// haproxy is not installed or the relay could not start (said in the output, and in the
-/// table's notes).
+/// freshly reset table as the other sides (`relay`). Returns its share of direct writes/s and
+/// its own CPU per request, or `None` when haproxy is not installed or the relay could not
+/// start (said in the output, and in the table's notes).
 #[allow(clippy::too_many_arguments)]
 async fn relay_floor(
     s: &Settings,
@@ -302,7 +305,8 @@ async fn relay_floor(
     admin: &mut PgConnection,
     direct: f64,
     fg_rate: f64,
-) -> Result<Option<f64>> {
+    fg_cpu: (f64, f64),
+) -> Result<Option<RelayFloor>> {
     let Some(haproxy) = crate::settings::on_path("haproxy") else {
         println!("  relay      not measured: haproxy is not installed (apt-get install haproxy)\n");
         return Ok(None);
@@ -316,7 +320,9 @@ async fn relay_floor(
         }
     };
     reset_table(db, admin).await?;
+    let before = relay.cpu_ticks();
     let p = pgbench_step(s, "relay_c1", 1, script, &[], &relay.url, s.step, db).await;
+    let relay_cpu = relay.cpu_ticks() - before;
     drop(relay);
     // pgbench can fail only through the relay (a certificate checked against the relay's
     // address, say): that costs this figure, not the run.
@@ -330,13 +336,21 @@ async fn relay_floor(
     let rate = report_pg("relay", 1, &p, true).0;
     // Each side's time per write beyond pgbench straight to PostgreSQL.
     let added = |r: f64| (1e6 / r - 1e6 / direct).max(0.0);
+    let (cpu_us, kernel_us) = relay_cpu.per(p.processed);
     println!(
         "  floor      pgbench through a byte-copying relay (haproxy): {:.2}× of direct, fencegate {:.2}×; \
-         per write the relay's hop adds {:.0} µs, fencegate's {:.0} µs\n",
+         per write the relay's hop adds {:.0} µs, fencegate's {:.0} µs\n\
+         \x20 floor      CPU per request: the relay {cpu_us:.1} µs (kernel {kernel_us:.1}), fencegate {:.1} µs (kernel {:.1})\n",
         rate / direct,
         fg_rate / direct,
         added(rate),
-        added(fg_rate)
+        added(fg_rate),
+        fg_cpu.0,
+        fg_cpu.1,
     );
-    Ok(Some(rate / direct))
+    Ok(Some(RelayFloor {
+        share: rate / direct,
+        cpu_us,
+        kernel_us,
+    }))
 }
