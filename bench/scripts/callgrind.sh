@@ -5,6 +5,8 @@
 # Authorization: Bearer KEY (both for BENCH_TRUST-like runs: bench/README.md, Performance 2);
 # LUA=bench/scripts/scope.lua (with TOKEN, PROOF) writes under one scope instead of put.lua;
 # IDEM=1 makes every put.lua PUT carry a fresh Idempotency-Key (what a keyed write costs).
+# FOOTPRINT=1 also records instruction addresses and prints the code footprint of the window
+# (bench/scripts/footprint.py: distinct 64-byte lines of code executed, per object).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
 db=fg_cg_$$
@@ -12,7 +14,8 @@ psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
 port=$((40000 + RANDOM % 10000))
 while ss -Hltn "sport = :$port" | grep -q .; do port=$((40000 + RANDOM % 10000)); done
 out=/tmp/cg.$label.out
-valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=no "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
+instr=no; [ -n "$FOOTPRINT" ] && instr=yes
+valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=$instr "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
 for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
 export BEARER TOKEN PROOF TOKEN_BASE IDEM
@@ -29,3 +32,4 @@ non2xx=$(grep -oE "Non-2xx or 3xx responses: [0-9]+" /tmp/cg.$label.wrk | awk '{
 dump=$(ls -t $out* | grep -v "^$out$" | head -1)
 ir=$(callgrind_annotate "$dump" 2>/dev/null | grep -m1 "PROGRAM TOTALS" | awk '{gsub(",","",$1); print $1}')
 echo "$label: requests $reqs (non-2xx ${non2xx:-0}), Ir $ir, Ir/request $((ir / reqs))  dump $dump"
+if [ -n "$FOOTPRINT" ]; then python3 "$(dirname "$0")/footprint.py" "$dump" "$reqs"; fi

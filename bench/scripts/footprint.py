@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Code footprint of a callgrind run made with --dump-instr=yes: the distinct 64-byte lines of
+machine code executed, per object file, and the instructions executed.
+
+usage: footprint.py CALLGRIND_OUT [REQUESTS]
+
+A lone request runs on a core that PostgreSQL and the client have just used, so most of its code
+is fetched from L2 or memory again: what it costs then follows the number of distinct cache lines
+it executes (its footprint) more than the number of instructions. With REQUESTS (how many the
+window served), the instruction count is also given per request; the footprint is the window's
+union, which for a window of identical requests is one request's (plus the rare paths taken in
+it: timers, the once-a-second tick). The lines run at least once per request are one
+request's path without those.
+"""
+import re
+import sys
+from collections import defaultdict
+
+
+def parse(path):
+    lines_by_obj = defaultdict(set)
+    # The most any instruction in a line was executed: how many requests took that line.
+    runs = defaultdict(int)
+    ir_by_obj = defaultdict(int)
+    names = {"ob": {}}
+    ob = "?"
+    last = [0, 0]
+    instr_pos = None
+    after_calls = False
+    for raw in open(path, errors="replace"):
+        line = raw.rstrip("\n")
+        if not line:
+            continue
+        if line.startswith("positions:"):
+            instr_pos = line.split()[1:] == ["instr", "line"] or "instr" in line
+            continue
+        m = re.match(r"(ob|cob)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            kind, ident, name = m.groups()
+            if name:
+                names["ob"][ident] = name
+            if kind == "ob":
+                ob = names["ob"].get(ident, ident)
+            continue
+        if re.match(r"[a-z]+[=:]", line):
+            after_calls = line.startswith("calls=")
+            continue
+        if not (line[0] in "+-*0123456789"):
+            continue
+        fields = line.split()
+        # Positions: instr, then line; each absolute, relative (+n / -n) or the same (*).
+        pos = []
+        for i in range(2):
+            f = fields[i]
+            base = 16 if (i == 0 and f.startswith("0x")) else 10
+            if f == "*":
+                v = last[i]
+            elif f[0] in "+-":
+                v = last[i] + int(f, 0) if f[1:2] == "0x" else last[i] + int(f)
+            else:
+                v = int(f, base)
+            pos.append(v)
+        last = pos
+        cost = int(fields[2]) if len(fields) > 2 else 0
+        lines_by_obj[ob].add(pos[0] >> 6)
+        if not after_calls:
+            ir_by_obj[ob] += cost
+            runs[pos[0] >> 6] = max(runs[pos[0] >> 6], cost)
+        after_calls = False
+    if not instr_pos:
+        sys.exit("run callgrind with --dump-instr=yes (no instruction positions in this file)")
+    return lines_by_obj, ir_by_obj, runs
+
+
+def main():
+    path = sys.argv[1]
+    requests = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    lines_by_obj, ir_by_obj, runs = parse(path)
+    total_lines = sum(len(s) for s in lines_by_obj.values())
+    total_ir = sum(ir_by_obj.values())
+    print(f"{'object':<60} {'code lines':>10} {'KiB':>7} {'Ir':>12}")
+    for ob in sorted(lines_by_obj, key=lambda o: -len(lines_by_obj[o])):
+        n = len(lines_by_obj[ob])
+        print(f"{ob[-60:]:<60} {n:>10} {n * 64 / 1024:>7.1f} {ir_by_obj[ob]:>12}")
+    print(f"{'all':<60} {total_lines:>10} {total_lines * 64 / 1024:>7.1f} {total_ir:>12}")
+    if requests:
+        print(f"requests {requests}: {total_ir / requests:.0f} instructions per request, "
+              f"{total_lines} distinct 64-byte code lines ({total_lines * 64 / 1024:.1f} KiB) in the window")
+        # Lines some instruction of which ran at least once per request: one request's path
+        # (an instruction run k times per request counts once here, as its line is fetched once).
+        every = sum(1 for n in runs.values() if n >= requests)
+        most = sum(1 for n in runs.values() if n >= requests / 2)
+        print(f"code lines run at least once per request: {every} ({every * 64 / 1024:.1f} KiB); "
+              f"by at least half the requests: {most} ({most * 64 / 1024:.1f} KiB)")
+
+
+if __name__ == "__main__":
+    main()
