@@ -308,8 +308,11 @@ fn targets(t: &mut String, rows: &[Row], h2c: Option<&H2cFigures>) {
         // What a process that only copies the bytes spends on the same hop, for scale.
         let relay = match lone.relay {
             Some(Some(floor)) => format!(
-                " (a byte-copying relay's own, per lone request: {:.1} µs, {:.1} of it kernel)",
-                floor.cpu_us, floor.kernel_us
+                " (a byte-copying relay's own, per lone request: {:.1} µs, {:.1} of it kernel; \
+                 fencegate's beyond it: {:.1} µs)",
+                floor.cpu_us,
+                floor.kernel_us,
+                lone.cpu.fg_per_request - floor.cpu_us
             ),
             _ => String::new(),
         };
