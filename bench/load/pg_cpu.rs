@@ -11,27 +11,6 @@
 
 use sqlx::PgConnection;
 
-/// (pid, ppid, comm, utime + stime, cutime + cstime) of one process, in clock ticks.
-fn stat(pid: u32) -> Option<(u32, String, u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (head, rest) = text.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1.to_owned();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state); ppid is 4, utime 14, stime 15, cutime 16, cstime 17.
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Some((
-        field(4) as u32,
-        comm,
-        field(14) + field(15),
-        field(16) + field(17),
-    ))
-}
-
 /// PostgreSQL's CPU time so far, in clock ticks (1/100 s), or `None` if no postmaster is
 /// visible here.
 pub fn ticks() -> Option<u64> {
@@ -44,9 +23,9 @@ pub fn ticks() -> Option<u64> {
         else {
             continue;
         };
-        if let Some((ppid, comm, own, reaped)) = stat(pid) {
-            if comm == "postgres" || comm == "postmaster" {
-                procs.push((pid, ppid, own, reaped));
+        if let Some(stat) = crate::process::stat(pid) {
+            if stat.comm == "postgres" || stat.comm == "postmaster" {
+                procs.push((pid, stat.ppid, stat.utime + stat.stime, stat.reaped));
             }
         }
     }

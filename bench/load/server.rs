@@ -224,18 +224,8 @@ pub fn fg_cpu_ticks() -> CpuTicks {
 
 /// User and system CPU time of one process so far (zero once it has exited).
 pub fn cpu_ticks_of(pid: u32) -> CpuTicks {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    CpuTicks {
-        user: field(14),
-        kernel: field(15),
-    }
+    crate::process::stat(pid).map_or_else(CpuTicks::default, |stat| CpuTicks {
+        user: stat.utime,
+        kernel: stat.stime,
+    })
 }

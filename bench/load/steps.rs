@@ -139,8 +139,10 @@ pub async fn measure(
         // The whole system's CPU per applied write: fencegate + PostgreSQL through fencegate,
         // against PostgreSQL alone under pgbench (pgbench's own CPU, the client, not counted,
         // as fencegate's load generator is not). Writes only: the mix's GETs apply nothing.
+        // µs per ok request, and the kernel's part of it.
+        let per_request = r.cpu_ticks.per(r.stats.put_ok + r.stats.get_ok);
         let cpu = Cpu {
-            fg_per_request: r.cpu_ticks.per(r.stats.put_ok + r.stats.get_ok).0,
+            fg_per_request: per_request.0,
             fg_per_write: r.cpu_ticks.per(r.db_applied.max(0) as u64).0,
             pg_through: r.pg_cpu_us,
         };
@@ -148,10 +150,7 @@ pub async fn measure(
             system_cpu(r.cpu_ticks, r.db_applied, r.pg_cpu_us, p.pg_cpu_us);
         }
         let relay = match conns {
-            1 => {
-                let fg_cpu = r.cpu_ticks.per(r.stats.put_ok + r.stats.get_ok);
-                Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate, fg_cpu).await?)
-            }
+            1 => Some(relay_floor(s, script, db_url, db, admin, pg.0, fg_rate, per_request).await?),
             _ => None,
         };
         rows.push(Row {

@@ -22,53 +22,52 @@ def parse(path):
     # The most any instruction in a line was executed: how many requests took that line.
     runs = defaultdict(int)
     ir_by_obj = defaultdict(int)
-    names = {"ob": {}}
+    objects = {}
     ob = "?"
-    last = [0, 0]
-    instr_pos = None
+    positions = []
+    last = []
     after_calls = False
     for raw in open(path, errors="replace"):
         line = raw.rstrip("\n")
         if not line:
             continue
         if line.startswith("positions:"):
-            instr_pos = line.split()[1:] == ["instr", "line"] or "instr" in line
+            positions = line.split()[1:]
+            if "instr" not in positions:
+                sys.exit("run callgrind with --dump-instr=yes (no instruction positions in this file)")
+            last = [0] * len(positions)
             continue
         m = re.match(r"(ob|cob)=\((\d+)\)(?: (.*))?$", line)
         if m:
             kind, ident, name = m.groups()
             if name:
-                names["ob"][ident] = name
+                objects[ident] = name
             if kind == "ob":
-                ob = names["ob"].get(ident, ident)
+                ob = objects.get(ident, ident)
             continue
         if re.match(r"[a-z]+[=:]", line):
             after_calls = line.startswith("calls=")
             continue
         if not (line[0] in "+-*0123456789"):
             continue
+        if not positions:
+            sys.exit("no `positions:` line before the first cost line: not a callgrind file?")
         fields = line.split()
-        # Positions: instr, then line; each absolute, relative (+n / -n) or the same (*).
-        pos = []
-        for i in range(2):
-            f = fields[i]
-            base = 16 if (i == 0 and f.startswith("0x")) else 10
-            if f == "*":
-                v = last[i]
-            elif f[0] in "+-":
-                v = last[i] + int(f, 0) if f[1:2] == "0x" else last[i] + int(f)
-            else:
-                v = int(f, base)
-            pos.append(v)
+        # Each position is absolute (0x.. or decimal), relative to the last (+n, -n), or the
+        # same (*); int(.., 0) reads both bases.
+        pos = [
+            last[i] if f == "*" else last[i] + int(f, 0) if f[0] in "+-" else int(f, 0)
+            for i, f in enumerate(fields[: len(positions)])
+        ]
         last = pos
-        cost = int(fields[2]) if len(fields) > 2 else 0
-        lines_by_obj[ob].add(pos[0] >> 6)
+        cost = int(fields[len(positions)]) if len(fields) > len(positions) else 0
+        line_of = pos[positions.index("instr")] >> 6
+        lines_by_obj[ob].add(line_of)
+        # The line after `calls=` is the call's inclusive cost, not this instruction's.
         if not after_calls:
             ir_by_obj[ob] += cost
-            runs[pos[0] >> 6] = max(runs[pos[0] >> 6], cost)
+            runs[line_of] = max(runs[line_of], cost)
         after_calls = False
-    if not instr_pos:
-        sys.exit("run callgrind with --dump-instr=yes (no instruction positions in this file)")
     return lines_by_obj, ir_by_obj, runs
 
 

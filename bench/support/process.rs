@@ -84,6 +84,43 @@ pub async fn stop(mut fg: Fencegate) {
     }
 }
 
+/// What `/proc/PID/stat` says of a process: its parent, its name and its CPU time, in clock
+/// ticks (1/100 s).
+// Only the load bench reads CPU time; `idle` includes this file too.
+#[allow(dead_code)]
+pub struct Stat {
+    pub ppid: u32,
+    pub comm: String,
+    pub utime: u64,
+    pub stime: u64,
+    /// The CPU time of its children it has reaped (cutime + cstime).
+    pub reaped: u64,
+}
+
+/// `/proc/PID/stat` of `pid`; `None` once it is gone (or the file cannot be read).
+#[allow(dead_code)]
+pub fn stat(pid: u32) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `comm` may hold spaces and parentheses: it runs from the first '(' to the last ')'.
+    let (head, rest) = text.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state); ppid is 4, utime 14, stime 15, cutime 16, cstime 17.
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some(Stat {
+        ppid: field(4) as u32,
+        comm,
+        utime: field(14),
+        stime: field(15),
+        reaped: field(16) + field(17),
+    })
+}
+
 /// The named fields of `/proc/PID/status` (`"VmRSS:"`, ...), in KiB; 0 for one not found.
 pub fn status_kib<const N: usize>(pid: u32, names: [&str; N]) -> [u64; N] {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
