@@ -22,8 +22,13 @@ def parse(path):
     # The most any instruction in a line was executed: how many requests took that line.
     runs = defaultdict(int)
     ir_by_obj = defaultdict(int)
+    # Instructions executed in each function (its own, not its callees'), by object: what
+    # hot-order.py orders the linker's layout by.
+    ir_by_fn = defaultdict(int)
     objects = {}
+    functions = {}
     ob = "?"
+    fn = "?"
     positions = []
     last = []
     after_calls = False
@@ -44,6 +49,14 @@ def parse(path):
                 objects[ident] = name
             if kind == "ob":
                 ob = objects.get(ident, ident)
+            continue
+        m = re.match(r"(fn|cfn)=\((\d+)\)(?: (.*))?$", line)
+        if m:
+            kind, ident, name = m.groups()
+            if name:
+                functions[ident] = name
+            if kind == "fn":
+                fn = functions.get(ident, ident)
             continue
         if re.match(r"[a-z]+[=:]", line):
             after_calls = line.startswith("calls=")
@@ -66,15 +79,16 @@ def parse(path):
         # The line after `calls=` is the call's inclusive cost, not this instruction's.
         if not after_calls:
             ir_by_obj[ob] += cost
+            ir_by_fn[(ob, fn)] += cost
             runs[line_of] = max(runs[line_of], cost)
         after_calls = False
-    return lines_by_obj, ir_by_obj, runs
+    return lines_by_obj, ir_by_obj, runs, ir_by_fn
 
 
 def main():
     path = sys.argv[1]
     requests = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    lines_by_obj, ir_by_obj, runs = parse(path)
+    lines_by_obj, ir_by_obj, runs, _ = parse(path)
     total_lines = sum(len(s) for s in lines_by_obj.values())
     total_ir = sum(ir_by_obj.values())
     print(f"{'object':<60} {'code lines':>10} {'KiB':>7} {'Ir':>12}")
@@ -87,10 +101,14 @@ def main():
               f"{total_lines} distinct 64-byte code lines ({total_lines * 64 / 1024:.1f} KiB) in the window")
         # Lines some instruction of which ran at least once per request: one request's path
         # (an instruction run k times per request counts once here, as its line is fetched once).
-        every = sum(1 for n in runs.values() if n >= requests)
+        every = [line for line, n in runs.items() if n >= requests]
         most = sum(1 for n in runs.values() if n >= requests / 2)
-        print(f"code lines run at least once per request: {every} ({every * 64 / 1024:.1f} KiB); "
+        print(f"code lines run at least once per request: {len(every)} ({len(every) * 64 / 1024:.1f} KiB); "
               f"by at least half the requests: {most} ({most * 64 / 1024:.1f} KiB)")
+        # The 4 KiB pages those lines lie on: what the instruction TLB must map per request.
+        pages = len({line >> 6 for line in every})
+        print(f"4 KiB pages of code run at least once per request: {pages} "
+              f"({len(every) / pages:.1f} of their 64 lines used, on average)")
 
 
 if __name__ == "__main__":
