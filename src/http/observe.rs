@@ -170,6 +170,11 @@ where
                     "response"
                 )
             });
+            // Never indexed by HTTP/2's header compression: an id is unique to its response, so
+            // the HPACK table would only ever store it, compare every later id with every stored
+            // one (the same name), and evict the entries that do repeat (content-type, date).
+            let mut id = id;
+            id.set_sensitive(true);
             response.headers_mut().insert(REQUEST_ID, id);
             let report = op.map(|op| Report {
                 op,

@@ -604,3 +604,83 @@ async fn responses_a_zero_window_client_does_not_read_are_a_budget() {
         body.len()
     );
 }
+
+/// How each field of an HPACK header block is represented (RFC 7541, section 6), by the
+/// pattern of its first byte: 'i' indexed, 'a' a literal added to the table, 'n' a literal not
+/// indexed, 'N' a literal never indexed, 's' a table size update. Names and values are skipped
+/// by their lengths, so Huffman-coded strings need no decoding.
+fn representations(block: &[u8]) -> Vec<char> {
+    fn int(block: &[u8], at: &mut usize, prefix: u32) -> usize {
+        let max = (1usize << prefix) - 1;
+        let mut n = usize::from(block[*at]) & max;
+        *at += 1;
+        if n == max {
+            let mut shift = 0;
+            loop {
+                let byte = block[*at];
+                *at += 1;
+                n += usize::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+            }
+        }
+        n
+    }
+    let mut at = 0;
+    let mut kinds = Vec::new();
+    while at < block.len() {
+        let (kind, prefix) = match block[at] {
+            0x80..=0xff => ('i', 7),
+            0x40..=0x7f => ('a', 6),
+            0x20..=0x3f => ('s', 5),
+            0x10..=0x1f => ('N', 4),
+            _ => ('n', 4),
+        };
+        let name = int(block, &mut at, prefix);
+        if matches!(kind, 'a' | 'n' | 'N') {
+            let strings = if name == 0 { 2 } else { 1 };
+            for _ in 0..strings {
+                let len = int(block, &mut at, 7);
+                at += len;
+            }
+        }
+        kinds.push(kind);
+    }
+    kinds
+}
+
+/// A request id is unique to its response, so HTTP/2's header compression is told never to
+/// index it: it neither fills the connection's table nor evicts the fields that repeat.
+#[tokio::test]
+async fn request_ids_are_never_indexed() {
+    let app = spawn_app().await;
+    let stream = raw(&app).await;
+    let (mut reader, mut writer) = stream.into_split();
+    let read = tokio::spawn(async move { read_frames(&mut reader, Duration::from_secs(2)).await });
+    for id in [1u32, 3, 5] {
+        let request = frame(
+            HEADERS,
+            END_STREAM | END_HEADERS,
+            id,
+            &request_block(true, "/healthz"),
+        );
+        writer.write_all(&request).await.unwrap();
+    }
+    let seen = read.await.unwrap();
+    let blocks: Vec<Vec<char>> = seen
+        .frames
+        .iter()
+        .filter(|f| f.0 == HEADERS)
+        .map(|f| representations(&f.3))
+        .collect();
+    assert_eq!(blocks.len(), 3, "three responses: {:?}", seen.frames);
+    for kinds in &blocks {
+        assert_eq!(
+            kinds.iter().filter(|k| **k == 'N').count(),
+            1,
+            "each response's id, and only it, is never indexed: {blocks:?}"
+        );
+    }
+}
