@@ -8,7 +8,8 @@
 # FOOTPRINT=1 also records instruction addresses and prints the code footprint of the window
 # (bench/scripts/footprint.py: distinct 64-byte lines of code executed, per object).
 # H2=1 sends the PUTs over h2c instead, as the load bench's h2c step does (h2load, 4 connections
-# x 16 streams, random keys out of 10,000, one token; conns is ignored; needs nghttp2-client).
+# x 16 streams, random keys out of 10,000, one token, BEARER as above; conns, LUA and IDEM are
+# ignored; needs nghttp2-client).
 # MANGLED=1 keeps symbol names as the linker knows them (for bench/scripts/hot-order.py).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
@@ -27,13 +28,15 @@ if [ -n "$H2" ]; then
   for i in $(seq 1 5000); do echo "http://127.0.0.1:$port/v1/kv/$((RANDOM % 10000 + 1))"; done > /tmp/cg.$label.uris
   printf '{"n": 42, "by": "bench"}' > /tmp/cg.$label.body
   h2() { h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris -d /tmp/cg.$label.body -H ":method: PUT" \
-    -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)"; }
+    -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
+    ${BEARER:+-H "authorization: Bearer $BEARER"}; }
   h2 3 >/dev/null
   callgrind_control -z $vpid >/dev/null
   h2 "$secs" > /tmp/cg.$label.h2
   callgrind_control -d $vpid >/dev/null
-  # h2load's "status codes: N 2xx, 0 3xx, M 4xx, 0 5xx" in wrk's words, for the lines below.
-  awk '/^status codes:/ {gsub(",", ""); print "  " $3 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}' /tmp/cg.$label.h2 > /tmp/cg.$label.wrk
+  # h2load's "status codes: N 2xx, 0 3xx, M 4xx, 0 5xx" in wrk's words (every response, and
+  # those not 2xx), for the lines below.
+  awk '/^status codes:/ {gsub(",", ""); print "  " $3 + $5 + $7 + $9 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}' /tmp/cg.$label.h2 > /tmp/cg.$label.wrk
 else
   wrk -t1 -c$conns -d3s -s "$lua" http://127.0.0.1:$port >/dev/null
   callgrind_control -z $vpid >/dev/null

@@ -107,8 +107,9 @@ def main():
               f"by at least half the requests: {most} ({most * 64 / 1024:.1f} KiB)")
         # The 4 KiB pages those lines lie on: what the instruction TLB must map per request.
         pages = len({line >> 6 for line in every})
-        print(f"4 KiB pages of code run at least once per request: {pages} "
-              f"({len(every) / pages:.1f} of their 64 lines used, on average)")
+        if pages:
+            print(f"4 KiB pages of code run at least once per request: {pages} "
+                  f"({len(every) / pages:.1f} of their 64 lines used, on average)")
 
 
 if __name__ == "__main__":

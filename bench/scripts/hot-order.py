@@ -9,10 +9,10 @@ OUT gets the functions of the binary (the object that ran the most instructions)
 of them, hottest first by the instructions they ran themselves (each run weighted alike), one
 mangled name per line: a symbol ordering file for lld, which rustc links with on x86-64 Linux.
 A build laid out by it (the code a request runs packed together instead of spread over the
-whole text):
+whole text; the flags reach only the binary's own link, and it replaces target/release/fencegate):
 
-    RUSTFLAGS="-C link-arg=-Wl,--symbol-ordering-file=$PWD/OUT -C link-arg=-Wl,--no-warn-symbol-ordering" \
-        cargo build --release --target-dir target/ordered
+    cargo rustc --release --locked --bin fencegate -- \
+        -C link-arg=-Wl,--symbol-ordering-file=$PWD/OUT -C link-arg=-Wl,--no-warn-symbol-ordering
 
 Measured (bench/RESULTS.md): half the 4 KiB pages of code per lone request, the same
 instructions and lines, and no difference in a lone request's CPU, so the release build does

@@ -173,6 +173,7 @@ where
             // Never indexed by HTTP/2's header compression: an id is unique to its response, so
             // the HPACK table would only ever store it, compare every later id with every stored
             // one (the same name), and evict the entries that do repeat (content-type, date).
+            // The price: the name goes as a literal too, about 10 bytes more per response.
             let mut id = id;
             id.set_sensitive(true);
             response.headers_mut().insert(REQUEST_ID, id);
