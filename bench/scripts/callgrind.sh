@@ -24,25 +24,25 @@ vpid=$!
 for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
 export BEARER TOKEN PROOF TOKEN_BASE IDEM
 lua=${LUA:-$(dirname "$0")/put.lua}
+# load SECONDS: the window's requests, as wrk prints them.
 if [ -n "$H2" ]; then
   for i in $(seq 1 5000); do echo "http://127.0.0.1:$port/v1/kv/$((RANDOM % 10000 + 1))"; done > /tmp/cg.$label.uris
   printf '{"n": 42, "by": "bench"}' > /tmp/cg.$label.body
-  h2() { h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris -d /tmp/cg.$label.body -H ":method: PUT" \
-    -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
-    ${BEARER:+-H "authorization: Bearer $BEARER"}; }
-  h2 3 >/dev/null
-  callgrind_control -z $vpid >/dev/null
-  h2 "$secs" > /tmp/cg.$label.h2
-  callgrind_control -d $vpid >/dev/null
   # h2load's "status codes: N 2xx, 0 3xx, M 4xx, 0 5xx" in wrk's words (every response, and
   # those not 2xx), for the lines below.
-  awk '/^status codes:/ {gsub(",", ""); print "  " $3 + $5 + $7 + $9 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}' /tmp/cg.$label.h2 > /tmp/cg.$label.wrk
+  load() {
+    h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris -d /tmp/cg.$label.body -H ":method: PUT" \
+      -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
+      ${BEARER:+-H "authorization: Bearer $BEARER"} |
+      awk '/^status codes:/ {gsub(",", ""); print "  " $3 + $5 + $7 + $9 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}'
+  }
 else
-  wrk -t1 -c$conns -d3s -s "$lua" http://127.0.0.1:$port >/dev/null
-  callgrind_control -z $vpid >/dev/null
-  wrk -t1 -c$conns -d${secs}s -s "$lua" http://127.0.0.1:$port > /tmp/cg.$label.wrk
-  callgrind_control -d $vpid >/dev/null
+  load() { wrk -t1 -c$conns -d"$1"s -s "$lua" http://127.0.0.1:$port; }
 fi
+load 3 >/dev/null
+callgrind_control -z $vpid >/dev/null
+load "$secs" > /tmp/cg.$label.wrk
+callgrind_control -d $vpid >/dev/null
 sleep 1
 kill -INT $vpid; wait $vpid || true
 psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE $db WITH (FORCE)" postgres

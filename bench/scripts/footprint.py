@@ -25,10 +25,10 @@ def parse(path):
     # Instructions executed in each function (its own, not its callees'), by object: what
     # hot-order.py orders the linker's layout by.
     ir_by_fn = defaultdict(int)
-    objects = {}
-    functions = {}
-    ob = "?"
-    fn = "?"
+    # callgrind names an object (ob=) or function (fn=) by "(id) name" the first time and by
+    # "(id)" after; cob= and cfn= name a call's target, in the same tables, without moving to it.
+    names = {"ob": {}, "fn": {}}
+    current = {"ob": "?", "fn": "?"}
     positions = []
     last = []
     after_calls = False
@@ -42,21 +42,13 @@ def parse(path):
                 sys.exit("run callgrind with --dump-instr=yes (no instruction positions in this file)")
             last = [0] * len(positions)
             continue
-        m = re.match(r"(ob|cob)=\((\d+)\)(?: (.*))?$", line)
+        m = re.match(r"(c?)(ob|fn)=\((\d+)\)(?: (.*))?$", line)
         if m:
-            kind, ident, name = m.groups()
+            callee, table, ident, name = m.groups()
             if name:
-                objects[ident] = name
-            if kind == "ob":
-                ob = objects.get(ident, ident)
-            continue
-        m = re.match(r"(fn|cfn)=\((\d+)\)(?: (.*))?$", line)
-        if m:
-            kind, ident, name = m.groups()
-            if name:
-                functions[ident] = name
-            if kind == "fn":
-                fn = functions.get(ident, ident)
+                names[table][ident] = name
+            if not callee:
+                current[table] = names[table].get(ident, ident)
             continue
         if re.match(r"[a-z]+[=:]", line):
             after_calls = line.startswith("calls=")
@@ -75,11 +67,12 @@ def parse(path):
         last = pos
         cost = int(fields[len(positions)]) if len(fields) > len(positions) else 0
         line_of = pos[positions.index("instr")] >> 6
+        ob = current["ob"]
         lines_by_obj[ob].add(line_of)
         # The line after `calls=` is the call's inclusive cost, not this instruction's.
         if not after_calls:
             ir_by_obj[ob] += cost
-            ir_by_fn[(ob, fn)] += cost
+            ir_by_fn[(ob, current["fn"])] += cost
             runs[line_of] = max(runs[line_of], cost)
         after_calls = False
     return lines_by_obj, ir_by_obj, runs, ir_by_fn
