@@ -324,8 +324,8 @@ async fn settle(shared: &Arc<Shared>, rounds: Vec<Round>, wait: Wait) {
     match apply(conns, sql, &rounds, wait).await {
         Ok(applied) => {
             for (round, applied) in rounds.into_iter().zip(applied) {
-                for job in round.jobs {
-                    let _ = job.reply.send(Ok(applied.version(job.key.as_str())));
+                for (i, job) in round.jobs.into_iter().enumerate() {
+                    let _ = job.reply.send(Ok(applied.version(i)));
                 }
             }
         }
@@ -541,11 +541,17 @@ async fn execute(
     let rows = sqlx::query_with(statement, args)
         .fetch_all(&mut *conn)
         .await?;
-    let mut applied = HashMap::with_capacity_and_hasher(rows.len(), Default::default());
-    for row in rows {
-        applied.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
+    // Each returned key is matched to its write by the round's own keys (each at most once
+    // in a round), read from the row without a copy. The statement returns only keys it was
+    // given.
+    let at: HashMap<&str, usize> = keys.iter().enumerate().map(|(i, key)| (*key, i)).collect();
+    let mut versions = vec![None; jobs.len()];
+    for row in &rows {
+        if let Some(&i) = at.get(row.try_get::<&str, _>(0)?) {
+            versions[i] = Some(row.try_get::<i64, _>(1)?);
+        }
     }
-    Ok(Applied::Many(applied))
+    Ok(Applied::Many(versions))
 }
 
 /// What one round's statement applied: the version of each key it wrote.
@@ -553,16 +559,17 @@ enum Applied {
     /// A round of one write: its version, or `None` if the fence refused it. Not a map: a lone
     /// write is the common case at low load, and a map of its one key is two allocations.
     One(Option<i64>),
-    /// A combined statement's: by key, only the keys it applied.
-    Many(HashMap<String, i64>),
+    /// A combined statement's: the version of each of the round's writes, in the round's
+    /// order; `None` for those it did not apply.
+    Many(Vec<Option<i64>>),
 }
 
 impl Applied {
-    /// The version `key` was written at, if this round applied it (`key` is one of the round's).
-    fn version(&self, key: &str) -> Option<i64> {
+    /// The version the round's `i`-th write was applied at, if it was.
+    fn version(&self, i: usize) -> Option<i64> {
         match self {
             Applied::One(version) => *version,
-            Applied::Many(applied) => applied.get(key).copied(),
+            Applied::Many(versions) => versions.get(i).copied().flatten(),
         }
     }
 }

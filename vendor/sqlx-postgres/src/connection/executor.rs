@@ -564,6 +564,36 @@ impl<'c> Executor<'c> for &'c mut PgConnection {
         })
     }
 
+    /// FENCEGATE: the rows read directly, as `fetch_optional` reads its row, not through
+    /// `fetch_many`'s stream, filtered and collected (the stream's shared slot and the filter's
+    /// and collector's polls for every row of a coalesced write's statement).
+    fn fetch_all<'e, 'q, E>(self, mut query: E) -> BoxFuture<'e, Result<Vec<PgRow>, Error>>
+    where
+        'c: 'e,
+        E: Execute<'q, Self::Database>,
+        'q: 'e,
+        E: 'q,
+    {
+        let sql = query.sql();
+        // False positive: https://github.com/rust-lang/rust-clippy/issues/12560
+        #[allow(clippy::map_clone)]
+        let metadata = query.statement().map(|s| Arc::clone(&s.metadata));
+        let arguments = query.take_arguments().map_err(Error::Encode);
+        let persistent = query.persistent();
+
+        Box::pin(async move {
+            let arguments = arguments?;
+            let mut sent = self.send(sql, arguments, persistent, metadata).await?;
+            let mut rows = Vec::new();
+            while let Some(result) = self.next_result(&mut sent).await? {
+                if let Either::Right(row) = result {
+                    rows.push(row);
+                }
+            }
+            Ok(rows)
+        })
+    }
+
     fn prepare_with<'e, 'q: 'e>(
         self,
         sql: &'q str,
