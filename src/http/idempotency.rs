@@ -151,13 +151,21 @@ impl Render {
 /// A JSON answer: the status and the serialized body (a write's answers carry no other header
 /// than their content type).
 pub fn json_answer(status: StatusCode, body: &impl Serialize) -> Answer {
+    json_text_answer(
+        status,
+        serde_json::to_vec(body).expect("a response body serializes"),
+    )
+}
+
+/// A JSON answer whose body is already JSON text.
+pub fn json_text_answer(status: StatusCode, body: Vec<u8>) -> Answer {
     Answer {
         status: status.as_u16(),
         headers: vec![(
             Cow::Borrowed(header::CONTENT_TYPE.as_str()),
             Cow::Borrowed(JSON),
         )],
-        body: serde_json::to_vec(body).expect("a response body serializes"),
+        body,
     }
 }
 

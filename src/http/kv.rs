@@ -13,7 +13,7 @@ use super::openapi as doc;
 use super::{
     auth::{check, Named},
     extract::{KeyPath, Proof, ScopeHeader, Token},
-    idempotency::{finish, json_answer, respond, IdemKey, KeyedJson, Render},
+    idempotency::{finish, json_answer, json_text_answer, respond, IdemKey, KeyedJson, Render},
     problem::{accepted, ApiError},
     report::Accepted,
     AppState,
@@ -67,7 +67,8 @@ async fn key_guard(
 // instead of through a map of owned `Value`s (~4% of a lone PUT's instructions), and described
 // by the OpenAPI document as they are. Fields in alphabetical order, as `json!` wrote them.
 
-/// The body of an accepted PUT.
+/// The body of an accepted PUT, as the OpenAPI document describes it; the handler writes the
+/// same bytes out by hand ([`written_body`]).
 #[derive(Serialize, ToSchema)]
 pub struct KvWritten<'a> {
     fence_token: FencingToken,
@@ -173,13 +174,37 @@ fn put_answer(token: FencingToken, scope: Option<&Scope>, written: &Written) -> 
     } else {
         StatusCode::CREATED
     };
-    let body = KvWritten {
-        fence_token: token,
-        key: &written.key,
-        scope,
-        version: written.version,
-    };
-    json_answer(status, &body)
+    json_text_answer(
+        status,
+        written_body(token, &written.key, scope, written.version),
+    )
+}
+
+/// [`KvWritten`]'s JSON, written out: the same bytes as `serde_json::to_vec` of it (a test holds
+/// them equal), in about a third of the instructions, on the path of every accepted PUT (serde's
+/// struct serializer spent about 1,100 per PUT on these four fields, callgrind). Strings go
+/// through serde_json's own escaping.
+fn written_body(token: FencingToken, key: &Key, scope: Option<&Scope>, version: i64) -> Vec<u8> {
+    let texts = key.as_str().len() + scope.map_or(0, |scope| scope.as_str().len());
+    let mut out = Vec::with_capacity(96 + texts);
+    out.extend_from_slice(br#"{"fence_token":""#);
+    out.extend_from_slice(itoa::Buffer::new().format(token.get()).as_bytes());
+    out.extend_from_slice(br#"","key":"#);
+    push_json_str(&mut out, key.as_str());
+    out.extend_from_slice(br#","scope":"#);
+    match scope {
+        Some(scope) => push_json_str(&mut out, scope.as_str()),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(br#","version":"#);
+    out.extend_from_slice(itoa::Buffer::new().format(version).as_bytes());
+    out.push(b'}');
+    out
+}
+
+/// `text` as a JSON string, escaped as serde_json escapes it.
+fn push_json_str(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(out, text).expect("a string serializes into a Vec");
 }
 
 /// The answer to an accepted DELETE.
@@ -280,4 +305,46 @@ pub async fn get(
         version: entry.version,
     };
     Ok((headers, Json(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PUT answer written out is byte for byte what serde writes for [`KvWritten`], the
+    /// type the OpenAPI document describes: quotes, backslashes, non-ASCII and the largest
+    /// numbers included.
+    #[test]
+    fn a_written_body_is_serdes_json_of_kv_written() {
+        let keys = [
+            "k",
+            "orders/42",
+            r#"a"b\c"#,
+            "é ✓ 日本 🦀",
+            "</script>",
+            "x".repeat(512).leak(),
+        ];
+        let scopes = [None, Some("lock/a"), Some(r#"q"s\"#), Some("✓")];
+        for key in keys {
+            let key = Key::parse(key, 512).unwrap();
+            for scope in scopes {
+                let scope = scope.map(|s| Scope::parse(s, 512).unwrap());
+                for (token, version) in [(0, 1), (7, 42), (i64::MAX, i64::MAX)] {
+                    let token = FencingToken::from_db(token).unwrap();
+                    let expected = serde_json::to_vec(&KvWritten {
+                        fence_token: token,
+                        key: &key,
+                        scope: scope.as_ref(),
+                        version,
+                    })
+                    .unwrap();
+                    let written = written_body(token, &key, scope.as_ref(), version);
+                    assert_eq!(
+                        String::from_utf8(written).unwrap(),
+                        String::from_utf8(expected).unwrap()
+                    );
+                }
+            }
+        }
+    }
 }
