@@ -316,13 +316,14 @@ mod tests {
     /// numbers included.
     #[test]
     fn a_written_body_is_serdes_json_of_kv_written() {
+        let longest = "x".repeat(512);
         let keys = [
             "k",
             "orders/42",
             r#"a"b\c"#,
             "é ✓ 日本 🦀",
             "</script>",
-            "x".repeat(512).leak(),
+            longest.as_str(),
         ];
         let scopes = [None, Some("lock/a"), Some(r#"q"s\"#), Some("✓")];
         for key in keys {

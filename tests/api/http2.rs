@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{tcp::OwnedWriteHalf, TcpStream};
 
 use crate::helpers::*;
 use crate::pki::Pki;
@@ -283,14 +283,24 @@ async fn raw(app: &TestApp) -> TcpStream {
     stream
 }
 
+/// A raw connection whose frames a task of their own reads (until the server closes it,
+/// `within` passes, or what was seen is `enough`), and the half to write requests on.
+async fn reading(
+    app: &TestApp,
+    within: Duration,
+    enough: impl Fn(&Seen) -> bool + Send + 'static,
+) -> (tokio::task::JoinHandle<Seen>, OwnedWriteHalf) {
+    let (mut reader, writer) = raw(app).await.into_split();
+    let read = tokio::spawn(async move { read_until(&mut reader, within, enough).await });
+    (read, writer)
+}
+
 /// Rapid reset (CVE-2023-44487): requests cancelled as soon as they are sent. The connection
 /// is told to go away (ENHANCE_YOUR_CALM) long before a thousand, and the server still serves.
 #[tokio::test]
 async fn rapid_reset_is_cut_off() {
     let app = spawn_app().await;
-    let stream = raw(&app).await;
-    let (mut reader, mut writer) = stream.into_split();
-    let read = tokio::spawn(async move { read_frames(&mut reader, Duration::from_secs(10)).await });
+    let (read, mut writer) = reading(&app, Duration::from_secs(10), |_| false).await;
     let mut flood = Vec::new();
     for i in 0..1000u32 {
         let id = 2 * i + 1;
@@ -323,9 +333,7 @@ async fn rapid_reset_is_cut_off() {
 #[tokio::test]
 async fn a_continuation_flood_is_closed() {
     let app = spawn_app().await;
-    let stream = raw(&app).await;
-    let (mut reader, mut writer) = stream.into_split();
-    let read = tokio::spawn(async move { read_frames(&mut reader, Duration::from_secs(10)).await });
+    let (read, mut writer) = reading(&app, Duration::from_secs(10), |_| false).await;
     let mut sent = 0usize;
     let first = request_block(true, "/healthz");
     writer
@@ -670,14 +678,10 @@ fn representations(block: &[u8]) -> Vec<char> {
 #[tokio::test]
 async fn request_ids_are_never_indexed() {
     let app = spawn_app().await;
-    let stream = raw(&app).await;
-    let (mut reader, mut writer) = stream.into_split();
-    let read = tokio::spawn(async move {
-        read_until(&mut reader, Duration::from_secs(10), |seen| {
-            seen.count(HEADERS) == 3
-        })
-        .await
-    });
+    let (read, mut writer) = reading(&app, Duration::from_secs(10), |seen| {
+        seen.count(HEADERS) == 3
+    })
+    .await;
     for id in [1u32, 3, 5] {
         let mut block = request_block(true, "/healthz");
         if id == 5 {
