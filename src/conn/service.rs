@@ -250,4 +250,70 @@ mod tests {
         drop(client);
         let _ = conn.await;
     }
+
+    /// The vendored hyper looks for connection-specific response headers in one walk of the
+    /// response's headers before removing them by name (vendor/hyper/FENCEGATE.md): every one
+    /// of them, and a header a `Connection` field names, must still be gone from what an HTTP/2
+    /// client receives (h2 would otherwise refuse to send the response at all), and every other
+    /// header must arrive as it was.
+    #[tokio::test]
+    async fn http2_responses_lose_their_connection_specific_headers_and_keep_the_rest() {
+        use hyper::header::{HeaderName, HeaderValue};
+        let hop_by_hop = [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+            "x-named-by-connection",
+        ];
+        async fn fetch(strip: bool, hop_by_hop: [&'static str; 7]) -> hyper::HeaderMap {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let service = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+                let mut response = Response::new(http_body_util::Full::new(
+                    hyper::body::Bytes::from_static(b"ok"),
+                ));
+                let headers = response.headers_mut();
+                headers.insert("x-kept", HeaderValue::from_static("yes"));
+                headers.insert("content-type", HeaderValue::from_static("text/plain"));
+                if strip {
+                    for name in hop_by_hop {
+                        let value = match name {
+                            "connection" => "x-named-by-connection",
+                            "te" => "trailers",
+                            _ => "1",
+                        };
+                        headers.insert(
+                            HeaderName::from_static(name),
+                            HeaderValue::from_static(value),
+                        );
+                    }
+                }
+                Ok::<_, hyper::Error>(response)
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(server), service),
+            );
+            let (mut h2, connection) = h2::client::handshake(client).await.unwrap();
+            tokio::spawn(connection);
+            let request = Request::get("http://localhost/").body(()).unwrap();
+            let (response, _) = h2.send_request(request, true).unwrap();
+            let response = response.await.expect("the response was sent");
+            assert_eq!(response.status(), 200);
+            response.headers().clone()
+        }
+        for strip in [false, true] {
+            let headers = fetch(strip, hop_by_hop).await;
+            assert_eq!(headers.get("x-kept").unwrap(), "yes", "{headers:?}");
+            assert_eq!(headers.get("content-type").unwrap(), "text/plain");
+            for name in hop_by_hop {
+                assert!(
+                    !headers.contains_key(name),
+                    "{name} reached the client: {headers:?}"
+                );
+            }
+        }
+    }
 }

@@ -48,6 +48,12 @@ enum MessageKind {
 }
 
 fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
+    // FENCEGATE: a message's few headers are walked once, and the removals below (six hashed
+    // lookups, each a no-op unless its header is there) run only when one of them is
+    // connection-specific. See FENCEGATE.md.
+    if !headers.keys().any(is_connection_specific) {
+        return;
+    }
     for header in &CONNECTION_HEADERS {
         if headers.remove(header).is_some() {
             warn!("Connection header illegal in HTTP/2: {}", header.as_str());
@@ -87,6 +93,11 @@ fn strip_connection_headers(headers: &mut HeaderMap, kind: MessageKind) {
             }
         }
     }
+}
+
+// FENCEGATE: every name `strip_connection_headers` removes (or, for a request's TE, may remove).
+fn is_connection_specific(name: &HeaderName) -> bool {
+    name == CONNECTION || name == http::header::TE || CONNECTION_HEADERS.contains(name)
 }
 
 // body adapters used by both Client and Server
