@@ -10,6 +10,9 @@
 # H2=1 sends the PUTs over h2c instead, as the load bench's h2c step does (h2load, 4 connections
 # x 16 streams, random keys out of 10,000, one token, BEARER as above; conns, LUA and IDEM are
 # ignored; needs nghttp2-client).
+# H2=1 READS=1 measures GETs over h2c instead: the warm-up writes every key 1..10,000 once (h2load
+# gives each connection the whole list of URIs, so one connection), and
+# the window reads random ones (each answer carries its key's own x-fencing-token).
 # MANGLED=1 keeps symbol names as the linker knows them (for bench/scripts/hot-order.py).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
@@ -31,13 +34,26 @@ if [ -n "$H2" ]; then
   # h2load's "status codes: N 2xx, 0 3xx, M 4xx, 0 5xx" in wrk's words (every response, and
   # those not 2xx), for the lines below.
   load() {
-    h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris -d /tmp/cg.$label.body -H ":method: PUT" \
-      -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
-      ${BEARER:+-H "authorization: Bearer $BEARER"} |
-      awk '/^status codes:/ {gsub(",", ""); print "  " $3 + $5 + $7 + $9 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}'
+    if [ -z "$READS" ]; then
+      h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris -d /tmp/cg.$label.body -H ":method: PUT" \
+        -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
+        ${BEARER:+-H "authorization: Bearer $BEARER"}
+    elif [ "$1" = warm ]; then
+      seq 1 10000 | sed "s|^|http://127.0.0.1:$port/v1/kv/|" > /tmp/cg.$label.all
+      h2load -c1 -m16 -t1 -n 10000 -i /tmp/cg.$label.all -d /tmp/cg.$label.body -H ":method: PUT" \
+        -H "content-type: application/json" -H "x-fencing-token: $(date +%s%N)" \
+        ${BEARER:+-H "authorization: Bearer $BEARER"}
+    else
+      h2load -c4 -m16 -t1 -D "$1" -i /tmp/cg.$label.uris ${BEARER:+-H "authorization: Bearer $BEARER"}
+    fi | awk '/^status codes:/ {gsub(",", ""); print "  " $3 + $5 + $7 + $9 " requests in"; print "Non-2xx or 3xx responses: " $5 + $7 + $9}'
   }
 else
   load() { wrk -t1 -c$conns -d"$1"s -s "$lua" http://127.0.0.1:$port; }
+fi
+if [ -n "$H2" ] && [ -n "$READS" ]; then
+  load warm >/dev/null
+  # The warm-up gave every key one token; each key's own, as after writes of many holders.
+  psql -q -h 127.0.0.1 -U postgres -c "UPDATE fencegate.fencegate_kv SET fence_token = fence_token + key::bigint, key_fence = key_fence + key::bigint" $db
 fi
 load 3 >/dev/null
 callgrind_control -z $vpid >/dev/null

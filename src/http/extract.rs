@@ -20,6 +20,16 @@ static TOKEN: HeaderName = HeaderName::from_static(TOKEN_HEADER);
 static SCOPE: HeaderName = HeaderName::from_static(SCOPE_HEADER);
 static PROOF: HeaderName = HeaderName::from_static(PROOF_HEADER);
 
+/// Puts a read's `X-Fencing-Token` into its answer. The value is sent never indexed by
+/// HTTP/2's header compression (as the request id is): tokens differ from key to key, so the
+/// HPACK table would store one per read, compare each new one with every token it holds, and
+/// evict the fields that do repeat (content-type, date). HTTP/1.1 is unchanged.
+pub(super) fn answer_token(headers: &mut HeaderMap, token: FencingToken) {
+    let mut value = axum::http::HeaderValue::from(token.get());
+    value.set_sensitive(true);
+    headers.insert(TOKEN.clone(), value);
+}
+
 /// The single `X-Fencing-Token` header: missing -> 428, anything not canonical -> 400.
 pub struct Token(pub FencingToken);
 

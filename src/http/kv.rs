@@ -2,7 +2,7 @@
 
 use axum::{
     extract::State,
-    http::{HeaderMap, HeaderValue, StatusCode},
+    http::StatusCode,
     response::{IntoResponse, Response},
     Json,
 };
@@ -290,12 +290,6 @@ pub async fn get(
             key.as_str()
         )));
     };
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        super::extract::TOKEN_HEADER,
-        HeaderValue::from_str(&entry.fence_token.to_string())
-            .expect("digits are a valid header value"),
-    );
     let body = KvRead {
         fence_token: entry.fence_token,
         key: &key,
@@ -304,7 +298,9 @@ pub async fn get(
         value: &entry.value,
         version: entry.version,
     };
-    Ok((headers, Json(body)).into_response())
+    let mut response = Json(body).into_response();
+    super::extract::answer_token(response.headers_mut(), entry.fence_token);
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::{
     extract::{FromRequestParts, State},
-    http::{request::Parts, HeaderMap, HeaderValue, StatusCode},
+    http::{request::Parts, StatusCode},
     response::{IntoResponse, Response},
     Json,
 };
@@ -343,13 +343,6 @@ pub async fn get(
             resource.name
         )));
     };
-    let mut headers = HeaderMap::new();
-    if let Some(token) = entry.fence_token {
-        headers.insert(
-            super::extract::TOKEN_HEADER,
-            HeaderValue::from_str(&token.to_string()).expect("digits are a valid header value"),
-        );
-    }
     let body = RowRead {
         resource: &resource.name,
         key: &entry.key,
@@ -357,5 +350,9 @@ pub async fn get(
         fence_token: entry.fence_token,
         scope: entry.scope.as_deref(),
     };
-    Ok((headers, Json(body)).into_response())
+    let mut response = Json(body).into_response();
+    if let Some(token) = entry.fence_token {
+        super::extract::answer_token(response.headers_mut(), token);
+    }
+    Ok(response)
 }

@@ -672,6 +672,44 @@ fn representations(block: &[u8]) -> Vec<char> {
     kinds
 }
 
+/// A read's `x-fencing-token` differs from key to key, so it too is sent never indexed: two
+/// reads of keys with different tokens each carry two never-indexed fields (the id and the
+/// token), and nothing of theirs is added to the connection's table.
+#[tokio::test]
+async fn read_tokens_are_never_indexed() {
+    let app = spawn_app().await;
+    app.kv_put("never-indexed-a", "7", &serde_json::json!(1))
+        .await
+        .expect(201);
+    app.kv_put("never-indexed-b", "8", &serde_json::json!(2))
+        .await
+        .expect(201);
+    let (read, mut writer) = reading(&app, Duration::from_secs(10), |seen| {
+        seen.count(HEADERS) == 2
+    })
+    .await;
+    for (id, key) in [(1u32, "never-indexed-a"), (3, "never-indexed-b")] {
+        let block = request_block(true, &format!("/v1/kv/{key}"));
+        let request = frame(HEADERS, END_STREAM | END_HEADERS, id, &block);
+        writer.write_all(&request).await.unwrap();
+    }
+    let seen = read.await.unwrap();
+    let blocks: Vec<Vec<char>> = seen
+        .frames
+        .iter()
+        .filter(|f| f.0 == HEADERS)
+        .map(|f| representations(&f.3))
+        .collect();
+    assert_eq!(blocks.len(), 2, "two responses: {:?}", seen.frames);
+    for kinds in &blocks {
+        assert_eq!(
+            kinds.iter().filter(|k| **k == 'N').count(),
+            2,
+            "each read's id and token are never indexed: {blocks:?}"
+        );
+    }
+}
+
 /// A request id is unique to its response, so HTTP/2's header compression is told never to
 /// index it: it neither fills the connection's table nor evicts the fields that repeat. The
 /// same holds for an id the client sent, which is echoed (the third request's).
