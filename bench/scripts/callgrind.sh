@@ -16,6 +16,7 @@
 # MANGLED=1 keeps symbol names as the linker knows them (for bench/scripts/hot-order.py).
 set -e
 bin=$1; label=$2; conns=${3:-1}; secs=${4:-10}
+if [ -n "$READS" ] && [ -z "$H2" ]; then echo "READS=1 needs H2=1 (reads are measured over h2c)" >&2; exit 2; fi
 db=fg_cg_$$
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $db" postgres
 port=$((40000 + RANDOM % 10000))
@@ -24,6 +25,8 @@ out=/tmp/cg.$label.out
 instr=no; [ -n "$FOOTPRINT" ] && instr=yes
 valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=$instr ${MANGLED:+--demangle=no} "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
+# Stopped and dropped however the script ends (the normal end below does both first).
+trap 'kill -INT $vpid 2>/dev/null; wait $vpid 2>/dev/null; psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" postgres' EXIT
 for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
 export BEARER TOKEN PROOF TOKEN_BASE IDEM
 lua=${LUA:-$(dirname "$0")/put.lua}
@@ -51,7 +54,8 @@ else
   load() { wrk -t1 -c$conns -d"$1"s -s "$lua" http://127.0.0.1:$port; }
 fi
 if [ -n "$H2" ] && [ -n "$READS" ]; then
-  load warm >/dev/null
+  load warm > /tmp/cg.$label.warm
+  grep -q "^Non-2xx or 3xx responses: 0$" /tmp/cg.$label.warm || { echo "the warm-up's writes failed: $(cat /tmp/cg.$label.warm)" >&2; exit 1; }
   # The warm-up gave every key one token; each key's own, as after writes of many holders.
   psql -q -h 127.0.0.1 -U postgres -c "UPDATE fencegate.fencegate_kv SET fence_token = fence_token + key::bigint, key_fence = key_fence + key::bigint" $db
 fi
@@ -62,6 +66,7 @@ callgrind_control -d $vpid >/dev/null
 sleep 1
 kill -INT $vpid; wait $vpid || true
 psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE $db WITH (FORCE)" postgres
+trap - EXIT
 reqs=$(grep -oE "^ *[0-9]+ requests in" /tmp/cg.$label.wrk | awk '{print $1}')
 non2xx=$(grep -oE "Non-2xx or 3xx responses: [0-9]+" /tmp/cg.$label.wrk | awk '{print $NF}')
 dump=$(ls -t $out* | grep -v "^$out$" | head -1)

@@ -23,7 +23,7 @@ static PROOF: HeaderName = HeaderName::from_static(PROOF_HEADER);
 /// Puts a read's `X-Fencing-Token` into its answer. The value is sent never indexed by
 /// HTTP/2's header compression (as the request id is): tokens differ from key to key, so the
 /// HPACK table would store one per read, compare each new one with every token it holds, and
-/// evict the fields that do repeat (content-type, date). HTTP/1.1 is unchanged.
+/// evict the fields that do repeat (content-type, date). HTTP/1.1 sends the same bytes as before.
 pub(super) fn answer_token(headers: &mut HeaderMap, token: FencingToken) {
     let mut value = axum::http::HeaderValue::from(token.get());
     value.set_sensitive(true);

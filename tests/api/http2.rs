@@ -674,7 +674,7 @@ fn representations(block: &[u8]) -> Vec<char> {
 
 /// A read's `x-fencing-token` differs from key to key, so it too is sent never indexed: two
 /// reads of keys with different tokens each carry two never-indexed fields (the id and the
-/// token), and nothing of theirs is added to the connection's table.
+/// token).
 #[tokio::test]
 async fn read_tokens_are_never_indexed() {
     let app = spawn_app().await;
