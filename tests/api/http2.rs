@@ -672,6 +672,15 @@ fn representations(block: &[u8]) -> Vec<char> {
     kinds
 }
 
+/// The representations (`representations`) of every header block the server sent, in order.
+fn response_representations(seen: &Seen) -> Vec<Vec<char>> {
+    seen.frames
+        .iter()
+        .filter(|f| f.0 == HEADERS)
+        .map(|f| representations(&f.3))
+        .collect()
+}
+
 /// A read's `x-fencing-token` differs from key to key, so it too is sent never indexed: two
 /// reads of keys with different tokens each carry two never-indexed fields (the id and the
 /// token).
@@ -694,12 +703,7 @@ async fn read_tokens_are_never_indexed() {
         writer.write_all(&request).await.unwrap();
     }
     let seen = read.await.unwrap();
-    let blocks: Vec<Vec<char>> = seen
-        .frames
-        .iter()
-        .filter(|f| f.0 == HEADERS)
-        .map(|f| representations(&f.3))
-        .collect();
+    let blocks = response_representations(&seen);
     assert_eq!(blocks.len(), 2, "two responses: {:?}", seen.frames);
     for kinds in &blocks {
         assert_eq!(
@@ -729,12 +733,7 @@ async fn request_ids_are_never_indexed() {
         writer.write_all(&request).await.unwrap();
     }
     let seen = read.await.unwrap();
-    let blocks: Vec<Vec<char>> = seen
-        .frames
-        .iter()
-        .filter(|f| f.0 == HEADERS)
-        .map(|f| representations(&f.3))
-        .collect();
+    let blocks = response_representations(&seen);
     assert_eq!(blocks.len(), 3, "three responses: {:?}", seen.frames);
     for kinds in &blocks {
         assert_eq!(
