@@ -43,6 +43,7 @@ perfpid=$!
 reqs=$(load "$secs" | awk '/requests in/ {print $1}')
 read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$pid/stat")
 wait $perfpid
+[ -n "$reqs" ] || { echo "the load generator answered nothing (fencegate's log: $work/fencegate.log)" >&2; cat "$work/fencegate.log" >&2; exit 1; }
 perf script --no-inline -F ip,sym -i "$work/perf.data" 2>/dev/null |
   python3 "$here/cpu-split.py" --requests "$reqs" --ticks $((u1 - u0 + s1 - s0)) \
     --user-ticks $((u1 - u0)) --hz "$(getconf CLK_TCK)" --label "$(basename "$bin") ${H2:+h2c }c$conns"
