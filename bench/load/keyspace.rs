@@ -135,6 +135,10 @@ struct DbCost {
     /// Share of updates that were HOT: the new row version fit on its page, so the index
     /// was not touched.
     hot_pct: f64,
+    /// PostgreSQL's CPU per applied write over the run, its VACUUM and CHECKPOINT included
+    /// (`pg_cpu`; None: no local server to read): what a write costs the database as the
+    /// keyspace grows, for coalesced statements and for pgbench's one row each.
+    cpu_us: Option<f64>,
 }
 
 fn db_cost(a: &Counters, b: &Counters) -> DbCost {
@@ -145,6 +149,7 @@ fn db_cost(a: &Counters, b: &Counters) -> DbCost {
         fpi: a.fpi.zip(b.fpi).map(|(a, b)| (b - a) as f64 / writes),
         misses: (b.buffers_alloc - a.buffers_alloc) as f64 / writes,
         hot_pct: 100.0 * (b.tup_hot_upd - a.tup_hot_upd) as f64 / updates,
+        cpu_us: None,
     }
 }
 
@@ -152,6 +157,11 @@ impl DbCost {
     fn fpi_cell(&self) -> String {
         self.fpi
             .map_or_else(|| "–".to_owned(), |f| format!("{f:.2}"))
+    }
+
+    fn cpu_cell(&self) -> String {
+        self.cpu_us
+            .map_or_else(|| "–".to_owned(), |c| format!("{c:.1}"))
     }
 }
 
@@ -223,11 +233,12 @@ fn short(n: u64) -> String {
 
 fn print_db(c: &DbCost) {
     println!(
-        "             database per write: WAL {:.0} B, full-page images {}, pages read into shared_buffers {:.2}; HOT updates {:.1}%",
+        "             database per write: WAL {:.0} B, full-page images {}, pages read into shared_buffers {:.2}; HOT updates {:.1}%; PostgreSQL CPU {} µs",
         c.wal,
         c.fpi_cell(),
         c.misses,
-        c.hot_pct
+        c.hot_pct,
+        c.cpu_cell()
     );
 }
 
@@ -265,7 +276,10 @@ pub async fn measure(
         let before = counters(db).await?;
         let r =
             fencegate_step(addrs, CONNS, Workload::Random { keys: live }, s, s.step, db).await?;
-        let fg_db = db_cost(&before, &counters(db).await?);
+        let fg_db = DbCost {
+            cpu_us: r.pg_cpu_us,
+            ..db_cost(&before, &counters(db).await?)
+        };
         let (fg_rate, fg) = report_fg(&name, CONNS, &r);
         print_db(&fg_db);
         let fg_cpu_us = r.cpu_ticks.per(r.stats.put_ok).0;
@@ -287,7 +301,10 @@ pub async fn measure(
             db,
         )
         .await?;
-        let pg_db = db_cost(&before, &counters(db).await?);
+        let pg_db = DbCost {
+            cpu_us: p.pg_cpu_us,
+            ..db_cost(&before, &counters(db).await?)
+        };
         let (pg_rate, pg, pg_errors) = report_pg(&name, CONNS, &p, true);
         print_db(&pg_db);
         println!(
@@ -407,15 +424,16 @@ pub fn table(s: &Settings, server: &str, sizes: &[Size]) -> String {
         "Where the database's work went, per applied write, fencegate / pgbench (server-wide counters over each run, \
          fencegate's warm-up included): WAL bytes, full-page images (the first change of a page after a checkpoint \
          logs the whole 8 KiB page), pages read into shared_buffers (from the OS page cache or the disk), and the \
-         share of HOT updates (the new row version fit on its page, so the index was not touched)."
+         share of HOT updates (the new row version fit on its page, so the index was not touched), and PostgreSQL's \
+         CPU per applied write (its processes' user + system time over the run, the run's VACUUM and CHECKPOINT included)."
     );
     let _ = writeln!(t);
-    let _ = writeln!(t, "| keys | WAL B/write | full-page images/write | pages read/write | HOT updates % | table MiB after the run |");
-    let _ = writeln!(t, "|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(t, "| keys | WAL B/write | full-page images/write | pages read/write | HOT updates % | table MiB after the run | PostgreSQL CPU µs/write |");
+    let _ = writeln!(t, "|--:|--:|--:|--:|--:|--:|--:|");
     for z in sizes {
         let _ = writeln!(
             t,
-            "| {} | {:.0} / {:.0} | {} / {} | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} / {:.1} |",
+            "| {} | {:.0} / {:.0} | {} / {} | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} / {:.1} | {} / {} |",
             thousands(z.live),
             z.fg_db.wal,
             z.pg_db.wal,
@@ -427,6 +445,8 @@ pub fn table(s: &Settings, server: &str, sizes: &[Size]) -> String {
             z.pg_db.hot_pct,
             mib(z.fg_after),
             mib(z.pg_after),
+            z.fg_db.cpu_cell(),
+            z.pg_db.cpu_cell(),
         );
     }
     if let Some(last) = sizes.last().filter(|_| sizes.len() > 1) {
