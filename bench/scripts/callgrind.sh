@@ -26,7 +26,7 @@ instr=no; [ -n "$FOOTPRINT" ] && instr=yes
 valgrind --tool=callgrind --callgrind-out-file=$out --dump-instr=$instr ${MANGLED:+--demangle=no} "$bin" serve --listen 127.0.0.1:$port --database-url postgres://postgres@127.0.0.1:5432/$db ${CONFIG:+--config "$CONFIG"} >/tmp/cg.$label.log 2>&1 &
 vpid=$!
 # Stopped and dropped however the script ends (the normal end below does both first).
-trap 'kill -INT $vpid 2>/dev/null; wait $vpid 2>/dev/null; psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" postgres' EXIT
+trap 'set +e; kill -INT $vpid 2>/dev/null; wait $vpid 2>/dev/null; psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" postgres' EXIT
 for i in $(seq 1 120); do curl -s -m 2 -o /dev/null http://127.0.0.1:$port/healthz && break; sleep 0.5; done
 export BEARER TOKEN PROOF TOKEN_BASE IDEM
 lua=${LUA:-$(dirname "$0")/put.lua}
