@@ -141,7 +141,8 @@ struct DbCost {
     cpu_us: Option<f64>,
 }
 
-fn db_cost(a: &Counters, b: &Counters) -> DbCost {
+/// `cpu_us`: PostgreSQL's CPU per applied write, as the run measured it (`pg_cpu`).
+fn db_cost(a: &Counters, b: &Counters, cpu_us: Option<f64>) -> DbCost {
     let writes = (b.versions - a.versions).max(1) as f64;
     let updates = (b.tup_upd - a.tup_upd).max(1) as f64;
     DbCost {
@@ -149,7 +150,7 @@ fn db_cost(a: &Counters, b: &Counters) -> DbCost {
         fpi: a.fpi.zip(b.fpi).map(|(a, b)| (b - a) as f64 / writes),
         misses: (b.buffers_alloc - a.buffers_alloc) as f64 / writes,
         hot_pct: 100.0 * (b.tup_hot_upd - a.tup_hot_upd) as f64 / updates,
-        cpu_us: None,
+        cpu_us,
     }
 }
 
@@ -276,10 +277,7 @@ pub async fn measure(
         let before = counters(db).await?;
         let r =
             fencegate_step(addrs, CONNS, Workload::Random { keys: live }, s, s.step, db).await?;
-        let fg_db = DbCost {
-            cpu_us: r.pg_cpu_us,
-            ..db_cost(&before, &counters(db).await?)
-        };
+        let fg_db = db_cost(&before, &counters(db).await?, r.pg_cpu_us);
         let (fg_rate, fg) = report_fg(&name, CONNS, &r);
         print_db(&fg_db);
         let fg_cpu_us = r.cpu_ticks.per(r.stats.put_ok).0;
@@ -301,10 +299,7 @@ pub async fn measure(
             db,
         )
         .await?;
-        let pg_db = DbCost {
-            cpu_us: p.pg_cpu_us,
-            ..db_cost(&before, &counters(db).await?)
-        };
+        let pg_db = db_cost(&before, &counters(db).await?, p.pg_cpu_us);
         let (pg_rate, pg, pg_errors) = report_pg(&name, CONNS, &p, true);
         print_db(&pg_db);
         println!(

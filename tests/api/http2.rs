@@ -672,13 +672,27 @@ fn representations(block: &[u8]) -> Vec<char> {
     kinds
 }
 
-/// The representations (`representations`) of every header block the server sent, in order.
-fn response_representations(seen: &Seen) -> Vec<Vec<char>> {
-    seen.frames
+/// Sends each header block as a request of its own on one connection (streams 1, 3, 5, ...),
+/// waits for as many response header blocks, and returns what was seen with the
+/// representations (`representations`) of every header block the server sent, in order.
+async fn answered_representations(app: &TestApp, blocks: &[Vec<u8>]) -> (Seen, Vec<Vec<char>>) {
+    let answers = blocks.len();
+    let (read, mut writer) = reading(app, Duration::from_secs(10), move |seen| {
+        seen.count(HEADERS) == answers
+    })
+    .await;
+    for (stream, block) in (1u32..).step_by(2).zip(blocks) {
+        let request = frame(HEADERS, END_STREAM | END_HEADERS, stream, block);
+        writer.write_all(&request).await.unwrap();
+    }
+    let seen = read.await.unwrap();
+    let kinds = seen
+        .frames
         .iter()
         .filter(|f| f.0 == HEADERS)
         .map(|f| representations(&f.3))
-        .collect()
+        .collect();
+    (seen, kinds)
 }
 
 /// A read's `x-fencing-token` differs from key to key, so it too is sent never indexed: two
@@ -693,17 +707,9 @@ async fn read_tokens_are_never_indexed() {
     app.kv_put("never-indexed-b", "8", &serde_json::json!(2))
         .await
         .expect(201);
-    let (read, mut writer) = reading(&app, Duration::from_secs(10), |seen| {
-        seen.count(HEADERS) == 2
-    })
-    .await;
-    for (id, key) in [(1u32, "never-indexed-a"), (3, "never-indexed-b")] {
-        let block = request_block(true, &format!("/v1/kv/{key}"));
-        let request = frame(HEADERS, END_STREAM | END_HEADERS, id, &block);
-        writer.write_all(&request).await.unwrap();
-    }
-    let seen = read.await.unwrap();
-    let blocks = response_representations(&seen);
+    let reads = ["never-indexed-a", "never-indexed-b"]
+        .map(|key| request_block(true, &format!("/v1/kv/{key}")));
+    let (seen, blocks) = answered_representations(&app, &reads).await;
     assert_eq!(blocks.len(), 2, "two responses: {:?}", seen.frames);
     for kinds in &blocks {
         assert_eq!(
@@ -720,20 +726,9 @@ async fn read_tokens_are_never_indexed() {
 #[tokio::test]
 async fn request_ids_are_never_indexed() {
     let app = spawn_app().await;
-    let (read, mut writer) = reading(&app, Duration::from_secs(10), |seen| {
-        seen.count(HEADERS) == 3
-    })
-    .await;
-    for id in [1u32, 3, 5] {
-        let mut block = request_block(true, "/healthz");
-        if id == 5 {
-            block.extend(literal("x-request-id", b"trace-42"));
-        }
-        let request = frame(HEADERS, END_STREAM | END_HEADERS, id, &block);
-        writer.write_all(&request).await.unwrap();
-    }
-    let seen = read.await.unwrap();
-    let blocks = response_representations(&seen);
+    let mut requests = [1, 2, 3].map(|_| request_block(true, "/healthz"));
+    requests[2].extend(literal("x-request-id", b"trace-42"));
+    let (seen, blocks) = answered_representations(&app, &requests).await;
     assert_eq!(blocks.len(), 3, "three responses: {:?}", seen.frames);
     for kinds in &blocks {
         assert_eq!(
