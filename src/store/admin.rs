@@ -301,6 +301,12 @@ impl Store {
                             "a fence was reset: forgetting cached fences"
                         );
                         self.high_water.clear();
+                    } else if seen.is_none() {
+                        // The first reading is the baseline, but the process may have served
+                        // (and cached fences) before it answered: a reset committed in between
+                        // is counted in `newest` and would never be seen as a change. Forgetting
+                        // once here costs a few round trips at start-up.
+                        self.high_water.clear();
                     }
                     seen = Some(newest);
                 }
