@@ -245,6 +245,16 @@ pub fn validate(reset: &Reset) -> Result<(), ResetRefused> {
     }
 }
 
+/// What the audit-log poll compares between readings: the rows committed and the newest id.
+/// The newest id alone misses a reset on PostgreSQL: ids are taken when a row is inserted, so
+/// a transaction holding id 5 can commit after another's id 6 was already read, leaving the
+/// newest id at 6. The count still moves (audit rows are never deleted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) struct AuditMark {
+    pub rows: i64,
+    pub newest: i64,
+}
+
 /// How often each process checks the audit log for resets made elsewhere (the fallback to
 /// PostgreSQL's `NOTIFY`, and SQLite's only way to hear of them).
 pub const RESET_POLL: Duration = Duration::from_millis(500);
@@ -282,33 +292,34 @@ impl Store {
 
     /// Forgets cached fences whenever another process resets one: on PostgreSQL at once
     /// (`LISTEN fencegate_reset`), and on every backend within [`RESET_POLL`] by watching the
-    /// audit log's newest id (the fallback for a lost notification or listener connection).
+    /// audit log's row count and newest id (the fallback for a lost notification or listener
+    /// connection).
     /// Runs until aborted.
     pub async fn watch_resets(self) {
         let listener = on_backend!(&self.backend, b => b.listen_resets(self.high_water.clone()));
         let _listener = listener.map(crate::task::AbortOnDrop);
-        let mut seen: Option<i64> = None;
+        let mut seen: Option<AuditMark> = None;
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let newest = detached!(self, b => b.newest_audit_id().await);
-            match newest {
-                Ok(newest) => {
-                    if seen.is_some() && seen != Some(newest) {
+            let mark = detached!(self, b => b.audit_mark().await);
+            match mark {
+                Ok(mark) => {
+                    if seen.is_some() && seen != Some(mark) {
                         tracing::info!(
-                            audit_id = newest,
+                            audit_id = mark.newest,
                             "a fence was reset: forgetting cached fences"
                         );
                         self.high_water.clear();
                     } else if seen.is_none() {
                         // The first reading is the baseline, but the process may have served
                         // (and cached fences) before it answered: a reset committed in between
-                        // is counted in `newest` and would never be seen as a change. Forgetting
+                        // is counted in `mark` and would never be seen as a change. Forgetting
                         // once here costs a few round trips at start-up.
                         self.high_water.clear();
                     }
-                    seen = Some(newest);
+                    seen = Some(mark);
                 }
                 // Unreachable database: nothing can be written now either; try again later.
                 Err(err) => tracing::debug!(error = %err, "cannot read the audit log"),
@@ -329,8 +340,9 @@ pub(in crate::store) trait AdminStore {
     /// The newest audit rows first, at most `limit`.
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError>;
 
-    /// The newest audit row's id (0: none): a change means another process reset a fence.
-    async fn newest_audit_id(&self) -> Result<i64, StoreError>;
+    /// How many audit rows there are and the newest one's id: a change means another process
+    /// reset a fence.
+    async fn audit_mark(&self) -> Result<AuditMark, StoreError>;
 
     /// A task that clears `high_water` as soon as another process resets a fence, if the
     /// backend can be told (else the audit-log poll is the only way to hear of it).

@@ -368,6 +368,86 @@ async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode
     );
 }
 
+/// A reset's audit id is taken when its row is inserted, not when it commits: a reset whose
+/// transaction commits after a newer one was already seen must still reach the other process
+/// through the poll (which therefore watches the row count, not only the newest id).
+#[tokio::test]
+async fn a_reset_committed_after_a_newer_one_still_reaches_the_other_process() {
+    let (db, bouncer) = behind(PoolMode::Transaction, 4).await;
+    let url = bouncer.url(&db);
+    let one = spawn_app_on(url.clone(), |s| {
+        s.database.pooler = Pooler::Transaction;
+        s.database.max_connections = 4;
+    })
+    .await;
+    one.get("/readyz").await.expect(200);
+    let two_process = spawn_binary_configured(&url, TRANSACTION_MODE_TOML, None).await;
+    let two = two_process.view();
+    let (early, late) = (unique("early"), unique("late"));
+    for key in [&early, &late] {
+        two.kv_put(key, "50", &json!(1)).await.expect(201);
+    }
+    // A reset of `early` in the making, as fencegate's own is (the fence and its audit row in
+    // one transaction): it takes its audit id now and commits last.
+    let mut held = PgConnection::connect(&db).await.expect("connect directly");
+    held.execute("BEGIN").await.unwrap();
+    sqlx::query(
+        "INSERT INTO fencegate.fencegate_audit (actor, action, target, name, from_token, to_token, reason)
+         VALUES ('test', 'reset', 'key', $1, 50, 5, 'committed last')",
+    )
+    .bind(&early)
+    .execute(&mut held)
+    .await
+    .unwrap();
+    // A newer reset commits first, and process two hears of it.
+    one.send(
+        one.req(Method::POST, &format!("/v1/admin/kv/{late}/reset"))
+            .json(&json!({"to": "5", "reason": "committed first"})),
+    )
+    .await
+    .expect(200);
+    let started = Instant::now();
+    loop {
+        let r = two.kv_put(&late, "10", &json!(2)).await;
+        if r.status == 200 {
+            break;
+        }
+        r.stale_key(&late, "10", "50");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "process two never heard of the first reset"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Process two caches `early` at 50 again; then the older reset commits.
+    two.kv_put(&early, "10", &json!(2))
+        .await
+        .stale_key(&early, "10", "50");
+    sqlx::query("UPDATE fencegate.fencegate_kv SET key_fence = 5 WHERE key = $1")
+        .bind(&early)
+        .execute(&mut held)
+        .await
+        .unwrap();
+    held.execute("COMMIT").await.unwrap();
+    let committed = Instant::now();
+    loop {
+        let r = two.kv_put(&early, "10", &json!(3)).await;
+        if r.status == 200 {
+            break;
+        }
+        r.stale_key(&early, "10", "50");
+        assert!(
+            committed.elapsed() < Duration::from_secs(10),
+            "process two still refuses 10 for {early} 10 s after its reset to 5 committed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "the reset committed last reached process two after {:?}",
+        committed.elapsed()
+    );
+}
+
 /// The reset listener (`LISTEN`) connects to `database.listen_url` when set, directly; in
 /// transaction mode without it there is none at all (the audit-log poll carries resets).
 #[tokio::test]

@@ -20,8 +20,8 @@ use crate::{
     fence::{FencingToken, HighWater, Key, Scope},
     store::{
         admin::{
-            decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone,
-            ResetRefused, ResetTarget, RESET_POLL,
+            decide, AuditEntry, AuditMark, Change, Rebind, RebindDone, RebindTarget, Reset,
+            ResetDone, ResetRefused, ResetTarget, RESET_POLL,
         },
         backend::AdminStore,
         decode::audit_entry,
@@ -111,13 +111,14 @@ impl AdminStore for PgStore {
         rows.iter().map(audit_entry).collect()
     }
 
-    async fn newest_audit_id(&self) -> Result<i64, StoreError> {
+    async fn audit_mark(&self) -> Result<AuditMark, StoreError> {
         let mut conn = self.conns.take().await?;
-        let id: i64 = sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit")
-            .fetch_one(&mut *conn)
-            .await?;
+        let (rows, newest): (i64, i64) =
+            sqlx::query_as("SELECT count(*), COALESCE(max(id), 0) FROM fencegate_audit")
+                .fetch_one(&mut *conn)
+                .await?;
         conn.done();
-        Ok(id)
+        Ok(AuditMark { rows, newest })
     }
 
     /// `LISTEN fencegate_reset` on a connection of its own (application_name

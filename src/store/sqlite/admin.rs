@@ -17,8 +17,8 @@ use crate::{
     fence::{FencingToken, HighWater, Key, Scope},
     store::{
         admin::{
-            decide, AuditEntry, Change, Rebind, RebindDone, RebindTarget, Reset, ResetDone,
-            ResetRefused, ResetTarget,
+            decide, AuditEntry, AuditMark, Change, Rebind, RebindDone, RebindTarget, Reset,
+            ResetDone, ResetRefused, ResetTarget,
         },
         backend::AdminStore,
         decode::audit_entry,
@@ -79,12 +79,12 @@ impl AdminStore for SqliteStore {
         rows.iter().map(audit_entry).collect()
     }
 
-    async fn newest_audit_id(&self) -> Result<i64, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM fencegate_audit")
+    async fn audit_mark(&self) -> Result<AuditMark, StoreError> {
+        let (rows, newest): (i64, i64) =
+            sqlx::query_as("SELECT count(*), COALESCE(max(id), 0) FROM fencegate_audit")
                 .fetch_one(&self.pool)
-                .await?,
-        )
+                .await?;
+        Ok(AuditMark { rows, newest })
     }
 
     /// SQLite cannot notify: the audit-log poll is how every process hears of a reset.
