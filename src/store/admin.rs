@@ -303,9 +303,12 @@ impl Store {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let mark = detached!(self, b => b.audit_mark().await);
+            let mark = tokio::time::timeout(UNHEARD_AFTER, async {
+                detached!(self, b => b.audit_mark().await)
+            })
+            .await;
             match mark {
-                Ok(mark) => {
+                Ok(Ok(mark)) => {
                     if seen.is_some() && seen != Some(mark) {
                         tracing::info!(
                             audit_id = mark.newest,
@@ -321,12 +324,31 @@ impl Store {
                     }
                     seen = Some(mark);
                 }
-                // Unreachable database: nothing can be written now either; try again later.
-                Err(err) => tracing::debug!(error = %err, "cannot read the audit log"),
+                // No reading: a reset made meanwhile may be unheard (its notification lost on
+                // the same cut), and a cached fence would answer 412 "stale" to the token the
+                // reset admits, telling its holder it lost the lock. Forget the cache on every
+                // failed reading, so that what it refuses was read from the database at most
+                // one reading ago; the next reading starts a new baseline.
+                failed => {
+                    match failed {
+                        Ok(Err(err)) => tracing::debug!(error = %err, "cannot read the audit log"),
+                        _ => tracing::debug!("the audit log did not answer in time"),
+                    }
+                    if seen.take().is_some() {
+                        tracing::info!(
+                            "cannot read the audit log: forgetting cached fences until it answers"
+                        );
+                    }
+                    self.high_water.clear();
+                }
             }
         }
     }
 }
+
+/// How long the reset watcher waits for a reading of the audit log before it takes the reading
+/// as failed (and forgets cached fences).
+const UNHEARD_AFTER: Duration = Duration::from_secs(1);
 
 /// The audited admin actions and the audit log (`admin.rs`).
 pub(in crate::store) trait AdminStore {

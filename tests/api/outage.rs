@@ -4,8 +4,9 @@
 //! PostgreSQL (tests/support/proxy.rs) that the test cuts (open connections reset, new ones
 //! closed as soon as they are accepted), then heals.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::json;
 
 use crate::db_url::{host_port, with_host_port};
@@ -238,4 +239,79 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
         .unwrap();
     app.send(put()).await.expect(201);
     app.get("/readyz").await.expect(200);
+}
+
+/// A process cut off from the database cannot hear of a reset made through another one (the
+/// notification and the audit-log poll both need the database). Its reject-only cache must not
+/// go on answering 412 "stale" to the token the reset admits, telling that token's holder it
+/// lost the lock: within about a second of its first failed reading it answers 503 (retry), and
+/// once the database answers again the write is admitted.
+#[tokio::test]
+async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
+    let db = pg::fresh_database().await;
+    let upstream = tokio::net::lookup_host(host_port(&db))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let cut_off = spawn_app_on(
+        with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)),
+        |s| {
+            s.database.acquire_timeout_ms = 300;
+            s.server.request_timeout_ms = 1500;
+        },
+    )
+    .await;
+    let admin = spawn_app_on(db.clone(), |_| {}).await;
+    cut_off
+        .kv_put("k", "100", &json!("poisoned"))
+        .await
+        .expect(201);
+    cut_off
+        .kv_put("k", "50", &json!("x"))
+        .await
+        .stale_key("k", "50", "100"); // now in its cache
+                                      // A partition that drops packets: nothing fails, every statement just waits.
+    proxy.stall();
+    admin
+        .send(
+            admin
+                .req(Method::POST, "/v1/admin/kv/k/reset")
+                .json(&json!({"to": "10", "reason": "outage test"})),
+        )
+        .await
+        .expect(200);
+    let stalled = Instant::now();
+    loop {
+        let r = cut_off.kv_put("k", "50", &json!("during")).await;
+        if r.status != 412 {
+            r.problem(503, "unavailable");
+            break;
+        }
+        assert!(
+            stalled.elapsed() < Duration::from_secs(5),
+            "the cut-off process still answers 412 from its cache {:?} into the stall",
+            stalled.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "the cache stopped refusing {:?} into the stall",
+        stalled.elapsed()
+    );
+    proxy.heal();
+    let healed = Instant::now();
+    loop {
+        let r = cut_off.kv_put("k", "50", &json!("after")).await;
+        if r.status == 200 {
+            break;
+        }
+        assert_ne!(r.status, 412, "refused after the heal: {r:?}");
+        assert!(
+            healed.elapsed() < Duration::from_secs(20),
+            "not admitted 20 s after the heal: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
