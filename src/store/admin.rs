@@ -299,16 +299,30 @@ impl Store {
         let listener = on_backend!(&self.backend, b => b.listen_resets(self.high_water.clone()));
         let _listener = listener.map(crate::task::AbortOnDrop);
         let mut seen: Option<AuditMark> = None;
+        // One reading at a time: a reading that outlives `UNHEARD_AFTER` (a stalled database)
+        // is waited for again at the next tick rather than joined by another, which would take
+        // another connection for as long as the database stays silent.
+        let mut reading: Option<tokio::task::JoinHandle<Result<AuditMark, StoreError>>> = None;
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let mark = tokio::time::timeout(UNHEARD_AFTER, async {
-                detached!(self, b => b.audit_mark().await)
-            })
-            .await;
+            let mut pending = reading.take().unwrap_or_else(|| {
+                let store = self.clone();
+                tokio::spawn(async move { detached!(store, b => b.audit_mark().await) })
+            });
+            let mark = match tokio::time::timeout(UNHEARD_AFTER, &mut pending).await {
+                Ok(Ok(mark)) => mark,
+                Ok(Err(joined)) => Err(StoreError::Task(joined.to_string())),
+                Err(_) => {
+                    reading = Some(pending);
+                    Err(StoreError::Task(
+                        "the audit log did not answer in time".into(),
+                    ))
+                }
+            };
             match mark {
-                Ok(Ok(mark)) => {
+                Ok(mark) => {
                     if seen.is_some() && seen != Some(mark) {
                         tracing::info!(
                             audit_id = mark.newest,
@@ -319,7 +333,8 @@ impl Store {
                         // The first reading is the baseline, but the process may have served
                         // (and cached fences) before it answered: a reset committed in between
                         // is counted in `mark` and would never be seen as a change. Forgetting
-                        // once here costs a few round trips at start-up.
+                        // once here costs a few round trips at start-up (and after a failed
+                        // reading, below).
                         self.high_water.clear();
                     }
                     seen = Some(mark);
@@ -328,12 +343,11 @@ impl Store {
                 // the same cut), and a cached fence would answer 412 "stale" to the token the
                 // reset admits, telling its holder it lost the lock. Forget the cache on every
                 // failed reading, so that what it refuses was read from the database at most
-                // one reading ago; the next reading starts a new baseline.
-                failed => {
-                    match failed {
-                        Ok(Err(err)) => tracing::debug!(error = %err, "cannot read the audit log"),
-                        _ => tracing::debug!("the audit log did not answer in time"),
-                    }
+                // about `RESET_POLL + UNHEARD_AFTER` ago; the next reading starts a new
+                // baseline. Under a pool too busy to lend a connection within `UNHEARD_AFTER`
+                // this costs a round trip per refused token, no more.
+                Err(err) => {
+                    tracing::debug!(error = %err, "cannot read the audit log");
                     if seen.take().is_some() {
                         tracing::info!(
                             "cannot read the audit log: forgetting cached fences until it answers"

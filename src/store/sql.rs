@@ -58,12 +58,13 @@ pub(crate) fn sql_scope_check(scopes: ScopeRule, remembered: &str, presented: &s
 /// token is 0 until the first grant. Every statement that raises a scope's fence for a write or
 /// a claim is gated by it (lock grants pass it by construction: the grant updates the lock row
 /// first, in the same transaction). Evaluated on the statement's snapshot: a grant committed
-/// after it is not seen. On a reserved scope that can only refuse more. On a scope that is not
+/// after it is not seen. On a reserved scope that can only refuse more, and so on SQLite, whose
+/// writing statements read under its one write lock. On PostgreSQL, on a scope that is not
 /// reserved, a write whose snapshot predates the lock's first grant (or its first grant after
 /// a retire) passes, and once the grant commits it may raise the fence past the granted token:
 /// the write's token was admissible a moment earlier, when it would have made the grant issue
 /// above it. The fence still never goes down, so no token below it is admitted; the holder is
-/// refused (412) and its next grant issues above the fence. Reserve the scope (`[locks]
+/// refused (412) and the lock's next grant issues above the fence. Reserve the scope (`[locks]
 /// names`) to have the built-in lock as its one token source from the start.
 pub(crate) fn sql_issued_check(scope: &str, token: &str, reserved: &Reserved) -> String {
     format!(

@@ -244,8 +244,8 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
 /// A process cut off from the database cannot hear of a reset made through another one (the
 /// notification and the audit-log poll both need the database). Its reject-only cache must not
 /// go on answering 412 "stale" to the token the reset admits, telling that token's holder it
-/// lost the lock: within about a second of its first failed reading it answers 503 (retry), and
-/// once the database answers again the write is admitted.
+/// lost the lock: within about 1.5 s of the cut it answers 503 (retry), and once the database
+/// answers again the write is admitted.
 #[tokio::test]
 async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
     let db = pg::fresh_database().await;
@@ -271,8 +271,9 @@ async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
     cut_off
         .kv_put("k", "50", &json!("x"))
         .await
-        .stale_key("k", "50", "100"); // now in its cache
-                                      // A partition that drops packets: nothing fails, every statement just waits.
+        .stale_key("k", "50", "100");
+    // Now in its cache. Then a partition that drops packets: nothing fails, every statement
+    // just waits.
     proxy.stall();
     admin
         .send(
@@ -290,7 +291,7 @@ async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
             break;
         }
         assert!(
-            stalled.elapsed() < Duration::from_secs(5),
+            stalled.elapsed() < Duration::from_secs(10),
             "the cut-off process still answers 412 from its cache {:?} into the stall",
             stalled.elapsed()
         );
