@@ -135,6 +135,11 @@ fn describe() {
         "Stale writes refused by the reject-only fence cache, without a database round trip."
     );
     describe_counter!(
+        "fencegate_cache_clears_total",
+        Unit::Count,
+        "Times this process forgot its cached fences, by reason: reset (a reset made here or elsewhere), start, listener (the reset listener reconnected), unheard (the audit log could not be read within a second, so a reset may have gone unheard)."
+    );
+    describe_counter!(
         "fencegate_raced_refusals_total",
         Unit::Count,
         "Writes refused by a check that a concurrent grant or fence raise made moot before it was explained (answered 503, safe to retry)."

@@ -259,6 +259,37 @@ pub(in crate::store) struct AuditMark {
 /// PostgreSQL's `NOTIFY`, and SQLite's only way to hear of them).
 pub const RESET_POLL: Duration = Duration::from_millis(500);
 
+/// Why a process forgot its cached fences: the `reason` label of
+/// `fencegate_cache_clears_total`.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::store) enum Forget {
+    /// A reset: made here, notified, or seen in the audit log.
+    Reset,
+    /// The audit log's first reading (a reset may have come before it).
+    Start,
+    /// The reset listener (re)connected or lost its connection: a notification may be lost.
+    Listener,
+    /// The audit log could not be read (a reset may go unheard).
+    Unheard,
+}
+
+impl Forget {
+    fn label(self) -> &'static str {
+        match self {
+            Forget::Reset => "reset",
+            Forget::Start => "start",
+            Forget::Listener => "listener",
+            Forget::Unheard => "unheard",
+        }
+    }
+}
+
+/// Forgets every cached fence of this process, counted by reason.
+pub(in crate::store) fn forget(high_water: &HighWater, why: Forget) {
+    metrics::counter!("fencegate_cache_clears_total", "reason" => why.label()).increment(1);
+    high_water.clear();
+}
+
 impl Store {
     /// Applies a reset and its audit row in one transaction, then forgets every cached fence
     /// (resets are rare; a cold cache only costs round trips).
@@ -268,7 +299,7 @@ impl Store {
         }
         let done = detached!(self, b => b.reset(&reset).await)?;
         if done.is_ok() {
-            self.high_water.clear();
+            forget(&self.high_water, Forget::Reset);
         }
         Ok(done)
     }
@@ -328,14 +359,14 @@ impl Store {
                             audit_id = mark.newest,
                             "a fence was reset: forgetting cached fences"
                         );
-                        self.high_water.clear();
+                        forget(&self.high_water, Forget::Reset);
                     } else if seen.is_none() {
                         // The first reading is the baseline, but the process may have served
                         // (and cached fences) before it answered: a reset committed in between
                         // is counted in `mark` and would never be seen as a change. Forgetting
                         // once here costs a few round trips at start-up (and after a failed
                         // reading, below).
-                        self.high_water.clear();
+                        forget(&self.high_water, Forget::Start);
                     }
                     seen = Some(mark);
                 }
@@ -353,7 +384,7 @@ impl Store {
                             "cannot read the audit log: forgetting cached fences until it answers"
                         );
                     }
-                    self.high_water.clear();
+                    forget(&self.high_water, Forget::Unheard);
                 }
             }
         }

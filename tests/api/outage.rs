@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::db_url::{host_port, with_host_port};
 use crate::helpers::{spawn_app_on, TestApp};
+use crate::operating::counter;
 use crate::pg;
 use crate::proxy::Proxy;
 
@@ -272,6 +273,8 @@ async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
         .kv_put("k", "50", &json!("x"))
         .await
         .stale_key("k", "50", "100");
+    let unheard = "fencegate_cache_clears_total{reason=\"unheard\"}";
+    let before = counter(&cut_off.get("/metrics").await.text, unheard);
     // Now in its cache. Then a partition that drops packets: nothing fails, every statement
     // just waits.
     proxy.stall();
@@ -300,6 +303,11 @@ async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
     println!(
         "the cache stopped refusing {:?} into the stall",
         stalled.elapsed()
+    );
+    let after = counter(&cut_off.get("/metrics").await.text, unheard);
+    assert!(
+        after > before,
+        "{unheard}: {before} before the stall, {after} during it"
     );
     proxy.heal();
     let healed = Instant::now();

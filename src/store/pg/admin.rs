@@ -20,8 +20,8 @@ use crate::{
     fence::{FencingToken, HighWater, Key, Scope},
     store::{
         admin::{
-            decide, AuditEntry, AuditMark, Change, Rebind, RebindDone, RebindTarget, Reset,
-            ResetDone, ResetRefused, ResetTarget, RESET_POLL,
+            decide, forget, AuditEntry, AuditMark, Change, Forget, Rebind, RebindDone,
+            RebindTarget, Reset, ResetDone, ResetRefused, ResetTarget, RESET_POLL,
         },
         backend::AdminStore,
         decode::audit_entry,
@@ -142,15 +142,15 @@ impl AdminStore for PgStore {
                         if let Err(err) = listener.listen("fencegate_reset").await {
                             tracing::debug!(error = %err, "LISTEN fencegate_reset failed; retrying");
                         } else {
-                            high_water.clear();
+                            forget(&high_water, Forget::Listener);
                             loop {
                                 match listener.try_recv().await {
-                                    Ok(Some(_)) => high_water.clear(),
+                                    Ok(Some(_)) => forget(&high_water, Forget::Reset),
                                     // The connection was lost: a reset may have gone unheard.
-                                    Ok(None) => high_water.clear(),
+                                    Ok(None) => forget(&high_water, Forget::Listener),
                                     Err(err) => {
                                         tracing::debug!(error = %err, "reset listener failed; reconnecting");
-                                        high_water.clear();
+                                        forget(&high_water, Forget::Listener);
                                         break;
                                     }
                                 }
