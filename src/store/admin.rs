@@ -330,43 +330,29 @@ impl Store {
         let listener = on_backend!(&self.backend, b => b.listen_resets(self.high_water.clone()));
         let _listener = listener.map(crate::task::AbortOnDrop);
         let mut seen: Option<AuditMark> = None;
-        // One reading at a time: a reading that outlives `UNHEARD_AFTER` (a stalled database)
-        // is waited for again at the next tick rather than joined by another, which would take
-        // another connection for as long as the database stays silent.
-        let mut reading: Option<tokio::task::JoinHandle<Result<AuditMark, StoreError>>> = None;
+        // A reading that outlived its wait (`read_audit_mark`).
+        let mut reading = None;
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let mut pending = reading.take().unwrap_or_else(|| {
-                let store = self.clone();
-                tokio::spawn(async move { detached!(store, b => b.audit_mark().await) })
-            });
-            let mark = match tokio::time::timeout(UNHEARD_AFTER, &mut pending).await {
-                Ok(Ok(mark)) => mark,
-                Ok(Err(joined)) => Err(StoreError::Task(joined.to_string())),
-                Err(_) => {
-                    reading = Some(pending);
-                    Err(StoreError::Task(
-                        "the audit log did not answer in time".into(),
-                    ))
-                }
-            };
-            match mark {
+            match self.read_audit_mark(&mut reading).await {
                 Ok(mark) => {
-                    if seen.is_some() && seen != Some(mark) {
-                        tracing::info!(
-                            audit_id = mark.newest,
-                            "a fence was reset: forgetting cached fences"
-                        );
-                        forget(&self.high_water, Forget::Reset);
-                    } else if seen.is_none() {
+                    match seen {
                         // The first reading is the baseline, but the process may have served
                         // (and cached fences) before it answered: a reset committed in between
                         // is counted in `mark` and would never be seen as a change. Forgetting
                         // once here costs a few round trips at start-up (and after a failed
                         // reading, below).
-                        forget(&self.high_water, Forget::Start);
+                        None => forget(&self.high_water, Forget::Start),
+                        Some(before) if before != mark => {
+                            tracing::info!(
+                                audit_id = mark.newest,
+                                "a fence was reset: forgetting cached fences"
+                            );
+                            forget(&self.high_water, Forget::Reset);
+                        }
+                        Some(_) => {}
                     }
                     seen = Some(mark);
                 }
@@ -386,6 +372,29 @@ impl Store {
                     }
                     forget(&self.high_water, Forget::Unheard);
                 }
+            }
+        }
+    }
+
+    /// The audit log's mark, waiting at most [`UNHEARD_AFTER`] for it. `reading` is the
+    /// reading still in flight from an earlier call, if one outlived its wait: it is waited for
+    /// again rather than joined by another, which would take another connection for as long as
+    /// the database stays silent.
+    async fn read_audit_mark(
+        &self,
+        reading: &mut Option<tokio::task::JoinHandle<Result<AuditMark, StoreError>>>,
+    ) -> Result<AuditMark, StoreError> {
+        let mut pending = reading.take().unwrap_or_else(|| {
+            let store = self.clone();
+            tokio::spawn(async move { detached!(store, b => b.audit_mark().await) })
+        });
+        match tokio::time::timeout(UNHEARD_AFTER, &mut pending).await {
+            Ok(joined) => joined.map_err(|err| StoreError::Task(err.to_string()))?,
+            Err(_) => {
+                *reading = Some(pending);
+                Err(StoreError::Task(
+                    "the audit log did not answer in time".into(),
+                ))
             }
         }
     }

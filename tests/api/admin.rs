@@ -322,20 +322,16 @@ async fn a_reset_holds_in_every_process_at_once() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let started = Instant::now();
-    loop {
-        let r = b.kv_put("k", "50", &json!("after the reset")).await;
-        if r.status == 200 {
-            break;
-        }
-        r.stale_key("k", "50", "100");
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "process B still refuses 3 s after the reset"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    println!("process B honoured the reset after {:?}", started.elapsed());
+    let took = b
+        .put_until_admitted(
+            "k",
+            "50",
+            "100",
+            Duration::from_secs(3),
+            "process B still refuses",
+        )
+        .await;
+    println!("process B honoured the reset after {took:?}");
 }
 
 /// `fencegate admin reset` does the same against the database itself, audited as `cli:$USER`,
@@ -377,14 +373,14 @@ async fn the_command_line_resets_against_the_database() {
         (&json!("100"), &json!("10")),
         "{done}"
     );
-    let started = Instant::now();
-    while app.kv_put("k", "50", &json!("after")).await.status != 200 {
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "the server still refuses 3 s after the reset"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.put_until_admitted(
+        "k",
+        "50",
+        "100",
+        Duration::from_secs(3),
+        "the server still refuses",
+    )
+    .await;
     let audit = app.get("/v1/admin/audit?limit=1").await.expect(200);
     assert_eq!(audit["entries"][0]["actor"], json!("cli:ops"), "{audit}");
     assert_eq!(

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencegate::config::Settings;
 use reqwest::header::{HeaderMap, CONTENT_TYPE};
@@ -105,6 +105,31 @@ impl TestApp {
 
     pub async fn get(&self, path: &str) -> Resp {
         self.send(self.req(Method::GET, path)).await
+    }
+
+    /// PUTs `token` to `key` until it is admitted (200), every answer before that a 412 stale
+    /// against `fence` (a process that has not yet heard of a reset refusing from its cache);
+    /// panics with `what` once `limit` has passed. How long it took.
+    pub async fn put_until_admitted(
+        &self,
+        key: &str,
+        token: &str,
+        fence: &str,
+        limit: Duration,
+        what: &str,
+    ) -> Duration {
+        let started = Instant::now();
+        loop {
+            let r = self
+                .kv_put(key, token, &Value::from("after the reset"))
+                .await;
+            if r.status == 200 {
+                return started.elapsed();
+            }
+            r.stale_key(key, token, fence);
+            assert!(started.elapsed() < limit, "{what} (after {limit:?})");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// `key` goes into the path verbatim: pass it percent-encoded (see `enc`) when it is not plain.

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use fencegate::config::Settings;
 use reqwest::Method;
 use serde_json::json;
 
@@ -18,16 +19,8 @@ use crate::proxy::Proxy;
 #[tokio::test]
 async fn an_unreachable_database_is_503_and_the_server_recovers() {
     let db = pg::fresh_database().await;
-    let server = host_port(&db);
-    let upstream = tokio::net::lookup_host(&server)
-        .await
-        .ok()
-        .and_then(|mut a| a.next())
-        .unwrap_or_else(|| panic!("the outage test needs a TCP database address, got {server:?}"));
-    let proxy = Proxy::start(upstream).await;
     // A short acquire timeout (a documented setting) keeps each failing request quick.
-    let proxied = with_host_port(&db, &format!("127.0.0.1:{}", proxy.port));
-    let app = spawn_app_on(proxied, |s| s.database.acquire_timeout_ms = 300).await;
+    let (proxy, app) = behind_proxy(&db, |s| s.database.acquire_timeout_ms = 300).await;
     app.kv_put("k", "1", &json!("before")).await.expect(201);
     app.get("/readyz").await.expect(200);
 
@@ -169,17 +162,7 @@ async fn wait_ready(app: &TestApp, what: &str) {
 #[tokio::test]
 async fn readiness_answers_within_a_second_when_the_database_is_frozen() {
     let db = pg::fresh_database().await;
-    let upstream = tokio::net::lookup_host(host_port(&db))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
-    let app = spawn_app_on(
-        with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)),
-        |s| s.database.acquire_timeout_ms = 5000,
-    )
-    .await;
+    let (proxy, app) = behind_proxy(&db, |s| s.database.acquire_timeout_ms = 5000).await;
     app.get("/readyz").await.expect(200);
     proxy.stall();
     for _ in 0..3 {
@@ -250,19 +233,10 @@ async fn a_database_refusing_writes_for_lack_of_space_is_not_ready() {
 #[tokio::test]
 async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
     let db = pg::fresh_database().await;
-    let upstream = tokio::net::lookup_host(host_port(&db))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
-    let cut_off = spawn_app_on(
-        with_host_port(&db, &format!("127.0.0.1:{}", proxy.port)),
-        |s| {
-            s.database.acquire_timeout_ms = 300;
-            s.server.request_timeout_ms = 1500;
-        },
-    )
+    let (proxy, cut_off) = behind_proxy(&db, |s| {
+        s.database.acquire_timeout_ms = 300;
+        s.server.request_timeout_ms = 1500;
+    })
     .await;
     let admin = spawn_app_on(db.clone(), |_| {}).await;
     cut_off
@@ -323,4 +297,23 @@ async fn a_process_that_cannot_hear_of_a_reset_stops_refusing_from_its_cache() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Forgetting the cache admitted nothing the fence does not: a zombie below it is refused.
+    cut_off
+        .kv_put("k", "20", &json!("zombie"))
+        .await
+        .stale_key("k", "20", "50");
+}
+
+/// fencegate, in this process, reaching `db` through a TCP proxy the test can cut or stall.
+async fn behind_proxy(db: &str, configure: impl FnOnce(&mut Settings)) -> (Proxy, TestApp) {
+    let server = host_port(db);
+    let upstream = tokio::net::lookup_host(&server)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .unwrap_or_else(|| panic!("the outage tests need a TCP database address, got {server:?}"));
+    let proxy = Proxy::start(upstream).await;
+    let proxied = with_host_port(db, &format!("127.0.0.1:{}", proxy.port));
+    let app = spawn_app_on(proxied, configure).await;
+    (proxy, app)
 }

@@ -11,7 +11,9 @@ use reqwest::Method;
 use serde_json::json;
 use sqlx::{Connection, Executor, PgConnection};
 
-use crate::helpers::{ledger_table, spawn_app_on, spawn_binary_configured, unique, TestApp, TOKEN};
+use crate::helpers::{
+    ledger_table, spawn_app_on, spawn_binary_configured, unique, BinApp, TestApp, TOKEN,
+};
 use crate::pgbouncer::{PgBouncer, PoolMode};
 
 /// A fresh database, PgBouncer in front of its server, and fencegate through PgBouncer.
@@ -320,10 +322,10 @@ async fn two_fencegates_share_a_four_connection_transaction_pool_with_no_5xx() {
     assert_nothing_in_public(&db).await;
 }
 
-/// In transaction mode without `database.listen_url` there is no LISTEN: a reset made through
-/// one process reaches the other through the audit-log poll, within a second or so.
-#[tokio::test]
-async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode() {
+/// Two processes behind PgBouncer in transaction mode, with no `database.listen_url`: no LISTEN,
+/// so resets reach each from the other only through the audit-log poll. `one` runs in this
+/// process; `two` is the binary. The database's direct URL, and the pooler (stopped on drop).
+async fn two_without_listen() -> (String, PgBouncer, TestApp, BinApp) {
     let (db, bouncer) = behind(PoolMode::Transaction, 4).await;
     let url = bouncer.url(&db);
     let one = spawn_app_on(url.clone(), |s| {
@@ -332,7 +334,25 @@ async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode
     })
     .await;
     one.get("/readyz").await.expect(200);
-    let two_process = spawn_binary_configured(&url, TRANSACTION_MODE_TOML, None).await;
+    let two = spawn_binary_configured(&url, TRANSACTION_MODE_TOML, None).await;
+    (db, bouncer, one, two)
+}
+
+/// `POST /v1/admin/kv/{key}/reset` to `to` through `app`.
+async fn reset_key(app: &TestApp, key: &str, to: &str, reason: &str) {
+    app.send(
+        app.req(Method::POST, &format!("/v1/admin/kv/{key}/reset"))
+            .json(&json!({"to": to, "reason": reason})),
+    )
+    .await
+    .expect(200);
+}
+
+/// In transaction mode without `database.listen_url` there is no LISTEN: a reset made through
+/// one process reaches the other through the audit-log poll, within a second or so.
+#[tokio::test]
+async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode() {
+    let (_db, _bouncer, one, two_process) = two_without_listen().await;
     let two = two_process.view();
     let key = unique("k");
     two.kv_put(&key, "50", &json!(1)).await.expect(201);
@@ -340,32 +360,25 @@ async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode
     two.kv_put(&key, "10", &json!(2))
         .await
         .stale_key(&key, "10", "50");
-    one.send(
-        one.req(Method::POST, &format!("/v1/admin/kv/{key}/reset"))
-            .json(&json!({"to": "5", "reason": "pooler test"})),
-    )
-    .await
-    .expect(200);
-    let reset_at = Instant::now();
-    loop {
-        let r = two.kv_put(&key, "10", &json!(3)).await;
-        if r.status == 200 {
-            break;
-        }
-        assert_eq!(r.status, 412, "{r:?}");
-        assert!(
-            reset_at.elapsed() < Duration::from_secs(10),
-            "process two still refuses 10 {:?} after the reset to 5",
-            reset_at.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    reset_key(&one, &key, "5", "pooler test").await;
+    let took = two
+        .put_until_admitted(
+            &key,
+            "10",
+            "50",
+            Duration::from_secs(10),
+            "process two still refuses 10 after the reset to 5",
+        )
+        .await;
     // The poll runs every 500 ms; on a loaded machine allow some margin.
     assert!(
-        reset_at.elapsed() < Duration::from_secs(3),
-        "the reset took {:?} to reach process two",
-        reset_at.elapsed()
+        took < Duration::from_secs(3),
+        "the reset took {took:?} to reach process two"
     );
+    // What the reset did not allow is still refused, by the database now.
+    two.kv_put(&key, "4", &json!(4))
+        .await
+        .stale_key(&key, "4", "10");
 }
 
 /// A reset's audit id is taken when its row is inserted, not when it commits: a reset whose
@@ -373,15 +386,7 @@ async fn a_reset_reaches_the_other_process_by_the_audit_poll_in_transaction_mode
 /// through the poll (which therefore watches the row count, not only the newest id).
 #[tokio::test]
 async fn a_reset_committed_after_a_newer_one_still_reaches_the_other_process() {
-    let (db, bouncer) = behind(PoolMode::Transaction, 4).await;
-    let url = bouncer.url(&db);
-    let one = spawn_app_on(url.clone(), |s| {
-        s.database.pooler = Pooler::Transaction;
-        s.database.max_connections = 4;
-    })
-    .await;
-    one.get("/readyz").await.expect(200);
-    let two_process = spawn_binary_configured(&url, TRANSACTION_MODE_TOML, None).await;
+    let (db, _bouncer, one, two_process) = two_without_listen().await;
     let two = two_process.view();
     let (early, late) = (unique("early"), unique("late"));
     for key in [&early, &late] {
@@ -400,25 +405,16 @@ async fn a_reset_committed_after_a_newer_one_still_reaches_the_other_process() {
     .await
     .unwrap();
     // A newer reset commits first, and process two hears of it.
-    one.send(
-        one.req(Method::POST, &format!("/v1/admin/kv/{late}/reset"))
-            .json(&json!({"to": "5", "reason": "committed first"})),
+    reset_key(&one, &late, "5", "committed first").await;
+    let limit = Duration::from_secs(10);
+    two.put_until_admitted(
+        &late,
+        "10",
+        "50",
+        limit,
+        "process two never heard of the first reset",
     )
-    .await
-    .expect(200);
-    let started = Instant::now();
-    loop {
-        let r = two.kv_put(&late, "10", &json!(2)).await;
-        if r.status == 200 {
-            break;
-        }
-        r.stale_key(&late, "10", "50");
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "process two never heard of the first reset"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    .await;
     // Process two caches `early` at 50 again; then the older reset commits.
     two.kv_put(&early, "10", &json!(2))
         .await
@@ -429,23 +425,20 @@ async fn a_reset_committed_after_a_newer_one_still_reaches_the_other_process() {
         .await
         .unwrap();
     held.execute("COMMIT").await.unwrap();
-    let committed = Instant::now();
-    loop {
-        let r = two.kv_put(&early, "10", &json!(3)).await;
-        if r.status == 200 {
-            break;
-        }
-        r.stale_key(&early, "10", "50");
-        assert!(
-            committed.elapsed() < Duration::from_secs(10),
-            "process two still refuses 10 for {early} 10 s after its reset to 5 committed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    println!(
-        "the reset committed last reached process two after {:?}",
-        committed.elapsed()
-    );
+    let took = two
+        .put_until_admitted(
+            &early,
+            "10",
+            "50",
+            limit,
+            "process two still refuses 10 after the reset committed last",
+        )
+        .await;
+    println!("the reset committed last reached process two after {took:?}");
+    // A zombie below the lowered fence is still refused.
+    two.kv_put(&early, "4", &json!(4))
+        .await
+        .stale_key(&early, "4", "10");
 }
 
 /// The reset listener (`LISTEN`) connects to `database.listen_url` when set, directly; in
